@@ -1,0 +1,41 @@
+# torbed developer entry points. `make demo` and `make test` work on a fresh Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := .stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench
+
+setup: deps venv  ## install system packages and the virtualenv
+
+deps: $(STAMP)/deps
+$(STAMP)/deps: hack/install-deps.sh
+	hack/install-deps.sh
+	@mkdir -p $(STAMP) && touch $@
+
+venv: $(BIN)/.installed
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	@touch $@
+
+test: setup  ## unit and integration tests (integration: real tor in network namespaces, needs root)
+	hack/run-tests.sh $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+integration: setup
+	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+
+demo: setup  ## run scenarios/quickstart.yaml and write its report
+	hack/demo.sh
+
+schema: venv  ## regenerate the scenario JSON Schema (charts/torbed/values.schema.json)
+	$(BIN)/torbed schema > charts/torbed/values.schema.json
+
+clean:  ## remove leftovers of killed runs (namespaces, processes)
+	$(BIN)/torbed clean

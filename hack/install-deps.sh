@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages torbed needs, only those missing (idempotent, quick when done).
+# Used by `make setup`; CI and fresh machines get everything from here, nothing by hand.
+set -euo pipefail
+
+packages=(
+  tor                 # tor-gencert and a system tor (--system-tor); variants build their own
+  iproute2            # ip netns, tc
+  util-linux          # unshare (rootless runs, kernel probes)
+  procps psmisc
+  python3-venv
+  # building tor variants from Debian's source package (images/relay/build-tor.sh)
+  gcc make pkg-config dpkg-dev libssl-dev libevent-dev zlib1g-dev liblzma-dev libzstd-dev libcap-dev
+  autoconf automake
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages: ${missing[*]}; run as root: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Debian's tor package may start a system tor that would try to reach the public network;
+# torbed never needs it.
+if command -v service >/dev/null && service tor status >/dev/null 2>&1; then
+  service tor stop || true
+fi

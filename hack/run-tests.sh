@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command behind `make test` (and so .ci/run): unit tests, then integration tests
+# with real tor processes and network namespaces. pytest's exit 5 ("no tests ran") fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+if [ "$(id -u)" -ne 0 ]; then
+  echo "run-tests: integration tests need root (network namespaces); running as $(id -un)" >&2
+fi
+"$bin/pytest" -ra tests "$@"
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "run-tests: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit $rc

@@ -1,0 +1,178 @@
+"""Scenario model: every shipped scenario is valid; a table of invalid ones fails on the right field."""
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from torbed import scenario
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+
+BASE = {
+    "apiVersion": "torbed/v1",
+    "name": "t",
+    "variants": ["kist", "ewma-66"],
+    "network": {"authorities": 3, "relays": {"guard": {"count": 1, "guard": True}, "middle": {},
+                                              "exit": {"exit": True}}},
+    "links": {"default": {"rate": "10mbit"}, "pairs": [{"between": ["guard", "middle"], "rate": "1mbit"}]},
+    "servers": {"www": {"files": {"small": "300KB", "bulk": "5MiB"}}},
+    "clients": {
+        "bulk": {"count": 2, "path": ["guard", "middle", "exit"], "workload": {"kind": "bulk", "file": "bulk"}},
+        "web": {"path": ["guard", "middle", "exit"],
+                "workload": {"kind": "fetch", "file": "small", "repeat": 5, "pause": "1s"}},
+    },
+    "measure": {"warmup": "5s", "duration": "1m"},
+}
+
+DELETE = object()
+
+
+def patched(changes: dict) -> dict:
+    data = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        keys = dotted.split(".")
+        node = data
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+        last = keys[-1]
+        if value is DELETE:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+# (case id, changes to BASE, expected field path, text the message must contain)
+INVALID = [
+    ("unknown-top-key", {"variantz": ["kist"]}, "<top level>", "unknown key 'variantz'"),
+    ("unknown-nested-key", {"clients.web.workload.repat": 3}, "clients.web.workload", "unknown key 'repat'"),
+    ("unknown-relay-key", {"network.relays.middle.cout": 2}, "network.relays.middle", "unknown key 'cout'"),
+    ("wrong-api-version", {"apiVersion": "torbed/v2"}, "apiVersion", "torbed/v1"),
+    ("missing-name", {"name": DELETE}, "name", "required"),
+    ("bad-name", {"name": "Has Spaces"}, "name", "does not match"),
+    ("no-variants", {"variants": []}, "variants", "at least 1"),
+    ("unknown-variant", {"variants": ["kist", "fifo"]}, "variants[1]", "unknown variant 'fifo'"),
+    ("ewma-not-a-number", {"variants": ["ewma-fast"]}, "variants[0]", "not a number"),
+    ("duplicate-variants", {"variants": ["kist", "kist"]}, "variants", "unique"),
+    ("baseline-not-a-variant", {"baseline": "kistlite"}, "baseline", "not one of variants"),
+    ("zero-count", {"network.relays.middle.count": 0}, "network.relays.middle.count", "greater than or equal to 1"),
+    ("zero-authorities", {"network.authorities": 0}, "network.authorities", "greater than or equal to 1"),
+    ("bad-group-name", {"network.relays.Middle-1": {}}, "network.relays.Middle-1", "does not match"),
+    ("no-exit-group", {"network.relays.exit.exit": False}, "network.relays", "no relay group has 'exit: true'"),
+    ("path-unknown-group", {"clients.web.path": ["guard", "midle", "exit"]}, "clients.web.path[1]", "'midle' is not a relay group"),
+    ("path-not-ending-at-exit", {"clients.web.path": ["guard", "exit", "middle"]}, "clients.web.path[2]", "must end at an exit"),
+    ("path-empty", {"clients.web.path": []}, "clients.web.path", "at least 1"),
+    ("bad-size-unit", {"servers.www.files.small": "300kb"}, "servers.www.files.small", "not a size"),
+    ("size-without-unit", {"servers.www.files.small": 300000}, "servers.www.files.small", "string"),
+    ("bad-rate", {"links.default.rate": "10mbps"}, "links.default.rate", "not a rate"),
+    ("bad-duration", {"measure.duration": "15 minutes"}, "measure.duration", "not a duration"),
+    ("warmup-too-long", {"measure.warmup": "2m"}, "measure.warmup", "not shorter than duration"),
+    ("unknown-file", {"clients.web.workload.file": "huge"}, "clients.web.workload.file", "'huge' is not a file"),
+    ("unknown-server", {"clients.web.workload.server": "ftp"}, "clients.web.workload.server", "'ftp' is not a server group"),
+    ("unknown-workload-kind", {"clients.web.workload.kind": "stream"}, "clients.web.workload", "unknown workload kind 'stream'"),
+    ("missing-workload-kind", {"clients.web.workload.kind": DELETE}, "clients.web.workload", "'kind' is required"),
+    ("repeat-zero", {"clients.web.workload.repeat": 0}, "clients.web.workload.repeat", "greater than or equal to 1"),
+    ("pause-and-think", {"clients.web.workload.think": {"mean": "2s"}}, "clients.web.workload.think", "either 'pause' or 'think'"),
+    ("uniform-without-bounds", {"clients.web.workload.pause": "0s",
+                                "clients.web.workload.think": {"distribution": "uniform"}},
+     "clients.web.workload.think", "needs 'min' and 'max'"),
+    ("link-unknown-group", {"links.pairs.0.between": ["guard", "core"]}, "links.pairs[0].between[1]", "'core' is not a group"),
+    ("link-three-groups", {"links.pairs.0.between": ["guard", "middle", "exit"]}, "links.pairs[0].between", "at most 2"),
+    ("link-override-empty", {"links.pairs.0.rate": DELETE}, "links.pairs[0]", "sets none of"),
+    ("jitter-without-delay", {"links.default.jitter": "2ms"}, "links.default.jitter", "needs a delay"),
+    ("rate-too-low", {"links.default.rate": "1kbit"}, "links.default.rate", "below 8kbit"),
+    ("loss-over-100", {"links.default.loss": "150%"}, "links.default.loss", "above 100%"),
+    ("group-name-clash", {"servers.web": {"files": {"a": "1KB"}}}, "clients.web", "also used in servers"),
+    ("reserved-group", {"network.relays.authority": {}}, "network.relays.authority", "reserved"),
+    ("public-subnet", {"network.subnet": "8.8.0.0/16"}, "network.subnet", "private"),
+    ("subnet-garbage", {"network.subnet": "10.0.0.1/33"}, "network.subnet", "not an IPv4 network"),
+    ("unknown-collector", {"measure.collect": ["transfers", "pcap"]}, "measure.collect[1]", "must be"),
+    ("placement-unknown-group", {"placement": {"core": {"nodeSelector": {"a": "b"}}}}, "placement.core", "not a group"),
+    ("fault-unknown-target", {"faults": [{"at": "10s", "kind": "kill", "target": "core0"}]}, "faults[0].target", "not a relay group"),
+    ("fault-index-out-of-range", {"faults": [{"at": "10s", "kind": "kill", "target": "middle3"}]}, "faults[0].target", "has 1 node"),
+    ("fault-after-end", {"faults": [{"at": "2m", "kind": "kill", "target": "middle"}]}, "faults[0].at", "after the end"),
+    ("relay-variant-unknown", {"network.relays.middle.variant": "fifo"}, "network.relays.middle.variant", "unknown variant"),
+    ("repetitions-zero", {"repetitions": 0}, "repetitions", "greater than or equal to 1"),
+    ("not-a-mapping", {"clients.web": "fast"}, "clients.web", "dictionary"),
+]
+
+
+def test_base_is_valid():
+    s = scenario.parse(copy.deepcopy(BASE), "base.yaml")
+    assert s.baseline_variant == "kist"
+
+
+@pytest.mark.parametrize("case,changes,path,text", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid(case, changes, path, text):
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.parse(patched(changes), f"{case}.yaml")
+    message = str(err.value)
+    expected_prefix = f"{case}.yaml: {path}: "
+    lines = [line for line in message.splitlines() if line.startswith(expected_prefix)]
+    assert lines, f"no error for field {path!r}; got:\n{message}"
+    assert any(text in line for line in lines), f"expected {text!r} in:\n{message}"
+
+
+def test_corpus_is_large_enough():
+    assert len(INVALID) >= 25
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_shipped_scenarios_are_valid(path):
+    s = scenario.load(path)
+    assert s.name
+    text = path.read_text()
+    assert text.startswith("#"), f"{path.name} must start with a comment citing what it reproduces"
+
+
+def test_readme_example_is_valid(repo):
+    readme = (repo / "README.md").read_text()
+    start = readme.index("```yaml\napiVersion: torbed/v1")
+    block = readme[start + len("```yaml\n"):readme.index("```", start + 8)]
+    scenario.parse(yaml.safe_load(block), "README.md")
+
+
+def test_errors_name_the_file(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("apiVersion: torbed/v1\nname: [unclosed\n")
+    with pytest.raises(scenario.ScenarioError, match="broken.yaml: <top level>: not valid YAML: line 3, column 1: expected ',' or ']'"):
+        scenario.load(f)
+    with pytest.raises(scenario.ScenarioError, match="missing.yaml: <top level>: cannot read"):
+        scenario.load(tmp_path / "missing.yaml")
+
+
+def test_several_problems_reported_together():
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.parse(patched({"clients.web.path": ["guard", "nope", "exit"], "baseline": "x"}), "two.yaml")
+    assert len(err.value.problems) == 2
+
+
+def test_defaults_filled():
+    s = scenario.parse(copy.deepcopy(BASE))
+    assert s.repetitions == 1 and s.seed == 1
+    assert s.measure.collect == ["transfers", "cellstats", "relay_bw", "metrics"]
+    assert s.clients["bulk"].workload.concurrency == 1
+
+
+def test_few_authorities_warn():
+    s = scenario.parse(patched({"network.authorities": 1}))
+    assert any("3 or more" in w for w in s.warnings)
+
+
+def test_json_schema_accepts_valid_and_rejects_unknown_keys():
+    schema = scenario.json_schema()
+    jsonschema.validate(BASE, schema)
+    for path in SCENARIOS:
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(patched({"clients.web.workload.repat": 3}), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(patched({"links.default.rate": "10mbps"}), schema)
+    json.dumps(schema)

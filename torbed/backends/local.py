@@ -1,0 +1,538 @@
+"""Local backend: the scenario's private Tor network in network namespaces on this machine.
+
+For every variant and repetition: generate keys and layered torrcs, create the namespaces
+and shape the links, start authorities, relays, the file servers and clients (each tor in
+its node's namespace), wait for readiness by evidence, run the collectors and the
+measurement drivers for the scenario's duration (injecting faults on schedule), then stop
+everything and remove every namespace, whatever happened (success, failure, Ctrl-C,
+SIGTERM). A run killed with SIGKILL is cleaned by ``torbed clean``.
+
+Readiness (the same definition as the Kubernetes backend): every authority has a consensus
+listing every relay as Running and Valid, with Guard on guard groups and Exit on exit
+groups; every client reports Bootstrapped 100% and knows every relay of its path.
+
+Public API:
+
+- ``run_scenario(scenario, run_root, console, system_tor=False, variants=None) -> Path``
+- ``run_repetition(ctx, variant, rep) -> dict``  (meta.json content)
+- ``clean(console, force=False) -> int`` removes leftovers; returns how many namespaces
+- ``RunFailed``, ``Interrupted``
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import stem
+import stem.control
+from stem.descriptor.networkstatus import NetworkStatusDocumentV3
+
+from .. import __version__, builds, constants, netns, shaping, units
+from ..fileserver import generate_files
+from ..keys import make_authority_keys, make_relay_identity
+from ..network import Node, Plan, plan as make_plan
+from ..records import RecordWriter
+from ..scenario import Scenario
+from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
+from ..torrc import Identities, NodePaths, render_fragments, render_node
+from ..variants import load_variant
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT during a run (BaseException: cleanup code must not swallow it)."""
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@dataclass
+class Context:
+    scenario: Scenario
+    run_dir: Path
+    console: object
+    system_tor: bool = False
+    manifest: dict = field(default_factory=dict)
+    shaper: str = "none"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def host_info() -> dict:
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    return {"hostname": socket.gethostname(), "kernel": platform.release(), "arch": platform.machine(),
+            "cpus": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version()}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------
+
+def preflight(scenario: Scenario) -> str:
+    """Checks that need no network: privileges, tools, the kernel's shaping. Returns the shaper."""
+    if os.geteuid() != 0:
+        raise RunFailed("the local backend needs root, or run through `torbed` as a normal user "
+                        "(it re-executes itself in a user namespace when unprivileged user "
+                        "namespaces are enabled)")
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            raise RunFailed(f"'{tool}' not found: apt-get install iproute2 (or `make setup`)")
+    caps = shaping.probe_kernel()
+    shaper = "none"
+    for v in scenario.variants:
+        shaper = shaping.choose_shaper(make_plan(scenario, v), caps)  # raises ShapingError
+    return shaper
+
+
+def run_scenario(scenario: Scenario, run_root: Path, console, system_tor: bool = False,
+                 variants: list[str] | None = None) -> Path:
+    shaper = preflight(scenario)
+    variants = variants or scenario.variants
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = run_root / f"{scenario.name}-{stamp}"
+    run_dir.mkdir(parents=True)
+    ctx = Context(scenario=scenario, run_dir=run_dir, console=console, system_tor=system_tor, shaper=shaper)
+    stock = builds.ensure(None, console, system_tor)
+    run_json = {"schema": 1, "name": scenario.name, "scenario": scenario.model_dump(mode="json"),
+                "seed": scenario.seed, "variants": variants, "baseline": scenario.baseline_variant
+                if scenario.baseline_variant in variants else variants[0],
+                "repetitions": scenario.repetitions, "backend": "local", "shaper": shaper,
+                "torbed_version": __version__, "tor_version": stock.info.get("tor_version"),
+                "host": host_info(), "started": utc_now(), "finished": None, "status": "running"}
+    _write_json(run_dir / "run.json", run_json)
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    status = "failed"
+    try:
+        ctx.manifest = prepare_files(scenario)
+        failures = 0
+        for variant in variants:
+            for rep in range(scenario.repetitions):
+                meta = run_repetition(ctx, variant, rep)
+                if meta["status"] != "ok":
+                    failures += 1
+        status = "ok" if failures == 0 else "partial"
+    except Interrupted:
+        status = "interrupted"
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        run_json.update(finished=utc_now(), status=status)
+        _write_json(run_dir / "run.json", run_json)
+    return run_dir
+
+
+def files_key(group: str, files: dict[str, int], seed: int) -> str:
+    import hashlib
+    h = hashlib.sha256(json.dumps([seed, sorted(files.items())]).encode()).hexdigest()[:12]
+    return f"{group}-{h}"
+
+
+def prepare_files(scenario: Scenario) -> dict[str, dict]:
+    """Generate (or reuse from the cache: content is deterministic) every server group's files.
+    Returns {group: manifest}; files live in CACHE_DIR/files/<files_key>/."""
+    manifests = {}
+    for g, sg in scenario.servers.items():
+        files = {name: units.parse_size(size) for name, size in sg.files.items()}
+        d = constants.CACHE_DIR / "files" / files_key(g, files, scenario.seed)
+        m = d / "manifest.json"
+        if m.exists():
+            manifests[g] = json.loads(m.read_text())
+        else:
+            tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+            manifests[g] = generate_files(tmp, files, scenario.seed)
+            shutil.rmtree(d, ignore_errors=True)
+            tmp.rename(d)
+        manifests[g]["_dir"] = str(d)
+    return manifests
+
+
+# ---------------------------------------------------------------------------------------
+
+def _consensus_ok(path: Path, plan: Plan, ids: Identities) -> tuple[bool, str]:
+    try:
+        doc = NetworkStatusDocumentV3(path.read_bytes(), validate=False)
+    except (OSError, ValueError) as e:
+        return False, f"no consensus yet ({type(e).__name__})"
+    entries = {e.fingerprint: e for e in doc.routers.values()}
+    for n in plan.by_role("relay"):
+        e = entries.get(ids.fingerprints[n.name])
+        if e is None:
+            return False, f"{n.name} not in the consensus yet"
+        want = {"Running", "Valid"} | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
+        if not want <= set(e.flags):
+            return False, f"{n.name} has flags {sorted(e.flags)}, waiting for {sorted(want)}"
+    return True, "ok"
+
+
+def _controller(sock: Path) -> stem.control.Controller:
+    c = stem.control.Controller.from_socket_file(str(sock))
+    c.authenticate()
+    return c
+
+
+def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
+    s, console = ctx.scenario, ctx.console
+    plan = make_plan(s, variant)
+    rep_dir = ctx.run_dir / variant / f"rep-{rep}"
+    logs, torrc_dir = rep_dir / "logs", rep_dir / "torrc"
+    for d in (logs, torrc_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run_id = secrets.token_hex(3)
+    scratch = Path(f"/tmp/torbed-{run_id}")
+    scratch.mkdir(mode=0o700)
+    topo = netns.Topology(run_id, plan)
+    sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
+                              "scratch": str(scratch), "run_dir": str(rep_dir)})
+    meta = {"schema": 1, "variant": variant, "rep": rep, "status": "running", "error": None,
+            "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
+            "t_end": None, "warmup_s": units.parse_duration(s.measure.warmup),
+            "duration_s": units.parse_duration(s.measure.duration), "shaper": ctx.shaper,
+            "builds": {}, "authorities": [], "nodes": [], "faults": [], "unexpected_exits": {}}
+    _write_json(rep_dir / "meta.json", meta)
+    t0 = meta["t_start"]
+    console.rule(f"[bold]{s.name}[/bold]: variant [cyan]{variant}[/cyan], repetition {rep + 1}/{s.repetitions}")
+    try:
+        # Binaries: one build per variant in use; stock for authorities and clients.
+        variants = {v: load_variant(v) for v in plan.variants_in_use()}
+        stock = builds.ensure(None, console, ctx.system_tor)
+        node_build = {}
+        for n in plan.nodes:
+            node_build[n.name] = builds.ensure(variants[n.variant], console, ctx.system_tor) if n.variant else stock
+        meta["builds"] = {"stock": stock.describe(),
+                          **{v: builds.ensure(var, None, ctx.system_tor).describe() for v, var in variants.items()}}
+
+        # Keys and torrc.
+        ids = Identities()
+        paths: dict[str, NodePaths] = {}
+        for n in plan.nodes:
+            if n.role == "server":
+                continue
+            data = scratch / n.name
+            paths[n.name] = NodePaths(datadir=str(data), log=str(logs / f"{n.name}.log"),
+                                      control_socket=str(data / "control"))
+            if n.role == "authority":
+                keys = make_authority_keys(data, n.address, n.ports["dir"], stock.tor_gencert)
+                ids.authorities[n.name] = keys
+                meta["authorities"].append({"name": n.name, "v3ident": keys.v3ident, "cert_expires": keys.expires})
+            if n.role in ("authority", "relay"):
+                ids.fingerprints[n.name] = make_relay_identity(data, n.nickname, node_build[n.name].tor)
+            else:
+                data.mkdir(mode=0o700, exist_ok=True)
+        for name, text in render_fragments(plan, ids, variants).items():
+            (torrc_dir / name).write_text(text)
+        for n in plan.nodes:
+            if n.role != "server":
+                (torrc_dir / f"{n.name}.torrc").write_text(render_node(n, plan, paths[n.name], str(torrc_dir)))
+        meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
+                          "build": node_build[n.name].key if n.role != "server" else None} for n in plan.nodes]
+        _write_json(rep_dir / "meta.json", meta)
+
+        # Namespaces and shaping.
+        topo.create()
+        if ctx.shaper != "none":
+            for n in plan.nodes:
+                batch = shaping.tc_batch(plan, n, netem=ctx.shaper == "htb+netem")
+                p = subprocess.run(["tc", "-n", topo.ns(n.name), "-batch", "-"], input=batch,
+                                   capture_output=True, text=True)
+                if p.returncode != 0:
+                    raise RunFailed(f"tc on {n.name}: {p.stderr.strip()}")
+        console.log(f"network: {len(plan.nodes)} namespaces, shaper {ctx.shaper} ({time.time() - t0:.1f} s)")
+
+        # Processes.
+        tors = [n for n in plan.nodes if n.role != "server"]
+        for n in plan.by_role("server"):
+            sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
+                sys.executable, "-m", "torbed.fileserver", "--dir", ctx.manifest[n.group]["_dir"],
+                "--bind", n.address, "--port", str(n.ports["http"]), "--log", str(logs / f"{n.name}.http.log")],
+                logs / f"{n.name}.stderr.log", env=_child_env())
+        # Clients start once the consensus exists: before that they only back off (404s).
+        deadline = time.time() + units.parse_duration(s.measure.ready_timeout)
+        for n in tors:
+            if n.role != "client":
+                sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
+                    node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
+        _wait_consensus(ctx, plan, ids, sup, paths, deadline)
+        console.log(f"consensus lists every relay ({time.time() - t0:.1f} s)")
+        for n in tors:
+            if n.role == "client":
+                sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
+                    node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
+        _wait_clients(ctx, plan, ids, sup, paths, deadline)
+        meta["t_ready"] = time.time()
+        meta["ready_s"] = round(meta["t_ready"] - t0, 3)
+        console.log(f"[green]ready[/green] in {meta['ready_s']:.1f} s "
+                    f"(consensus with {len(plan.by_role('relay'))} relays, {len(plan.by_role('client'))} clients bootstrapped)")
+        _write_json(rep_dir / "meta.json", meta)
+
+        _measure(ctx, plan, ids, sup, topo, paths, rep_dir, logs, variant, rep, meta)
+        meta["status"] = "ok"
+    except Interrupted as e:
+        meta["status"], meta["error"] = "interrupted", f"interrupted by {e}"
+        raise
+    except (RunFailed, NodeFailed, shaping.ShapingError, builds.BuildError, netns.NetnsError, OSError) as e:
+        meta["status"], meta["error"] = "failed", str(e)
+        console.print(f"[red]repetition failed[/red]: {e}", highlight=False)
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after cleanup
+        meta["status"], meta["error"] = "failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        # Cleanup must not be interrupted half-way by a second Ctrl-C.
+        old = {sg: signal.signal(sg, signal.SIG_IGN) for sg in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            sup.stop_all()
+            meta["unexpected_exits"] = {k: v for k, v in sup.exited().items()
+                                        if v not in (0, -signal.SIGTERM, -signal.SIGKILL)}
+            topo.destroy()
+            shutil.rmtree(scratch, ignore_errors=True)
+            sup.forget()
+            meta["t_end"] = meta["t_end"] or time.time()
+            _write_json(rep_dir / "meta.json", meta)
+        finally:
+            for sg, h in old.items():
+                signal.signal(sg, h)
+    return meta
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    root = str(constants.REPO_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _wait_consensus(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, paths: dict,
+                    deadline: float) -> None:
+    """Until every authority has a consensus listing every relay with its expected flags."""
+    names = list(sup.procs)
+    pending = {a.name for a in plan.by_role("authority")}
+    last: dict[str, str] = {}
+    with ctx.console.status("waiting for a consensus listing every relay") as status:
+        while pending:
+            sup.check(names)
+            for a in sorted(pending):
+                ok, why = _consensus_ok(Path(paths[a].datadir) / "cached-consensus", plan, ids)
+                last[a] = why
+                if ok:
+                    pending.discard(a)
+            if pending and time.time() > deadline:
+                a = sorted(pending)[0]
+                raise NodeFailed(a, f"no complete consensus after {ctx.scenario.measure.ready_timeout}: {last[a]}",
+                                 Path(paths[a].log))
+            if pending:
+                status.update(f"waiting for a consensus listing every relay: {'; '.join(sorted(set(last.values())))}")
+                time.sleep(0.2)
+
+
+def _wait_clients(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, paths: dict,
+                  deadline: float) -> None:
+    """Until every client is at Bootstrapped 100% and knows every relay of its path."""
+    names = list(sup.procs)
+    ctls: dict[str, stem.control.Controller] = {}
+    last: dict[str, str] = {}
+    pending = {c.name for c in plan.by_role("client")}
+    try:
+        with ctx.console.status("waiting for clients to bootstrap") as status:
+            while pending:
+                sup.check(names)
+                for c in sorted(pending):
+                    try:
+                        ctl = ctls.get(c) or _controller(Path(paths[c].control_socket))
+                        ctls[c] = ctl
+                        phase = ctl.get_info("status/bootstrap-phase", "")
+                        last[c] = phase
+                        if "PROGRESS=100" not in phase:
+                            continue
+                        missing = [n for n in _path_relays(plan, c) if not _knows(ctl, ids.fingerprints[n.name])]
+                        if missing:
+                            last[c] = f"its consensus lacks {', '.join(m.name for m in missing)}"
+                            continue
+                        pending.discard(c)
+                    except (stem.SocketError, stem.ControllerError, OSError) as e:
+                        last[c] = f"control port: {e}"
+                if pending and time.time() > deadline:
+                    c = sorted(pending)[0]
+                    raise NodeFailed(c, f"not ready after {ctx.scenario.measure.ready_timeout}: {last.get(c)}",
+                                     Path(paths[c].log))
+                if pending:
+                    status.update(f"waiting for {len(pending)} client(s) to bootstrap")
+                    time.sleep(0.2)
+    finally:
+        for ctl in ctls.values():
+            ctl.close()
+
+
+def _path_relays(plan: Plan, client: str) -> list[Node]:
+    node = plan.node(client)
+    path = plan.scenario.clients[node.group].path or []
+    return [r for g in path for r in plan.group_nodes(g)]
+
+
+def _knows(ctl: stem.control.Controller, fpr: str) -> bool:
+    try:
+        return bool(ctl.get_info(f"ns/id/{fpr}", ""))
+    except stem.ControllerError:
+        return False
+
+
+def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: netns.Topology,
+             paths: dict, rep_dir: Path, logs: Path, variant: str, rep: int, meta: dict) -> None:
+    s, console = ctx.scenario, ctx.console
+    warmup = units.parse_duration(s.measure.warmup)
+    duration = units.parse_duration(s.measure.duration)
+    t_work = time.time() + 1.0
+    t_end = t_work + duration
+    meta.update(t_workload_start=t_work)
+    cfg_dir = rep_dir / "config"
+    cfg_dir.mkdir(exist_ok=True)
+
+    # Collectors (switch namespace: they reach every relay's MetricsPort).
+    relays = plan.by_role("relay")
+    collect = [c for c in s.measure.collect if c != "transfers"]
+    collector_cfg = {
+        "variant": variant, "rep": rep, "output": str(rep_dir), "collect": collect,
+        "bw_interval_s": units.parse_duration(s.measure.bw_interval),
+        "metrics_interval_s": units.parse_duration(s.measure.metrics_interval),
+        "relays": [{"name": r.name, "group": r.group, "control": {"socket": paths[r.name].control_socket},
+                    "metrics_url": f"http://{r.address}:{r.ports['metrics']}/metrics"} for r in relays]}
+    (cfg_dir / "collector.json").write_text(json.dumps(collector_cfg, indent=1))
+    sup.start("collector", netns.exec_prefix(topo.switch) + [sys.executable, "-m", "torbed.collectors",
+                                                            str(cfg_dir / "collector.json")],
+              logs / "collector.log", env=_child_env())
+
+    # Drivers, one per client node, in the client's namespace.
+    drivers = []
+    for c in plan.by_role("client"):
+        cg = s.clients[c.group]
+        wl = cg.workload
+        server_group = wl.server or next(iter(s.servers))
+        server = plan.group_nodes(server_group)[c.index % s.servers[server_group].count]
+        entry = ctx.manifest[server_group][wl.file]
+        think = None
+        if getattr(wl, "think", None):
+            think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),
+                     "min_s": units.parse_duration(wl.think.min) if wl.think.min else None,
+                     "max_s": units.parse_duration(wl.think.max) if wl.think.max else None}
+        cfg = {
+            "client": c.name, "group": c.group, "variant": variant, "rep": rep, "seed": s.seed + rep,
+            "control": {"socket": paths[c.name].control_socket}, "socks_port": c.ports["socks"],
+            "output": str(rep_dir / "transfers.jsonl"),
+            "path": [[{"node": r.name, "fingerprint": ids.fingerprints[r.name]} for r in plan.group_nodes(g)]
+                     for g in (cg.path or [])],
+            "workload": {"kind": wl.kind, "server": server.name, "address": server.address,
+                         "port": server.ports["http"], "file": wl.file, "size": entry["size"],
+                         "sha256": entry["sha256"], "concurrency": wl.concurrency,
+                         "repeat": getattr(wl, "repeat", None),
+                         "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
+                         "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
+                         else constants.transfer_timeout(entry["size"])},
+            "t_workload": t_work, "t_measure": t_work + warmup, "t_end": t_end,
+            "debug": bool(os.environ.get("TORBED_DEBUG")),
+        }
+        path = cfg_dir / f"{c.name}.driver.json"
+        path.write_text(json.dumps(cfg, indent=1))
+        name = f"{c.name}.driver"
+        sup.start(name, netns.exec_prefix(topo.ns(c.name)) + [sys.executable, "-m", "torbed.client.driver", str(path)],
+                  logs / f"{name}.log", env=_child_env())
+        drivers.append(name)
+    _write_json(rep_dir / "meta.json", meta)
+
+    faults = sorted(((units.parse_duration(f.at), f) for f in s.faults), key=lambda x: x[0])
+    tor_names = [n.name for n in plan.nodes if n.role != "server"]
+    longest = max(json.loads((cfg_dir / f"{d}.json").read_text())["workload"]["timeout_s"] for d in drivers)
+    hard_end = t_end + min(longest, 300) + 10
+    transfers = rep_dir / "transfers.jsonl"
+    with console.status("measuring") as status:
+        while True:
+            now = time.time()
+            while faults and now >= t_work + faults[0][0]:
+                at, f = faults.pop(0)
+                targets = [n.name for n in plan.group_nodes(f.target)] or [f.target]
+                for t in targets:
+                    sup.kill(t)
+                meta["faults"].append({"at": f.at, "kind": f.kind, "target": f.target, "nodes": targets, "t": now})
+                console.log(f"fault: {f.kind} {', '.join(targets)} at +{at:.0f} s")
+                _write_json(rep_dir / "meta.json", meta)
+            running = [d for d in drivers if sup.procs[d][0].poll() is None]
+            if not running or now > hard_end:
+                break
+            for name, rc in sup.exited(tor_names).items():
+                if name not in meta["unexpected_exits"]:
+                    meta["unexpected_exits"][name] = rc
+                    console.log(f"[yellow]{name} exited unexpectedly ({rc})[/yellow]; the run goes on\n"
+                                + tail(sup.log_of(name), 5))
+            n = sum(1 for _ in open(transfers)) if transfers.exists() else 0
+            left = max(0.0, t_end - now)
+            status.update(f"measuring: {n} transfers recorded, {len(running)} client(s) active, {left:.0f} s left")
+            time.sleep(0.5)
+    sup.stop(drivers, grace=10)
+    failed = {d: rc for d, rc in sup.exited(drivers).items() if rc not in (0, -signal.SIGTERM)}
+    sup.stop(["collector"], grace=10)
+    meta["t_end"] = time.time()
+    n = sum(1 for _ in open(transfers)) if transfers.exists() else 0
+    console.log(f"measured {n} transfers in {meta['t_end'] - t_work:.0f} s")
+    if failed:
+        raise RunFailed("measurement driver(s) failed: " + "; ".join(
+            f"{d} exited {rc}: {tail(sup.log_of(d), 8)}" for d, rc in failed.items()))
+
+
+# ---------------------------------------------------------------------------------------
+
+def clean(console, force: bool = False) -> int:
+    """Remove namespaces, processes and scratch directories of runs whose torbed is gone."""
+    removed = 0
+    live_ns: set[str] = set()
+    for st in read_states():
+        if owner_alive(st) and not force:
+            live_ns.update(st.get("namespaces", []))
+            continue
+        for name, pid in (st.get("pids") or {}).items():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for ns in st.get("namespaces", []):
+            if ns in netns.list_namespaces(ns):
+                netns.delete_namespace(ns)
+                removed += 1
+        if st.get("scratch"):
+            shutil.rmtree(st["scratch"], ignore_errors=True)
+        Path(st["_file"]).unlink(missing_ok=True)
+        console.log(f"cleaned run {st.get('run_id')} ({st.get('run_dir', '?')})")
+    for ns in netns.list_namespaces():
+        if ns not in live_ns:
+            n = netns.kill_namespace_processes(ns)
+            netns.delete_namespace(ns)
+            removed += 1
+            console.log(f"removed namespace {ns}" + (f" and {n} process(es)" if n else ""))
+    for d in Path("/tmp").glob("torbed-*"):
+        if d.is_dir() and not any(str(d) in str(st.get("scratch")) for st in read_states()):
+            shutil.rmtree(d, ignore_errors=True)
+    return removed

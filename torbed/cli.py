@@ -1,0 +1,136 @@
+"""The ``torbed`` command: one subcommand per stage, the run directory between stages.
+
+    validate SCENARIO      check a scenario (nothing starts)
+    plan SCENARIO          print the concrete network: nodes, addresses, paths, links
+    schema                 print the scenario's JSON Schema
+    variants               list relay variants and whether their tor build is cached
+    build VARIANT          build (or reuse) the tor binary of a variant
+    run SCENARIO           bring the network up, measure, tear down -> RUN_DIR
+    clean                  remove what a killed run left behind (namespaces, processes)
+
+Exit codes: 0 success, 1 the run or build failed, 2 bad input (scenario, arguments),
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import constants, network, scenario as scenario_mod
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _load(path: str) -> scenario_mod.Scenario:
+    s = scenario_mod.load(path)
+    for w in s.warnings:
+        console.print(f"[yellow]warning[/yellow] {path}: {w}")
+    return s
+
+
+def cmd_validate(args) -> int:
+    s = _load(args.scenario)
+    nodes = network.plan(s, s.variants[0]).nodes
+    out.print(f"[green]ok[/green] {args.scenario}: scenario '{s.name}', {len(nodes)} nodes, "
+              f"variants {', '.join(s.variants)}, {s.repetitions} repetition(s)")
+    return EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    s = _load(args.scenario)
+    variant = args.variant or s.variants[0]
+    if variant not in s.variants:
+        console.print(f"[red]error[/red] --variant {variant!r} is not one of the scenario's variants "
+                      f"({', '.join(s.variants)})")
+        return EXIT_BAD_INPUT
+    p = network.plan(s, variant)
+    if args.json:
+        print(json.dumps({"scenario": s.name, "variant": variant, "subnet": p.subnet,
+                          "nodes": [n.to_dict() for n in p.nodes]}, indent=2))
+        return EXIT_OK
+    t = Table(title=f"{s.name}: variant {variant} ({p.subnet}, control plane {p.control_address})")
+    for col in ("node", "role", "group", "variant", "address", "ports", "flags"):
+        t.add_column(col)
+    for n in p.nodes:
+        flags = " ".join(f for f, on in (("Guard", n.guard), ("Exit", n.exit)) if on)
+        t.add_row(n.name, n.role, n.group, n.variant or "stock", n.address,
+                  " ".join(f"{k}={v}" for k, v in n.ports.items()), flags)
+    out.print(t)
+    t = Table(title="client paths and workloads")
+    for col in ("client group", "count", "path", "workload"):
+        t.add_column(col)
+    for g, cg in s.clients.items():
+        wl = cg.workload
+        desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
+        t.add_row(g, str(cg.count), " -> ".join(cg.path) if cg.path else "(tor chooses)", desc)
+    out.print(t)
+    t = Table(title="links (symmetric; per group pair)")
+    t.add_column("between")
+    t.add_column("properties")
+    t.add_row("default", p.default_link.describe())
+    for pair, spec in p.group_links.items():
+        t.add_row(" <-> ".join(sorted(pair)), spec.describe())
+    out.print(t)
+    from . import shaping
+    out.print(f"shaper: {shaping.describe_shaper(p)}")
+    return EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    print(json.dumps(scenario_mod.json_schema(), indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="torbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a scenario file (nothing starts)", formatter_class=fmt)
+    p.add_argument("scenario", help="scenario YAML file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="print the concrete network of a scenario", formatter_class=fmt)
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--variant", default=None, help="variant to plan (default: the scenario's first)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("schema", help="print the scenario JSON Schema", formatter_class=fmt)
+    p.set_defaults(func=cmd_schema)
+
+    for register in _extra_commands():
+        register(sub, fmt)
+    return parser
+
+
+def _extra_commands():
+    from . import commands
+    return commands.REGISTER
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except scenario_mod.ScenarioError as e:
+        for line in str(e).splitlines():
+            console.print(f"[red]error[/red] {line}", highlight=False)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""The measurement driver of one client node: stem on the control port, SOCKS for data.
+
+Runs next to its tor (same network namespace locally, same pod on Kubernetes):
+``python -m torbed.client.driver CONFIG.json``. It builds circuits along the scenario's
+path (group names already resolved to candidate fingerprints in the config) or leaves path
+selection to tor, attaches its own streams (``__LeaveStreamsUnattached``; STREAM NEW,
+NEWRESOLVE and DETACHED handled), runs the workload and appends one JSON line per transfer
+(schema: docs/records.md), flushed as written.
+
+Failures are measurement outcomes, not crashes: a circuit that cannot be extended, a
+detached stream, a SOCKS error, a timeout or a checksum mismatch become records with a typed
+``error.cause`` and the workload goes on until its end time.
+
+Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
+registered in ``WORKLOADS`` (``bulk``, ``fetch``; ``replay`` plugs in the same way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import stem
+import stem.control
+from python_socks import ProxyError, ProxyTimeoutError
+from python_socks.sync import Proxy
+from stem.control import EventType
+
+from ..records import RecordWriter
+
+RECV = 1 << 16
+
+
+class TransferError(Exception):
+    def __init__(self, cause: str, detail: str):
+        super().__init__(f"{cause}: {detail}")
+        self.cause = cause
+        self.detail = detail
+
+
+@dataclass
+class Circuit:
+    id: str | None
+    path: list[dict]
+    build_s: float | None
+    alive: bool = True
+
+
+class Driver:
+    """One client: its controller connection, its circuit(s) and stream attachment."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.rng = random.Random(f"{cfg['seed']}:{cfg['client']}")
+        self.writer = RecordWriter(cfg["output"])
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple[str, threading.Event, dict]] = {}  # source port -> (circ, ev, state)
+        self.streams: dict[str, int] = {}                                 # stream id -> source port
+        self.circuit: Circuit | None = None
+        self.circ_lock = threading.Lock()
+        self.controller: stem.control.Controller | None = None
+
+    # -- control port -------------------------------------------------------------------
+    def connect(self) -> None:
+        c = self.cfg["control"]
+        if c.get("socket"):
+            self.controller = stem.control.Controller.from_socket_file(c["socket"])
+        else:
+            self.controller = stem.control.Controller.from_port(c.get("address", "127.0.0.1"), c["port"])
+        self.controller.authenticate()
+        self.controller.add_event_listener(self._on_stream, EventType.STREAM)
+        self.controller.add_event_listener(self._on_circ, EventType.CIRC)
+        if self.cfg.get("path"):
+            self.controller.set_conf("__LeaveStreamsUnattached", "1")
+            self.controller.set_conf("__DisablePredictedCircuits", "1")
+
+    def wait_bootstrapped(self, deadline: float) -> None:
+        while time.time() < deadline:
+            phase = self.controller.get_info("status/bootstrap-phase", "")
+            if "PROGRESS=100" in phase:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.cfg['client']}: tor did not bootstrap: {phase}")
+
+    def _on_circ(self, event) -> None:
+        circ = self.circuit
+        if circ and event.id == circ.id and event.status in ("FAILED", "CLOSED"):
+            circ.alive = False
+            # Streams waiting on this circuit will be DETACHED by tor; fail them fast.
+            with self.lock:
+                for port, (cid, ev, state) in list(self.pending.items()):
+                    if cid == circ.id and not ev.is_set():
+                        state["error"] = ("circuit_failed", f"circuit {cid} {event.status} ({event.reason})")
+                        ev.set()
+
+    def _on_stream(self, event) -> None:
+        if self.cfg.get("debug"):
+            print(f"STREAM {event.id} {event.status} circ={event.circ_id} src={event.source_address}:{event.source_port}"
+                  f" purpose={event.purpose} reason={event.reason}", file=sys.stderr, flush=True)
+        with self.lock:
+            if event.status in ("NEW", "NEWRESOLVE") and event.source_port is not None:
+                self.streams[event.id] = int(event.source_port)
+            port = self.streams.get(event.id)
+            entry = self.pending.get(port) if port is not None else None
+            if event.status in ("CLOSED", "FAILED"):
+                self.streams.pop(event.id, None)
+        if entry is None:
+            return
+        cid, ev, state = entry
+        if event.status in ("NEW", "NEWRESOLVE"):
+            try:
+                self.controller.attach_stream(event.id, cid)
+            except stem.ControllerError as e:
+                state["error"] = ("circuit_failed", f"attach to circuit {cid}: {e}")
+                ev.set()
+        elif event.status == "DETACHED":
+            state["error"] = ("stream_detached", f"stream {event.id} detached ({event.reason} {event.remote_reason or ''})".strip())
+            ev.set()
+            # tor holds a detached stream for re-attachment; close it so SOCKS fails now.
+            try:
+                self.controller.close_stream(event.id)
+            except stem.ControllerError:
+                pass
+
+    # -- circuits -----------------------------------------------------------------------
+    def get_circuit(self) -> Circuit:
+        """The client's circuit, (re)built along the configured path when needed."""
+        with self.circ_lock:
+            if self.circuit and self.circuit.alive:
+                return self.circuit
+            hops = self.cfg.get("path")
+            if not hops:
+                self.circuit = Circuit(id=None, path=[], build_s=None)
+                return self.circuit
+            chosen = [self.rng.choice(candidates) for candidates in hops]
+            t0 = time.time()
+            try:
+                cid = self.controller.new_circuit([h["fingerprint"] for h in chosen], await_build=True,
+                                                  timeout=self.cfg.get("circuit_timeout", 60))
+            except stem.CircuitExtensionFailed as e:
+                self.circuit = None
+                raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {e}")
+            except (stem.Timeout, stem.ControllerError) as e:
+                self.circuit = None
+                raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {type(e).__name__} {e}")
+            self.circuit = Circuit(id=cid, path=chosen, build_s=time.time() - t0)
+            return self.circuit
+
+    # -- one transfer ---------------------------------------------------------------------
+    def transfer(self, slot: int, seq: int, timeout: float) -> dict:
+        wl = self.cfg["workload"]
+        rec = {"type": "transfer", "variant": self.cfg["variant"], "rep": self.cfg["rep"],
+               "client": self.cfg["client"], "group": self.cfg["group"], "workload": wl["kind"],
+               "slot": slot, "seq": seq, "server": wl["server"], "file": wl["file"], "size": wl["size"],
+               "circuit": None, "t_start": time.time(), "t_socks": None, "t_request": None,
+               "t_first_byte": None, "t_last_byte": None, "bytes": 0, "status": "ok", "error": None}
+        deadline = rec["t_start"] + timeout
+        sock = None
+        port = None
+        try:
+            circ = self.get_circuit()
+            if circ.id is not None:
+                rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s}
+            port, ev, state = self._reserve_port(circ.id)
+            proxy = Proxy.from_url(f"socks5://127.0.0.1:{self.cfg['socks_port']}")
+            try:
+                sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, deadline - time.time()),
+                                     local_addr=("127.0.0.1", port))
+            except ProxyTimeoutError as e:
+                raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
+            except ProxyError as e:
+                raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS reply: {e}")))
+            except OSError as e:
+                raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+            rec["t_socks"] = time.time()
+            sock.settimeout(1.0)
+            sock.sendall(f"GET /{wl['file']} HTTP/1.1\r\nHost: {wl['address']}\r\nConnection: close\r\n\r\n".encode())
+            rec["t_request"] = time.time()
+            self._receive(sock, rec, deadline, state)
+            if rec["bytes"] != wl["size"]:
+                raise TransferError("connection_error", f"received {rec['bytes']} of {wl['size']} bytes")
+        except TransferError as e:
+            rec["status"] = "timeout" if e.cause == "timeout" else "error"
+            rec["error"] = {"cause": e.cause, "detail": e.detail}
+        finally:
+            if sock is not None:
+                sock.close()
+            if port is not None:
+                with self.lock:
+                    self.pending.pop(port, None)
+        t, r = rec, rec["t_request"]
+        rec["ttfb_s"] = t["t_first_byte"] - r if t["t_first_byte"] and r else None
+        rec["ttlb_s"] = t["t_last_byte"] - r if t["t_last_byte"] and r and rec["status"] == "ok" else None
+        rec["ttfb_stream_s"] = t["t_first_byte"] - t["t_start"] if t["t_first_byte"] else None
+        rec["ttlb_stream_s"] = t["t_last_byte"] - t["t_start"] if t["t_last_byte"] and rec["status"] == "ok" else None
+        rec["warmup"] = rec["t_start"] < self.cfg["t_measure"]
+        self.writer.write(rec)
+        return rec
+
+    def _reserve_port(self, circ_id: str | None) -> tuple[int, threading.Event, dict]:
+        while True:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            with self.lock:
+                if port not in self.pending:
+                    ev, state = threading.Event(), {}
+                    if circ_id is not None:
+                        self.pending[port] = (circ_id, ev, state)
+                    return port, ev, state
+
+    def _receive(self, sock: socket.socket, rec: dict, deadline: float, state: dict) -> None:
+        wl = self.cfg["workload"]
+        header = b""
+        body_hash = hashlib.sha256()
+        body = 0
+        in_body = False
+        while True:
+            if state.get("error"):
+                raise TransferError(*state["error"])
+            if time.time() > deadline:
+                raise TransferError("timeout", f"after {rec['bytes']} of {wl['size']} bytes")
+            try:
+                data = sock.recv(RECV)
+            except socket.timeout:
+                continue
+            except OSError as e:
+                raise TransferError(*(state.get("error") or ("connection_error", str(e))))
+            if not data:
+                break
+            now = time.time()
+            if rec["t_first_byte"] is None:
+                rec["t_first_byte"] = now
+            if not in_body:
+                header += data
+                if b"\r\n\r\n" not in header:
+                    continue
+                head, _, data = header.partition(b"\r\n\r\n")
+                status = head.split(b"\r\n", 1)[0].decode(errors="replace")
+                if " 200 " not in status + " ":
+                    raise TransferError("http_error", status)
+                in_body = True
+            if data:
+                body += len(data)
+                body_hash.update(data)
+                rec["bytes"] = body
+                rec["t_last_byte"] = now
+        if state.get("error"):
+            raise TransferError(*state["error"])
+        if body == wl["size"] and body_hash.hexdigest() != wl["sha256"]:
+            raise TransferError("checksum_mismatch", f"sha256 {body_hash.hexdigest()} != {wl['sha256']}")
+
+
+# -- workloads ------------------------------------------------------------------------------
+
+def _pause(driver: Driver, wl: dict) -> float:
+    think = wl.get("think")
+    if not think:
+        return wl.get("pause_s", 0.0)
+    if think["distribution"] == "constant":
+        return think["mean_s"]
+    if think["distribution"] == "exponential":
+        return driver.rng.expovariate(1.0 / think["mean_s"]) if think["mean_s"] > 0 else 0.0
+    return driver.rng.uniform(think["min_s"], think["max_s"])
+
+
+def _sleep_until(t: float, stop: threading.Event) -> None:
+    stop.wait(max(0.0, t - time.time()))
+
+
+def run_bulk(driver: Driver, slot: int, stop: threading.Event) -> int:
+    n = 0
+    while not stop.is_set() and time.time() < driver.cfg["t_end"]:
+        rec = driver.transfer(slot, n, _timeout(driver))
+        n += 1
+        if rec["status"] != "ok":
+            _sleep_until(time.time() + 1.0, stop)   # back off after a failure, don't spin
+    return n
+
+
+def run_fetch(driver: Driver, slot: int, stop: threading.Event) -> int:
+    wl = driver.cfg["workload"]
+    n = 0
+    while n < wl["repeat"] and not stop.is_set() and time.time() < driver.cfg["t_end"]:
+        driver.transfer(slot, n, _timeout(driver))
+        n += 1
+        _sleep_until(time.time() + _pause(driver, wl), stop)
+    return n
+
+
+def _timeout(driver: Driver) -> float:
+    wl = driver.cfg["workload"]
+    return min(wl["timeout_s"], max(1.0, driver.cfg["t_end"] + 5 - time.time())) \
+        if wl["kind"] == "bulk" else wl["timeout_s"]
+
+
+WORKLOADS: dict[str, Callable[[Driver, int, threading.Event], int]] = {
+    "bulk": run_bulk,
+    "fetch": run_fetch,
+}
+
+
+def run(cfg: dict, stop: threading.Event | None = None) -> int:
+    stop = stop or threading.Event()
+    driver = Driver(cfg)
+    driver.connect()
+    try:
+        driver.wait_bootstrapped(time.time() + cfg.get("bootstrap_timeout", 120))
+        _sleep_until(cfg.get("t_workload", 0), stop)
+        work = WORKLOADS[cfg["workload"]["kind"]]
+        counts = [0] * cfg["workload"]["concurrency"]
+
+        def slot_main(i: int) -> None:
+            counts[i] = work(driver, i, stop)
+
+        threads = [threading.Thread(target=slot_main, args=(i,), daemon=True)
+                   for i in range(len(counts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+        return sum(counts)
+    finally:
+        driver.writer.close()
+        driver.controller.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m torbed.client.driver CONFIG.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    stop = threading.Event()
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    n = run(cfg, stop)
+    print(f"{cfg['client']}: {n} transfers", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Relay-side collectors: CELL_STATS, bytes read/written every 500 ms, MetricsPort scrapes.
+
+``python -m torbed.collectors CONFIG.json`` watches one or more relays until SIGTERM
+(locally one process in the switch namespace watches every relay; on Kubernetes it is a
+sidecar of each relay pod). Records (docs/records.md) go to cellstats.jsonl, relay_bw.jsonl
+and metrics.jsonl in the config's output directory, one line each, flushed as written.
+
+tor keeps per-cell statistics for CELL_STATS only until the event is emitted; with no
+subscriber its memory grows. So a collector always subscribes when the relay has
+TestingEnableCellStatsEvent set, and when ``cellstats`` is not collected it switches the
+option off on the relay instead.
+
+Public API:
+
+- ``cellstats_record(event, base) -> dict``  (event: stem CellStatsEvent)
+- ``parse_metrics(text) -> dict[str, float]`` Prometheus text format -> {"name{labels}": value}
+- ``RelayCollector(relay_cfg, cfg, writers)``: ``.start()``, ``.stop()``
+- ``run(cfg, stop_event)``, ``main(argv)``
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import stem
+import stem.control
+from stem.control import EventType
+
+from .records import RecordWriter
+
+
+def _side(queue, conn, added, removed, times) -> dict | None:
+    if queue is None and not added and not removed:
+        return None
+    return {"queue": queue, "conn": conn, "added": dict(added or {}),
+            "removed": dict(removed or {}), "time_ms": dict(times or {})}
+
+
+def cellstats_record(event, base: dict) -> dict:
+    """One CELL_STATS event as a record. Inbound = cells toward the client."""
+    return {**base, "type": "cellstats", "t": time.time(), "circuit": event.id,
+            "inbound": _side(event.inbound_queue, event.inbound_connection, event.inbound_added,
+                             event.inbound_removed, event.inbound_time),
+            "outbound": _side(event.outbound_queue, event.outbound_connection, event.outbound_added,
+                              event.outbound_removed, event.outbound_time)}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    samples = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            samples[name] = float(value)
+        except ValueError:
+            continue
+    return samples
+
+
+class RelayCollector:
+    def __init__(self, relay: dict, cfg: dict, writers: dict[str, RecordWriter]):
+        self.relay = relay
+        self.cfg = cfg
+        self.writers = writers
+        self.base = {"variant": cfg["variant"], "rep": cfg["rep"], "relay": relay["name"], "group": relay["group"]}
+        self.stop_ev = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.controller: stem.control.Controller | None = None
+        self.errors: list[str] = []
+
+    def _connect(self) -> stem.control.Controller:
+        c = self.relay["control"]
+        deadline = time.time() + self.cfg.get("connect_timeout", 60)
+        while True:
+            try:
+                if c.get("socket"):
+                    ctl = stem.control.Controller.from_socket_file(c["socket"])
+                else:
+                    ctl = stem.control.Controller.from_port(c.get("address", "127.0.0.1"), c["port"])
+                ctl.authenticate()
+                return ctl
+            except (stem.SocketError, stem.connection.AuthenticationFailure):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def start(self) -> None:
+        self.controller = self._connect()
+        collect = self.cfg["collect"]
+        if "cellstats" in collect:
+            w = self.writers["cellstats"]
+            self.controller.add_event_listener(lambda ev: w.write(cellstats_record(ev, self.base)),
+                                               EventType.CELL_STATS)
+        elif self.controller.get_conf("TestingEnableCellStatsEvent", "0") == "1":
+            self.controller.set_conf("TestingEnableCellStatsEvent", "0")
+        if "relay_bw" in collect:
+            self.threads.append(threading.Thread(target=self._poll_bw, daemon=True))
+        if "metrics" in collect and self.relay.get("metrics_url"):
+            self.threads.append(threading.Thread(target=self._poll_metrics, daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def _poll_bw(self) -> None:
+        interval = self.cfg["bw_interval_s"]
+        w = self.writers["relay_bw"]
+        prev = None
+        next_t = time.time()
+        while not self.stop_ev.is_set():
+            try:
+                r, wr = self.controller.get_info(["traffic/read", "traffic/written"]).values()
+            except (stem.ControllerError, stem.SocketClosed) as e:
+                self.errors.append(f"relay_bw: {e}")
+                return
+            now = time.time()
+            cur = (now, int(r), int(wr))
+            if prev is not None:
+                w.write({**self.base, "type": "relay_bw", "t": now, "interval_s": round(now - prev[0], 6),
+                         "read": cur[1] - prev[1], "written": cur[2] - prev[2]})
+            prev = cur
+            next_t += interval
+            self.stop_ev.wait(max(0.0, next_t - time.time()))
+
+    def _poll_metrics(self) -> None:
+        w = self.writers["metrics"]
+        while not self.stop_ev.is_set():
+            try:
+                with urllib.request.urlopen(self.relay["metrics_url"], timeout=5) as resp:
+                    samples = parse_metrics(resp.read().decode())
+                w.write({**self.base, "type": "metrics", "t": time.time(), "samples": samples})
+            except OSError as e:
+                self.errors.append(f"metrics: {e}")
+            self.stop_ev.wait(self.cfg["metrics_interval_s"])
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        for t in self.threads:
+            t.join(5)
+        if self.controller is not None:
+            self.controller.close()
+
+
+def run(cfg: dict, stop: threading.Event) -> list[str]:
+    out = Path(cfg["output"])
+    writers = {k: RecordWriter(out / f"{k}.jsonl") for k in ("cellstats", "relay_bw", "metrics") if k in cfg["collect"]}
+    collectors = [RelayCollector(r, cfg, writers) for r in cfg["relays"]]
+    errors: list[str] = []
+    try:
+        for c in collectors:
+            c.start()
+        stop.wait()
+    finally:
+        for c in collectors:
+            c.stop()
+            errors += [f"{c.relay['name']}: {e}" for e in c.errors]
+        for w in writers.values():
+            w.close()
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m torbed.collectors CONFIG.json", file=sys.stderr)
+        return 2
+    cfg = json.loads(Path(argv[0]).read_text())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    errors = run(cfg, stop)
+    for e in errors:
+        print(f"collector: {e}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

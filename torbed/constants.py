@@ -1,0 +1,63 @@
+"""Constants shared by every stage: ports, paths, defaults, timeouts (one place, as tornettools does)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+API_VERSION = "torbed/v1"
+
+# Repository layout (the package lives in <repo>/torbed).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VARIANTS_DIR = REPO_ROOT / "images" / "relay" / "variants"
+BUILD_SCRIPT = REPO_ROOT / "images" / "relay" / "build-tor.sh"
+SCENARIOS_DIR = REPO_ROOT / "scenarios"
+
+# Where slow builds (tor per variant) are cached, keyed by content hash.
+CACHE_DIR = Path(os.environ.get("TORBED_CACHE", Path.home() / ".cache" / "torbed"))
+
+# The tor every variant is built from: Debian's source package, pinned.
+TOR_VERSION = "0.4.9.11"
+
+# Ports. Every node has its own address, so every node uses the same port numbers.
+OR_PORT = 5000
+DIR_PORT = 7000
+SOCKS_PORT = 9050
+CONTROL_PORT = 9051
+METRICS_PORT = 9035
+HTTP_PORT = 80
+
+# Default private address range of the testbed (RFC 1918). .0.1 is the control plane
+# (the switch namespace / collector), nodes are numbered from FIRST_NODE_HOST.
+DEFAULT_SUBNET = "10.77.0.0/16"
+FIRST_NODE_HOST = 10
+
+# Fast voting: 10/2/2 s is the minimum tor accepts with TestingTorNetwork.
+VOTING_INTERVAL = 10
+VOTE_DELAY = 2
+DIST_DELAY = 2
+
+# Authority certificates: tor-gencert lifetime in months (recorded in meta.json).
+AUTHORITY_CERT_MONTHS = 12
+
+# Supervision.
+READY_TIMEOUT = 180.0          # seconds until a network must be ready
+STOP_GRACE = 5.0               # SIGTERM -> SIGKILL grace period
+BW_INTERVAL = 0.5              # relay bandwidth sampling (seconds)
+
+# Names of network namespaces and veths start with this so `torbed clean` finds leftovers.
+NETNS_PREFIX = "tb-"
+STATE_DIR = Path(os.environ.get("TORBED_STATE", "/run/torbed"))
+
+
+def transfer_timeout(size_bytes: int) -> float:
+    """Per-transfer timeout by file size, following tornettools/tgen's buckets
+    (50 KiB: 15 s, 1 MiB: 60 s, 5 MiB: 120 s), extended linearly above 5 MiB at
+    the 5 MiB bucket's rate so bulk files of any size get a proportional limit."""
+    if size_bytes <= 51200:
+        return 15.0
+    if size_bytes <= 1048576:
+        return 60.0
+    if size_bytes <= 5242880:
+        return 120.0
+    return 120.0 * size_bytes / 5242880

@@ -1,0 +1,158 @@
+"""The concrete network of a scenario for one variant: nodes, addresses, ports, paths, links.
+
+Both backends start from a ``Plan``: the local backend gives every node a network namespace
+with the planned address; the Kubernetes backend renders the same nodes as pods.
+
+Public API:
+
+- ``plan(scenario, variant) -> Plan``
+- ``Plan.nodes`` (authorities, relays, servers, clients, in that order), ``Plan.node(name)``,
+  ``Plan.by_role(role)``, ``Plan.group_nodes(group)``, ``Plan.link(a, b) -> LinkSpec``
+- ``Node``: name, role, group, index, variant, address, ports; ``Node.nickname``
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass, field
+
+from . import constants, units
+from .scenario import Link, Scenario
+
+ROLES = ("authority", "relay", "server", "client")
+AUTHORITY_GROUP = "authority"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str            # unique, e.g. auth0, middle0, web0, bulk1
+    role: str            # authority | relay | server | client
+    group: str           # scenario group ('authority' for authorities)
+    index: int
+    address: str
+    variant: str | None = None   # relays: the scheduler variant; others use the stock build
+    exit: bool = False
+    guard: bool = False
+    ports: dict = field(default_factory=dict)
+
+    @property
+    def nickname(self) -> str:
+        return self.name  # group names are [a-z][a-z0-9]*, so node names are valid nicknames
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    rate_bps: int | None = None
+    delay_s: float | None = None
+    jitter_s: float | None = None
+    loss: float | None = None
+
+    @property
+    def needs_delay_emulation(self) -> bool:
+        return bool(self.delay_s or self.jitter_s or self.loss)
+
+    def describe(self) -> str:
+        parts = []
+        if self.rate_bps:
+            parts.append(units.format_rate(self.rate_bps))
+        if self.delay_s:
+            parts.append(f"delay {units.format_duration(self.delay_s)}")
+        if self.jitter_s:
+            parts.append(f"jitter {units.format_duration(self.jitter_s)}")
+        if self.loss:
+            parts.append(f"loss {self.loss * 100:g}%")
+        return ", ".join(parts) or "unshaped"
+
+
+def _linkspec(link: Link, base: LinkSpec | None = None) -> LinkSpec:
+    base = base or LinkSpec()
+    return LinkSpec(
+        rate_bps=units.parse_rate(link.rate) if link.rate else base.rate_bps,
+        delay_s=units.parse_duration(link.delay) if link.delay else base.delay_s,
+        jitter_s=units.parse_duration(link.jitter) if link.jitter else base.jitter_s,
+        loss=units.parse_percent(link.loss) if link.loss else base.loss,
+    )
+
+
+@dataclass
+class Plan:
+    scenario: Scenario
+    variant: str
+    nodes: list[Node]
+    subnet: str
+    control_address: str
+    default_link: LinkSpec
+    group_links: dict[frozenset, LinkSpec]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def by_role(self, role: str) -> list[Node]:
+        return [n for n in self.nodes if n.role == role]
+
+    def group_nodes(self, group: str) -> list[Node]:
+        return [n for n in self.nodes if n.group == group]
+
+    def variants_in_use(self) -> list[str]:
+        return sorted({n.variant for n in self.nodes if n.variant})
+
+    def link(self, a: Node, b: Node) -> LinkSpec:
+        """Properties of the link between two nodes (symmetric)."""
+        return self.group_links.get(frozenset((a.group, b.group)), self.default_link)
+
+    def shaped_pairs(self) -> list[tuple[Node, Node, LinkSpec]]:
+        """Every ordered (src, dst) node pair whose link has any property set."""
+        out = []
+        for a in self.nodes:
+            for b in self.nodes:
+                if a is not b:
+                    spec = self.link(a, b)
+                    if spec != LinkSpec():
+                        out.append((a, b, spec))
+        return out
+
+    def needs_delay_emulation(self) -> bool:
+        return self.default_link.needs_delay_emulation or any(
+            s.needs_delay_emulation for s in self.group_links.values())
+
+
+def plan(scenario: Scenario, variant: str) -> Plan:
+    """Lay out every node of ``scenario`` for one ``variant`` (deterministic)."""
+    net = ipaddress.IPv4Network(scenario.network.subnet)
+    hosts = net.hosts()
+    control = str(next(hosts))
+    base = int(net.network_address) + constants.FIRST_NODE_HOST
+    nodes: list[Node] = []
+
+    def add(name: str, role: str, group: str, index: int, **kw) -> None:
+        address = ipaddress.IPv4Address(base + len(nodes))
+        if address not in net or address == net.broadcast_address:
+            raise ValueError(f"network.subnet {net} is too small for {len(nodes) + 1} nodes")
+        nodes.append(Node(name=name, role=role, group=group, index=index, address=str(address), **kw))
+
+    for i in range(scenario.network.authorities):
+        add(f"auth{i}", "authority", AUTHORITY_GROUP, i,
+            ports={"or": constants.OR_PORT, "dir": constants.DIR_PORT, "control": constants.CONTROL_PORT})
+    for g, rg in scenario.network.relays.items():
+        for i in range(rg.count):
+            add(f"{g}{i}", "relay", g, i, variant=rg.variant or variant, exit=rg.exit, guard=rg.guard,
+                ports={"or": constants.OR_PORT, "control": constants.CONTROL_PORT,
+                       "metrics": constants.METRICS_PORT})
+    for g, sg in scenario.servers.items():
+        for i in range(sg.count):
+            add(f"{g}{i}", "server", g, i, ports={"http": sg.port})
+    for g, cg in scenario.clients.items():
+        for i in range(cg.count):
+            add(f"{g}{i}", "client", g, i,
+                ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})
+
+    default = _linkspec(scenario.links.default)
+    group_links = {frozenset(p.between): _linkspec(p, default) for p in scenario.links.pairs}
+    return Plan(scenario=scenario, variant=variant, nodes=nodes, subnet=str(net),
+                control_address=control, default_link=default, group_links=group_links)

@@ -1,0 +1,435 @@
+"""The scenario model (apiVersion torbed/v1): strict decoding, defaults, validation.
+
+A scenario file describes a private Tor network, its workload and the variants to compare.
+It is decoded strictly (an unknown key is an error naming its path), defaulted, then
+validated across fields, all before anything starts. The same file is a Helm values file.
+
+Public API:
+
+- ``load(path, variants_dir=VARIANTS_DIR) -> Scenario``  raises ``ScenarioError``
+- ``parse(data, source="<data>", variants_dir=...) -> Scenario``  same, from a mapping
+- ``json_schema() -> dict``  JSON Schema of the scenario (the chart's values.schema.json)
+- ``ScenarioError``: ``.source`` (file), ``.problems`` [(field path, message)], str() lists all
+- ``Scenario.warnings``: non-fatal advice (e.g. fewer than 3 authorities)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
+                      ValidationError, model_validator)
+from pydantic_core import PydanticCustomError
+
+from . import constants, units
+from .variants import VariantError, load_variant
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used. ``problems`` is a list of (field path, message)."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {path or '<top level>'}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------
+# Unit-string field types: kept as the user's strings (so run.json round-trips), checked here.
+
+def _checker(parse, pattern: str):
+    def check(v: str) -> str:
+        parse(v)
+        return v
+    return Annotated[str, AfterValidator(check), Field(json_schema_extra={"pattern": pattern})]
+
+
+Size = _checker(units.parse_size, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$")
+Rate = _checker(units.parse_rate,
+                r"^[0-9]+(\.[0-9]+)?\s*(bit|kbit|mbit|gbit|B/s|KB/s|MB/s|GB/s|KiB/s|MiB/s|GiB/s)$")
+Duration = _checker(units.parse_duration, r"^[0-9]+(\.[0-9]+)?\s*(us|ms|s|m|h)$")
+Percent = _checker(units.parse_percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
+
+GROUP_NAME_RE = r"^[a-z][a-z0-9]{0,11}$"
+GroupName = Annotated[str, Field(pattern=GROUP_NAME_RE)]
+RESERVED_GROUPS = {"authority", "auth", "switch", "collector"}
+
+
+class Strict(BaseModel):
+    """Base for every scenario object: unknown keys are errors that list the allowed keys."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_keys(cls, data):
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            for key in data:
+                if key not in allowed:
+                    raise PydanticCustomError(
+                        "unknown_key", "unknown key '{key}' (allowed: {allowed})",
+                        {"key": str(key), "allowed": ", ".join(allowed)})
+        return data
+
+
+# ---------------------------------------------------------------------------------------
+# Network
+
+class RelayGroup(Strict):
+    """A group of relays built from one variant."""
+    count: int = Field(1, ge=1, le=1000, description="Number of relays in the group")
+    variant: str | None = Field(None, description="Variant override for this group (default: the run's variant)")
+    exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
+    guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
+    bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
+    torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment)")
+
+
+class Network(Strict):
+    authorities: int = Field(3, ge=1, le=9, description="Directory authorities (3 or more recommended)")
+    relays: dict[GroupName, RelayGroup] = Field(..., min_length=1, description="Relay groups by name")
+    subnet: str = Field(constants.DEFAULT_SUBNET, description="Private IPv4 range of the testbed (RFC 1918)")
+    consensus_params: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")], int] = Field(
+        default_factory=dict,
+        description="Consensus parameters the authorities vote (e.g. cc_alg: 0 for fixed SENDME windows)")
+
+
+# ---------------------------------------------------------------------------------------
+# Links
+
+class Link(Strict):
+    rate: Rate | None = Field(None, description="Rate limit in each direction, e.g. '10mbit'")
+    delay: Duration | None = Field(None, description="One-way delay, e.g. '20ms' (needs netem or linkemu)")
+    jitter: Duration | None = Field(None, description="Delay variation, e.g. '2ms' (needs netem or linkemu)")
+    loss: Percent | None = Field(None, description="Random loss, e.g. '0.1%' (needs netem or linkemu)")
+
+
+class LinkPair(Link):
+    between: list[str] = Field(..., min_length=2, max_length=2,
+                               description="Two group names (or 'authority'); the link is symmetric")
+
+
+class Links(Strict):
+    default: Link = Field(default_factory=Link, description="Properties of every link without an override")
+    pairs: list[LinkPair] = Field(default_factory=list, description="Per group-pair overrides")
+
+
+# ---------------------------------------------------------------------------------------
+# Servers, clients, workloads
+
+class ServerGroup(Strict):
+    count: int = Field(1, ge=1, le=100)
+    port: int = Field(constants.HTTP_PORT, ge=1, le=65535, description="HTTP port")
+    files: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], Size] = Field(
+        ..., min_length=1, description="Generated files by name and size (seeded, checksummed)")
+
+
+class ThinkTime(Strict):
+    distribution: Literal["constant", "exponential", "uniform"] = "exponential"
+    mean: Duration = Field("5s", description="Mean pause (constant and exponential)")
+    min: Duration | None = Field(None, description="Lower bound (uniform)")
+    max: Duration | None = Field(None, description="Upper bound (uniform)")
+
+
+class _Transfer(Strict):
+    server: str | None = Field(None, description="Server group (default: the only one)")
+    file: str = Field(..., description="File name from the server group's files")
+    concurrency: int = Field(1, ge=1, le=64, description="Parallel transfers per client")
+    timeout: Duration | None = Field(None, description="Per-transfer timeout (default: by size, as tornettools)")
+
+
+class BulkWorkload(_Transfer):
+    kind: Literal["bulk"]
+
+
+class FetchWorkload(_Transfer):
+    kind: Literal["fetch"]
+    repeat: int = Field(10, ge=1, le=1_000_000, description="Number of fetches per concurrent slot")
+    pause: Duration = Field("0s", description="Constant pause between fetches")
+    think: ThinkTime | None = Field(None, description="Random pause distribution (replaces pause)")
+
+
+Workload = Annotated[Union[BulkWorkload, FetchWorkload], Field(discriminator="kind")]
+WORKLOAD_KINDS = ("bulk", "fetch")
+
+
+class ClientGroup(Strict):
+    count: int = Field(1, ge=1, le=1000)
+    path: list[str] | None = Field(None, min_length=1, max_length=8,
+                                   description="Relay groups of the circuit, entry first (default: tor chooses)")
+    workload: Workload
+
+
+# ---------------------------------------------------------------------------------------
+# Measurement, placement, faults
+
+COLLECTORS = ("transfers", "cellstats", "relay_bw", "metrics")
+
+
+class Measure(Strict):
+    warmup: Duration = Field("30s", description="Start of the measured window after the network is ready")
+    duration: Duration = Field("5m", description="Workload run time per repetition")
+    collect: list[Literal["transfers", "cellstats", "relay_bw", "metrics"]] = Field(
+        default_factory=lambda: list(COLLECTORS), description="Collectors to run")
+    bw_interval: Duration = Field("500ms", description="Relay bandwidth sampling interval")
+    metrics_interval: Duration = Field("10s", description="MetricsPort scrape interval")
+    ready_timeout: Duration = Field("180s", description="Time allowed for the network to become ready")
+
+
+class Placement(Strict):
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict] = Field(default_factory=list)
+    affinity: dict = Field(default_factory=dict)
+
+
+class Fault(Strict):
+    at: Duration = Field(..., description="Time after the workload starts")
+    kind: Literal["kill"] = Field(..., description="kill: SIGKILL a node's tor (it stays down)")
+    target: str = Field(..., description="A node ('middle0') or a group (all its nodes)")
+
+
+# ---------------------------------------------------------------------------------------
+# Scenario
+
+class Scenario(Strict):
+    apiVersion: Literal["torbed/v1"]
+    name: str = Field(..., pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$",
+                      description="Lowercase name (used in run directories and Helm release names)")
+    description: str = ""
+    seed: int = Field(1, ge=0, description="Seed of every random choice (recorded in run.json)")
+    variants: list[str] = Field(..., min_length=1, description="Variants compared in one run")
+    baseline: str | None = Field(None, description="Variant the others are compared with (default: the first)")
+    repetitions: int = Field(1, ge=1, le=100)
+    network: Network
+    links: Links = Field(default_factory=Links)
+    servers: dict[GroupName, ServerGroup] = Field(..., min_length=1)
+    clients: dict[GroupName, ClientGroup] = Field(..., min_length=1)
+    measure: Measure = Field(default_factory=Measure)
+    placement: dict[str, Placement] = Field(default_factory=dict, description="Kubernetes only")
+    faults: list[Fault] = Field(default_factory=list)
+
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings
+
+    @property
+    def baseline_variant(self) -> str:
+        return self.baseline or self.variants[0]
+
+    def group_names(self) -> list[str]:
+        return [*self.network.relays, *self.servers, *self.clients]
+
+
+def _loc(loc: tuple) -> str:
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        # pydantic inserts the union tag ('fetch') after 'workload'; readers never wrote it.
+        if i > 0 and loc[i - 1] == "workload" and item in WORKLOAD_KINDS:
+            continue
+        if item == "[key]":  # pydantic's marker for an invalid mapping key; the key itself is named
+            continue
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def _message(err: dict) -> str:
+    t = err["type"]
+    if t == "missing":
+        return "required field is missing"
+    if t == "literal_error":
+        return f"{err['msg'].replace('Input should be', 'must be')} (got {err.get('input')!r})"
+    if t == "union_tag_invalid":
+        return f"unknown workload kind {err['ctx'].get('tag')!r} (allowed: {', '.join(WORKLOAD_KINDS)})"
+    if t == "union_tag_not_found":
+        return f"'kind' is required (allowed: {', '.join(WORKLOAD_KINDS)})"
+    if t == "string_pattern_mismatch":
+        return f"{err.get('input')!r} does not match {err['ctx']['pattern']}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return msg
+
+
+def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """Cross-field checks. Returns (problems, warnings)."""
+    problems: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    relays, servers, clients = s.network.relays, s.servers, s.clients
+
+    # Group names share one namespace (links, placement and faults name them).
+    seen: dict[str, str] = {}
+    for kind, groups in (("network.relays", relays), ("servers", servers), ("clients", clients)):
+        for g in groups:
+            if g in RESERVED_GROUPS:
+                problems.append((f"{kind}.{g}", f"'{g}' is reserved (reserved: {', '.join(sorted(RESERVED_GROUPS))})"))
+            if g in seen:
+                problems.append((f"{kind}.{g}", f"group name '{g}' is also used in {seen[g]}; names must be unique"))
+            seen[g] = kind
+
+    # Variants.
+    if len(set(s.variants)) != len(s.variants):
+        problems.append(("variants", "variants must be unique"))
+    for i, v in enumerate(s.variants):
+        try:
+            load_variant(v, variants_dir)
+        except VariantError as e:
+            problems.append((f"variants[{i}]", str(e)))
+    if s.baseline is not None and s.baseline not in s.variants:
+        problems.append(("baseline", f"'{s.baseline}' is not one of variants ({', '.join(s.variants)})"))
+    for g, rg in relays.items():
+        if rg.variant is not None:
+            try:
+                load_variant(rg.variant, variants_dir)
+            except VariantError as e:
+                problems.append((f"network.relays.{g}.variant", str(e)))
+
+    # Network.
+    try:
+        net = ipaddress.IPv4Network(s.network.subnet, strict=True)
+        if not net.is_private or net.prefixlen > 24:
+            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918) range of /24 or larger"))
+    except ValueError as e:
+        problems.append(("network.subnet", f"not an IPv4 network: {e}"))
+    if s.network.authorities < 3:
+        warnings.append(f"network.authorities: {s.network.authorities} authorities; 3 or more are recommended "
+                        "(a consensus needs a majority; 1 gives no redundancy)")
+    exits = [g for g, rg in relays.items() if rg.exit]
+    if not exits:
+        problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))
+
+    # Clients.
+    for c, cg in clients.items():
+        if cg.path is not None:
+            for i, hop in enumerate(cg.path):
+                if hop not in relays:
+                    problems.append((f"clients.{c}.path[{i}]",
+                                     f"'{hop}' is not a relay group (relay groups: {', '.join(relays)})"))
+            last = cg.path[-1]
+            if last in relays and not relays[last].exit:
+                problems.append((f"clients.{c}.path[{len(cg.path) - 1}]",
+                                 f"a path must end at an exit group; '{last}' has no 'exit: true' "
+                                 f"(exit groups: {', '.join(exits) or 'none'})"))
+            if len(cg.path) < 2:
+                warnings.append(f"clients.{c}.path: a one-hop path; tor builds one-hop circuits only to exits")
+        wl = cg.workload
+        server = wl.server
+        if server is None:
+            if len(servers) != 1:
+                problems.append((f"clients.{c}.workload.server",
+                                 f"required when there is more than one server group ({', '.join(servers)})"))
+                continue
+            server = next(iter(servers))
+        if server not in servers:
+            problems.append((f"clients.{c}.workload.server",
+                             f"'{server}' is not a server group (servers: {', '.join(servers)})"))
+            continue
+        if wl.file not in servers[server].files:
+            problems.append((f"clients.{c}.workload.file",
+                             f"'{wl.file}' is not a file of server '{server}' (files: {', '.join(servers[server].files)})"))
+        if isinstance(wl, FetchWorkload):
+            if wl.think is not None and wl.pause != "0s":
+                problems.append((f"clients.{c}.workload.think", "set either 'pause' or 'think', not both"))
+            if wl.think is not None and wl.think.distribution == "uniform":
+                if wl.think.min is None or wl.think.max is None:
+                    problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
+                elif units.parse_duration(wl.think.min) > units.parse_duration(wl.think.max):
+                    problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
+
+    # Links.
+    link_groups = set(seen) | {"authority"}
+    pairs_seen: set[frozenset] = set()
+    for i, pair in enumerate(s.links.pairs):
+        for j, g in enumerate(pair.between):
+            if g not in link_groups:
+                problems.append((f"links.pairs[{i}].between[{j}]",
+                                 f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
+        key = frozenset(pair.between)
+        if key in pairs_seen:
+            problems.append((f"links.pairs[{i}].between", f"{pair.between} is listed twice"))
+        pairs_seen.add(key)
+        if pair.rate is None and pair.delay is None and pair.jitter is None and pair.loss is None:
+            problems.append((f"links.pairs[{i}]", "an override sets none of rate, delay, jitter, loss"))
+    for path, link in [("links.default", s.links.default)] + [(f"links.pairs[{i}]", p) for i, p in enumerate(s.links.pairs)]:
+        if link.jitter is not None and link.delay is None:
+            problems.append((f"{path}.jitter", "jitter needs a delay"))
+        if link.jitter is not None and link.delay is not None and \
+                units.parse_duration(link.jitter) > units.parse_duration(link.delay):
+            problems.append((f"{path}.jitter", "jitter larger than the delay would reorder packets"))
+        if link.rate is not None and units.parse_rate(link.rate) < 8000:
+            problems.append((f"{path}.rate", f"{link.rate} is below 8kbit; tor cannot work that slowly"))
+
+    # Measurement.
+    m = s.measure
+    if units.parse_duration(m.duration) <= 0:
+        problems.append(("measure.duration", "must be longer than 0s"))
+    if units.parse_duration(m.warmup) >= units.parse_duration(m.duration):
+        problems.append(("measure.warmup", f"warmup {m.warmup} is not shorter than duration {m.duration}"))
+    if units.parse_duration(m.bw_interval) < 0.1:
+        problems.append(("measure.bw_interval", "must be at least 100ms"))
+    if len(set(m.collect)) != len(m.collect):
+        problems.append(("measure.collect", "collectors must be unique"))
+
+    # Placement and faults name groups (faults may also name nodes like 'middle0').
+    for g in s.placement:
+        if g not in link_groups:
+            problems.append((f"placement.{g}", f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
+    for i, f in enumerate(s.faults):
+        base = re.sub(r"[0-9]+$", "", f.target)
+        if f.target not in relays and base not in relays:
+            problems.append((f"faults[{i}].target", f"'{f.target}' is not a relay group or relay node "
+                             f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0)"))
+        elif f.target not in relays and int(f.target[len(base):]) >= relays[base].count:
+            problems.append((f"faults[{i}].target", f"'{f.target}': group '{base}' has {relays[base].count} node(s)"))
+        if units.parse_duration(f.at) >= units.parse_duration(m.duration):
+            problems.append((f"faults[{i}].at", f"{f.at} is after the end of the workload ({m.duration})"))
+    return problems, warnings
+
+
+def parse(data: object, source: str = "<data>", variants_dir: Path = constants.VARIANTS_DIR) -> Scenario:
+    """Decode, default and validate a scenario mapping. Raises ScenarioError."""
+    if not isinstance(data, dict):
+        raise ScenarioError(source, [("", f"a scenario is a mapping, got {type(data).__name__}")])
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(source, [(_loc(err["loc"]), _message(err)) for err in e.errors()]) from None
+    problems, warnings = _semantics(scenario, variants_dir)
+    if problems:
+        raise ScenarioError(source, problems)
+    scenario._warnings.extend(warnings)
+    return scenario
+
+
+def load(path: str | Path, variants_dir: Path = constants.VARIANTS_DIR) -> Scenario:
+    """Read a scenario YAML file. Raises ScenarioError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ScenarioError(str(path), [("", f"cannot read: {e.strerror}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ScenarioError(str(path), [("", f"not valid YAML: {where}{getattr(e, 'problem', e)}")]) from None
+    return parse(data, str(path), variants_dir)
+
+
+def json_schema() -> dict:
+    """JSON Schema (draft 2020-12) of a scenario; unknown keys are rejected everywhere."""
+    schema = Scenario.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "torbed scenario (apiVersion torbed/v1)"
+    return schema

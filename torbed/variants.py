@@ -1,0 +1,129 @@
+"""Relay variants: scheduler designs, each a tor build (patches) plus a torrc fragment.
+
+A variant family lives in ``images/relay/variants/<family>/variant.yaml``; families with
+parameters are instantiated by name, e.g. ``ewma-66`` = family ``ewma`` with its first
+parameter (halflife) = 66.
+
+Public API:
+
+- ``load_variant(name, variants_dir=VARIANTS_DIR) -> Variant``  (raises ``VariantError``)
+- ``list_families(variants_dir) -> list[str]``
+- ``Variant.build_key`` content hash of what the binary is built from; config-only variants
+  share the key of the unpatched ("stock") build, so they differ from patched variants only
+  by their patches, never by build flags.
+- ``stock_build_key()`` the key of the unpatched build (authorities and clients use it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import constants
+
+
+class VariantError(ValueError):
+    """A variant name does not resolve or its variant.yaml is malformed."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    family: str
+    description: str
+    paper: str
+    tor_version: str
+    patches: tuple[Path, ...]
+    torrc: str
+    parameters: dict = field(default_factory=dict)
+    directory: Path | None = None
+
+    @property
+    def build_key(self) -> str:
+        return build_key(self.tor_version, self.patches)
+
+
+_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters"}
+
+
+def build_key(tor_version: str, patches: tuple[Path, ...] | list[Path] = ()) -> str:
+    """Hash of the tor version, the build script and each patch's content."""
+    h = hashlib.sha256()
+    h.update(tor_version.encode())
+    if constants.BUILD_SCRIPT.exists():
+        h.update(constants.BUILD_SCRIPT.read_bytes())
+    for p in patches:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return f"{tor_version}-{h.hexdigest()[:16]}"
+
+
+def stock_build_key() -> str:
+    return build_key(constants.TOR_VERSION, ())
+
+
+def list_families(variants_dir: Path = constants.VARIANTS_DIR) -> list[str]:
+    return sorted(p.parent.name for p in variants_dir.glob("*/variant.yaml"))
+
+
+def _read_family(family: str, variants_dir: Path) -> dict:
+    path = variants_dir / family / "variant.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise VariantError(f"{path}: cannot read: {e}") from e
+    if not isinstance(data, dict):
+        raise VariantError(f"{path}: expected a mapping")
+    unknown = set(data) - _ALLOWED_KEYS
+    if unknown:
+        raise VariantError(f"{path}: unknown key(s) {sorted(unknown)} (allowed: {sorted(_ALLOWED_KEYS)})")
+    for key in ("name", "description", "tor", "torrc"):
+        if key not in data:
+            raise VariantError(f"{path}: missing key '{key}'")
+    if data["name"] != family:
+        raise VariantError(f"{path}: name '{data['name']}' must equal its folder name '{family}'")
+    return data
+
+
+def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Variant:
+    """Resolve a variant name ('kist', 'ewma-66') to a Variant with its torrc rendered."""
+    families = list_families(variants_dir)
+    family, _, arg = name.partition("-")
+    if name in families:
+        family, arg = name, ""
+    if family not in families:
+        raise VariantError(
+            f"unknown variant '{name}' (known: {', '.join(families) or 'none'}; "
+            f"parametrised families take a value, e.g. ewma-66)")
+    data = _read_family(family, variants_dir)
+    path = variants_dir / family / "variant.yaml"
+    params_spec = data.get("parameters") or {}
+    values: dict[str, float | int] = {}
+    for i, (pname, spec) in enumerate(params_spec.items()):
+        values[pname] = spec.get("default")
+        if i == 0 and arg:
+            if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", arg):
+                raise VariantError(f"variant '{name}': '{arg}' is not a number for parameter '{pname}'")
+            v = float(arg)
+            lo, hi = spec.get("min"), spec.get("max")
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                raise VariantError(f"variant '{name}': {pname}={arg} outside [{lo}, {hi}]")
+            values[pname] = int(v) if v.is_integer() else v
+    if arg and not params_spec:
+        raise VariantError(f"variant '{family}' takes no parameter, got '{name}'")
+    try:
+        torrc = data["torrc"].format(**values)
+    except (KeyError, IndexError) as e:
+        raise VariantError(f"{path}: torrc uses undefined parameter {e}") from e
+    patches = tuple(variants_dir / family / p for p in (data.get("patches") or []))
+    for p in patches:
+        if not p.exists():
+            raise VariantError(f"{path}: patch '{p.name}' listed but missing")
+    canonical = family if not arg else f"{family}-{arg}"
+    return Variant(name=canonical, family=family, description=data["description"],
+                   paper=data.get("paper", ""), tor_version=str(data["tor"]), patches=patches,
+                   torrc=torrc, parameters=values, directory=variants_dir / family)
