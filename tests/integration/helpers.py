@@ -1,0 +1,91 @@
+"""Helpers for integration tests: write scenarios, run `torbed` as a real subprocess, check leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TORBED = [sys.executable, "-m", "torbed.cli"]
+
+
+def small_scenario(name: str, **overrides) -> dict:
+    """A quickstart-shaped network: 3 authorities, guard/middle/exit, one server."""
+    s = {
+        "apiVersion": "torbed/v1",
+        "name": name,
+        "variants": ["kist"],
+        "network": {"authorities": 3, "relays": {"guard": {"guard": True}, "middle": {}, "exit": {"exit": True}}},
+        "links": {"default": {"rate": "100mbit"}},
+        "servers": {"www": {"files": {"small": "300KB", "bulk": "5MiB"}}},
+        "clients": {"web": {"path": ["guard", "middle", "exit"],
+                            "workload": {"kind": "fetch", "file": "small", "repeat": 5, "pause": "0s"}}},
+        "measure": {"warmup": "0s", "duration": "30s", "ready_timeout": "120s"},
+    }
+    for key, value in overrides.items():
+        node = s
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return s
+
+
+def write_scenario(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO)
+    e["COLUMNS"] = "200"
+    return e
+
+
+def run_torbed(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(TORBED + args, capture_output=True, text=True, timeout=timeout, env=env(), cwd=REPO)
+
+
+def start_torbed(args: list[str], log: Path) -> subprocess.Popen:
+    f = open(log, "w")
+    return subprocess.Popen(TORBED + args, stdout=f, stderr=subprocess.STDOUT, env=env(), cwd=REPO)
+
+
+def only_run_dir(out: Path) -> Path:
+    dirs = [d for d in out.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith("tb-")]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
+
+
+def records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,209 @@
+"""Local backend with real tor in real network namespaces (needs root)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_root
+from tests.integration.helpers import (REPO, namespaces, only_run_dir, processes_mentioning, records,
+                                       run_torbed, small_scenario, start_torbed, wait_for, write_scenario)
+from torbed import constants, netns, network, scenario, shaping
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _root():
+    require_root()
+
+
+def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
+    """The network becomes ready; fetches through guard-middle-exit arrive with the right
+    checksum; a bulk transfer through a 4 mbit guard<->middle link is limited by it."""
+    data = small_scenario("it-basic", **{
+        "links.pairs": [{"between": ["guard", "middle"], "rate": "4mbit"}],
+        "clients.bulk": {"path": ["guard", "middle", "exit"], "workload": {"kind": "bulk", "file": "bulk"}},
+    })
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = only_run_dir(out)
+    rep = run / "kist" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["status"] == "ok"
+    print(f"quickstart-sized network ready in {meta['ready_s']:.1f} s")
+    assert meta["ready_s"] < 120
+    transfers = records(rep / "transfers.jsonl")
+    web = [t for t in transfers if t["group"] == "web"]
+    assert len(web) == 5
+    for t in web:
+        assert t["status"] == "ok", t
+        assert t["bytes"] == 300_000
+        assert [h["node"] for h in t["circuit"]["path"]] == ["guard0", "middle0", "exit0"]
+        assert 0 < t["ttfb_s"] < t["ttlb_s"]
+    # Fingerprints recorded in the circuit are the relays' real identities (meta.json).
+    fprs = {n["name"]: n["fingerprint"] for n in meta["nodes"]}
+    assert web[0]["circuit"]["path"][1]["fingerprint"] == fprs["middle0"]
+    bulk = [t for t in transfers if t["group"] == "bulk" and t["status"] == "ok"]
+    assert bulk, transfers
+    # Bulk goodput through the 4 mbit link: at most the link rate, and most of it
+    # (tor's cell + TLS overhead and the web client's share take the rest).
+    rates = [t["bytes"] * 8 / (t["t_last_byte"] - t["t_request"]) for t in bulk]
+    best = max(rates)
+    print(f"bulk goodput {best / 1e6:.2f} Mbit/s through a 4 mbit link")
+    assert best <= 4e6 * 1.02
+    assert best >= 4e6 * 0.6
+    # Run directory contents.
+    assert (rep / "torrc" / "middle0.torrc").read_text().count("%include") == 4
+    assert "Bootstrapped 100%" in (rep / "logs" / "web0.log").read_text()
+    run_json = json.loads((run / "run.json").read_text())
+    assert run_json["status"] == "ok" and run_json["shaper"] == "htb"
+    assert not [n for n in namespaces() if n.startswith("tb-")], "namespaces left behind"
+
+
+def test_htb_link_rate_within_10_percent(tmp_path):
+    """Plain TCP between two node namespaces through a shaped link: rate within 10%."""
+    data = small_scenario("it-rate", **{"links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})
+    s = scenario.parse(data, "it-rate")
+    plan = network.plan(s, "kist")
+    topo = netns.Topology("itrate", plan)
+    try:
+        topo.create()
+        for n in plan.nodes:
+            subprocess.run(["tc", "-n", topo.ns(n.name), "-batch", "-"], input=shaping.tc_batch(plan, n),
+                           text=True, check=True, capture_output=True)
+        server, client = plan.node("www0"), plan.node("web0")
+        size = 6_000_000
+        sink = subprocess.Popen(netns.exec_prefix(topo.ns(server.name)) + [
+            sys.executable, "-c",
+            "import socket,sys,time\n"
+            f"s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('{server.address}',5001));s.listen(1)\n"
+            "c,_=s.accept();n=0;t0=None\n"
+            "while True:\n d=c.recv(65536)\n if not d: break\n t0=t0 or time.time();n+=len(d)\n"
+            "print(n*8/(time.time()-t0))\n"], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        subprocess.run(netns.exec_prefix(topo.ns(client.name)) + [
+            sys.executable, "-c",
+            f"import socket;s=socket.create_connection(('{server.address}',5001));s.sendall(b'x'*{size});s.close()"],
+            check=True, timeout=60)
+        rate = float(sink.communicate(timeout=60)[0])
+        print(f"TCP goodput {rate / 1e6:.2f} Mbit/s through an 8 mbit htb class")
+        assert 8e6 * 0.90 <= rate <= 8e6 * 1.10
+        # An unshaped pair (100 mbit default) is much faster: the class applies per destination.
+    finally:
+        topo.destroy()
+    assert not [n for n in namespaces() if n.startswith("tb-itrate")]
+
+
+def test_no_route_out(tmp_path):
+    data = small_scenario("it-iso")
+    plan = network.plan(scenario.parse(data, "it-iso"), "kist")
+    topo = netns.Topology("itiso", plan)
+    try:
+        topo.create()
+        probe = ("import socket\n"
+                 "for addr in ('1.1.1.1', '8.8.8.8', '192.168.1.1'):\n"
+                 "  s=socket.socket(); s.settimeout(2)\n"
+                 "  try:\n    s.connect((addr, 80)); print('REACHED', addr)\n"
+                 "  except OSError as e: print('blocked', addr, e.errno)\n")
+        out = subprocess.run(netns.exec_prefix(topo.ns("exit0")) + [sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert "REACHED" not in out
+        assert out.count("blocked") == 3
+        routes = subprocess.run(["ip", "-n", topo.ns("exit0"), "route"], capture_output=True, text=True).stdout
+        assert "default" not in routes
+    finally:
+        topo.destroy()
+
+
+def test_sigint_stops_everything_and_keeps_records(tmp_path):
+    data = small_scenario("it-sigint", **{"measure.duration": "5m",
+                                           "clients.web.workload.repeat": 1000})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    proc = start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / "torbed.log")
+    try:
+        run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
+        transfers = run / "kist" / "rep-0" / "transfers.jsonl"
+        wait_for(lambda: len(records(transfers)) >= 3, 180, "three transfers")
+        assert namespaces(), "the run's namespaces should exist while it runs"
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "torbed.log").read_text()
+    assert rc == 130, log
+    assert "interrupted" in log
+    assert not namespaces(), "namespaces left behind"
+    assert not processes_mentioning(str(run)), "processes left behind"
+    meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert len(records(transfers)) >= 3
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_sigkill_then_clean_removes_everything(tmp_path):
+    data = small_scenario("it-sigkill", **{"measure.duration": "5m"})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    proc = start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / "torbed.log")
+    try:
+        run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
+        wait_for(lambda: processes_mentioning(str(run) + "/kist/rep-0/torrc/exit0"), 60, "tor processes")
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert namespaces(), "SIGKILL cannot clean up; namespaces should remain for `torbed clean`"
+    assert processes_mentioning(str(run))
+    states = [json.loads(f.read_text()) for f in constants.STATE_DIR.glob("*.json")]
+    scratch = [Path(st["scratch"]) for st in states if st.get("run_dir", "").startswith(str(run))]
+    assert scratch and scratch[0].exists()
+    p = run_torbed(["clean"])
+    assert p.returncode == 0, p.stderr
+    assert not namespaces()
+    wait_for(lambda: not processes_mentioning(str(run)), 10, "processes to die")
+    assert not scratch[0].exists(), "scratch directory (keys, data directories) left behind"
+    assert not [f for f in constants.STATE_DIR.glob("*.json") if str(run) in f.read_text()]
+
+
+def test_node_that_fails_to_start_gives_clear_error(tmp_path):
+    data = small_scenario("it-badnode", **{"network.relays.middle": {"torrc": "NoSuchTorOption 1"}})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"], timeout=180)
+    text = p.stdout + p.stderr
+    assert p.returncode == 1, text
+    assert "middle0" in text and "exited with status" in text
+    assert "NoSuchTorOption" in text, "the error should show the node's last log lines"
+    meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
+    assert meta["status"] == "failed" and "middle0" in meta["error"]
+    assert not namespaces()
+    assert not processes_mentioning(str(out))
+
+
+def test_delay_without_netem_is_refused_before_start(tmp_path):
+    caps = shaping.probe_kernel()
+    data = small_scenario("it-delay", **{"links.default": {"rate": "10mbit", "delay": "20ms"}})
+    path = write_scenario(tmp_path, data)
+    if caps.netem:
+        p = run_torbed(["plan", str(path)])
+        assert "htb+netem" in p.stdout
+        return
+    p = run_torbed(["run", str(path), "--out", str(tmp_path / "runs"), "--system-tor"], timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "sch_netem" in p.stderr and "links" in p.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not namespaces()
