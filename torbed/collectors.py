@@ -44,7 +44,10 @@ def _side(queue, conn, added, removed, times) -> dict | None:
 
 def cellstats_record(event, base: dict) -> dict:
     """One CELL_STATS event as a record. Inbound = cells toward the client."""
-    return {**base, "type": "cellstats", "t": time.time(), "circuit": event.id,
+    # Origin circuits have an ID; at a relay a circuit is named by its inbound connection
+    # and the circuit id on it (stable for the circuit's life).
+    circuit = event.id or f"{event.inbound_connection}:{event.inbound_queue}"
+    return {**base, "type": "cellstats", "t": time.time(), "circuit": circuit,
             "inbound": _side(event.inbound_queue, event.inbound_connection, event.inbound_added,
                              event.inbound_removed, event.inbound_time),
             "outbound": _side(event.outbound_queue, event.outbound_connection, event.outbound_added,

@@ -16,7 +16,7 @@ What it holds (values chosen to look like a Tang & Goldberg experiment 1 in mini
   in ewma-66 rep 0.
 - cellstats at middle0: one light circuit (the web client's, active in ~45% of the seconds)
   and two heavy ones (the bulk clients'), one event per active circuit per second;
-  relayed circuits have no ID, only queue/conn ids, as tor reports them.
+  relayed circuits are named "<inbound conn>:<inbound circuit id>" as the collector does.
 - relay_bw at guard0 and middle0 every 0.5 s for ~91 s.
 - ewma-66 rep 1 crashed 40 s into the workload: meta status "failed", records stop there,
   and transfers.jsonl ends in a truncated record without newline.
@@ -186,7 +186,7 @@ def cellstats(rng: random.Random, variant: str, rep: int, t0: float, t_stop: flo
                 return {"queue": q, "conn": c, "added": {"relay": n}, "removed": {"relay": n},
                         "time_ms": {"relay": int(round(n * w))}}
             out.append({"type": "cellstats", "variant": variant, "rep": rep, "relay": "middle0", "group": "middle",
-                        "t": r6(t0 + s + rng.uniform(0.0, 0.05)), "circuit": None,
+                        "t": r6(t0 + s + rng.uniform(0.0, 0.05)), "circuit": f"{conn}:{queue}",
                         "inbound": side(n_in, "inbound", queue, conn),
                         "outbound": side(n_out, "outbound", queue + 1000, conn + 1)})
     return out

@@ -186,7 +186,10 @@ class Driver:
             rec["t_request"] = time.time()
             self._receive(sock, rec, deadline, state)
             if rec["bytes"] != wl["size"]:
-                raise TransferError("connection_error", f"received {rec['bytes']} of {wl['size']} bytes")
+                # tor closes the stream before its CIRC/STREAM event explains why: wait for it.
+                ev.wait(1.0)
+                raise TransferError(*(state.get("error") or
+                                      ("connection_error", f"received {rec['bytes']} of {wl['size']} bytes")))
         except TransferError as e:
             rec["status"] = "timeout" if e.cause == "timeout" else "error"
             rec["error"] = {"cause": e.cause, "detail": e.detail}

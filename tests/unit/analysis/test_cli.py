@@ -84,7 +84,7 @@ def test_compare_same_scenario(tmp_path, capsys):
     b = copy_golden(tmp_path / "b")
     assert run(["compare", a, b]) == cli.EXIT_OK
     out = capsys.readouterr().out
-    assert "ttlb_s/web:small" in out
+    assert "golden-run (A) vs golden-run (B)" in out
     c = json.loads((b / "report" / "compare-golden-run.json").read_text())
     assert (b / "report" / "compare-golden-run.md").is_file()
     for mid, e in c["metrics"].items():

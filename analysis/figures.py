@@ -1,0 +1,357 @@
+"""Figures of a report (matplotlib, Agg backend, PNG).
+
+- CDFs with every variant overlaid; with more than one repetition holding data, a band
+  shows, at each cumulative fraction, the range (min to max) of the repetitions' own
+  quantiles (the per-repetition ECDFs), as tornettools draws its confidence bands.
+- Quantile bars (p25, median with its bootstrap 95% CI, p75, p90, p99) per variant.
+- Time series of relay throughput (trailing 30 s moving average) and of circuit-queue wait
+  per cell (5 s bins), one panel per relay, the warm-up shaded.
+
+Public API:
+
+- ``CdfSeries``: ``x``, ``y`` (pooled ECDF, the line drawn), ``band`` (None or (y, lo, hi)),
+  ``reps`` (number of repetitions with data), ``n``
+- ``cdf_data(metric_samples, variants) -> {variant: CdfSeries}``  (the arrays plotted)
+- ``plot_cdf(panels, variants, baseline, path, title)``
+- ``plot_quantile_bars(entries, variants, path, title)``
+- ``plot_throughput(series, variants, path)``, ``plot_cell_wait(series, variants, path)``
+- ``Figure``: ``path``, ``title``, ``caption``, ``section``
+- ``make_all(run, extracted, summary, out_dir) -> list[Figure]``
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import metrics as metrics_mod  # noqa: E402
+from . import stats  # noqa: E402
+from .load import Run  # noqa: E402
+from .metrics import Extracted, MetricSamples  # noqa: E402
+
+DPI = 110
+BAND_POINTS = 201
+REP_STYLES = ("-", "--", ":", "-.")
+plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "legend.fontsize": 9,
+                     "axes.grid": True, "grid.alpha": 0.3})
+
+
+@dataclass
+class CdfSeries:
+    x: np.ndarray
+    y: np.ndarray
+    band: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    reps: int
+
+    @property
+    def n(self) -> int:
+        return int(self.x.size)
+
+
+@dataclass
+class Figure:
+    path: Path
+    title: str
+    caption: str
+    section: str
+
+
+def _colors(variants: list[str]) -> dict[str, str]:
+    cmap = plt.get_cmap("tab10")
+    return {v: matplotlib.colors.to_hex(cmap(i % 10)) for i, v in enumerate(variants)}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
+
+
+def cdf_data(m: MetricSamples, variants: list[str]) -> dict[str, CdfSeries]:
+    """The arrays a CDF figure of ``m`` plots, per variant with data: the ECDF of all
+    repetitions pooled (the same sample the summary's statistics use) and, with >= 2
+    repetitions holding data, the band (y grid, per-y min and max of the repetitions'
+    quantiles)."""
+    out = {}
+    for v in variants:
+        x, y = stats.ecdf(m.pooled(v))
+        if x.size == 0:
+            continue
+        per_rep = [a for _, a in sorted(m.values.get(v, {}).items()) if a.size]
+        band = None
+        if len(per_rep) >= 2:
+            grid = np.linspace(0.0, 1.0, BAND_POINTS)
+            q = np.array([np.quantile(a, grid, method="linear") for a in per_rep])
+            band = (grid, q.min(axis=0), q.max(axis=0))
+        out[v] = CdfSeries(x=x, y=y, band=band, reps=len(per_rep))
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _use_log(series: dict[str, CdfSeries]) -> bool:
+    allx = np.concatenate([s.x for s in series.values()]) if series else np.array([])
+    if allx.size < 2 or allx.min() <= 0:
+        return False
+    lo, hi = np.quantile(allx, [0.01, 0.99])
+    return lo > 0 and hi / lo > 50
+
+
+def plot_cdf(panels: list[tuple[str, MetricSamples]], variants: list[str], baseline: str,
+             path: Path, title: str) -> bool:
+    """CDF figure with one panel per (panel title, metric) and every variant overlaid.
+
+    Returns False (and writes nothing) when no panel has data.
+    """
+    data = [(pt, m, cdf_data(m, variants)) for pt, m in panels]
+    if not any(d for _, _, d in data):
+        return False
+    colors = _colors(variants)
+    fig, axes = plt.subplots(1, len(data), figsize=(6.4 * len(data), 4.4), squeeze=False)
+    for ax, (ptitle, m, series) in zip(axes[0], data):
+        for v, s in series.items():
+            c = colors[v]
+            if s.band is not None:
+                gy, lo, hi = s.band
+                ax.fill_betweenx(gy, lo, hi, color=c, alpha=0.18, linewidth=0,
+                                 label=f"{v}: range over {s.reps} repetitions")
+            med = float(np.median(s.x))
+            tag = " (baseline)" if v == baseline else ""
+            ax.step(s.x, s.y, where="post", color=c, linewidth=1.8,
+                    label=f"{v}{tag}: n={s.n} ({s.reps} rep{'s' if s.reps != 1 else ''}), "
+                          f"median {_fmt(med)} {m.unit}")
+        if _use_log(series):
+            ax.set_xscale("log")
+        ax.set_ylim(0, 1.0)
+        ax.set_xlabel(m.label)
+        ax.set_ylabel("Cumulative fraction")
+        if len(data) > 1:
+            ax.set_title(ptitle)
+        if series:
+            ax.legend(loc="best", framealpha=0.9)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return True
+
+
+QUANTILE_BARS = (("p25", "p25"), ("median", "median"), ("p75", "p75"), ("p90", "p90"), ("p99", "p99"))
+
+
+def plot_quantile_bars(entries: list[tuple[str, dict]], variants: list[str], path: Path, title: str) -> bool:
+    """Grouped bars of quantiles per variant, one panel per (panel title, summary metric
+    entry); the median bar carries its bootstrap 95% CI as an error bar.
+
+    Returns False (and writes nothing) when no entry has data.
+    """
+    if not any(e["variants"].get(v, {}).get("n") for _, e in entries for v in variants):
+        return False
+    colors = _colors(variants)
+    fig, axes = plt.subplots(1, len(entries), figsize=(6.4 * len(entries), 4.4), squeeze=False)
+    width = 0.8 / max(1, len(variants))
+    xs = np.arange(len(QUANTILE_BARS))
+    for ax, (ptitle, e) in zip(axes[0], entries):
+        for i, v in enumerate(variants):
+            d = e["variants"].get(v, {})
+            if not d.get("n"):
+                continue
+            vals = [d[k] for k, _ in QUANTILE_BARS]
+            pos = xs + (i - (len(variants) - 1) / 2) * width
+            ax.bar(pos, vals, width=width * 0.95, color=colors[v], label=f"{v} (n={d['n']})")
+            lo, hi = d.get("median_ci95") or (d["median"], d["median"])
+            ax.errorbar(pos[1], d["median"], yerr=[[d["median"] - lo], [hi - d["median"]]],
+                        color="black", capsize=4, linewidth=1.2)
+        ax.set_xticks(xs, [lbl for _, lbl in QUANTILE_BARS])
+        ax.set_xlabel("Quantile (error bar: bootstrap 95% CI of the median)")
+        ax.set_ylabel(e["label"])
+        ax.set_title(ptitle)
+        ax.grid(axis="x", visible=False)
+        ax.legend(loc="upper left", framealpha=0.9)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return True
+
+
+def _rate_unit(peak: float) -> tuple[float, str]:
+    if peak >= 1 << 20:
+        return float(1 << 20), "MiB/s"
+    if peak >= 1 << 10:
+        return float(1 << 10), "KiB/s"
+    return 1.0, "bytes/s"
+
+
+def _shared_legend(fig, axes, ncol: int = 4) -> None:
+    """One legend below the panels, with each label once (panels share their styles)."""
+    seen: dict[str, object] = {}
+    for ax in np.ravel(axes):
+        for h, lbl in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lbl, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=ncol, framealpha=0.9,
+                   fontsize=9)
+
+
+def _save(fig, path: Path, legend_rows: int) -> None:
+    fig.tight_layout(rect=(0, 0.035 * legend_rows + 0.02, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
+    """Relay throughput over time (``metrics.throughput_series``): one panel per relay; per
+    variant and repetition (line style = repetition) a thin line of the per-sample rate, a
+    thick line of the trailing 30 s moving average and a marker at its maximum after the
+    warm-up (the metric); the warm-up is shaded."""
+    if not series:
+        return False
+    colors = _colors(variants)
+    relays = list(series)
+    peak = max((float(s["rate_raw"].max()) for per_v in series.values() for per_r in per_v.values()
+                for s in per_r.values() if s["rate_raw"].size), default=0.0)
+    div, unit = _rate_unit(peak)
+    fig, axes = plt.subplots(len(relays), 1, figsize=(10, 2.9 * len(relays) + 1.3), sharex=True, squeeze=False)
+    n_lines = 0
+    for ax, relay in zip(axes[:, 0], relays):
+        warm = 0.0
+        for v in variants:
+            for k, s in sorted(series[relay].get(v, {}).items()):
+                warm = max(warm, s["warmup_s"])
+                style = REP_STYLES[k % len(REP_STYLES)]
+                ax.plot(s["t_raw"], s["rate_raw"] / div, color=colors[v], linestyle=style, linewidth=0.6, alpha=0.35)
+                ax.plot(s["t"], s["rate"] / div, color=colors[v], linestyle=style, linewidth=2.0,
+                        label=f"{v} rep {k}")
+                if s["rate_max"] is not None:
+                    ax.plot([s["t_max"]], [s["rate_max"] / div], marker="o", markersize=7, color=colors[v],
+                            markeredgecolor="black", linestyle="none", label="maximum after warm-up (the metric)")
+        n_lines = max(n_lines, sum(len(series[relay].get(v, {})) for v in variants))
+        ax.axvspan(0, warm, color="grey", alpha=0.15, label=f"warm-up ({warm:.0f} s, excluded)")
+        ax.set_ylabel(f"Throughput ({unit})")
+        ax.set_title(f"Relay {relay}: bytes written per second")
+        ax.set_ylim(bottom=0, top=peak / div * 1.08 if peak else None)
+    axes[-1, 0].set_xlabel("Time since workload start (s)")
+    fig.suptitle("Relay throughput: thin = each 500 ms sample, thick = 30 s moving average", fontsize=12)
+    _shared_legend(fig, axes, ncol=4)
+    _save(fig, path, legend_rows=math.ceil((n_lines + 2) / 4))
+    return True
+
+
+CELL_WAIT_PANELS = (("inbound/light", "inbound (toward the client), light circuits"),
+                    ("inbound/heavy", "inbound (toward the client), heavy circuits"),
+                    ("outbound/all", "outbound (toward the exit), all circuits"))
+
+
+def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float = 5.0) -> bool:
+    """Circuit-queue wait per cell over time (``metrics.cell_wait_series``): a row per relay,
+    columns = inbound light circuits, inbound heavy circuits, outbound all circuits; a line
+    per variant and repetition (line style = repetition), the warm-up shaded."""
+    if not series:
+        return False
+    colors = _colors(variants)
+    relays = list(series)
+    fig, axes = plt.subplots(len(relays), len(CELL_WAIT_PANELS), figsize=(14, 3.1 * len(relays) + 1.2),
+                             sharex=True, squeeze=False)
+    n_lines = 0
+    for row, relay in enumerate(relays):
+        for col, (key, name) in enumerate(CELL_WAIT_PANELS):
+            ax = axes[row, col]
+            warm = 0.0
+            drawn = 0
+            for v in variants:
+                for k, s in sorted(series[relay].get(key, {}).get(v, {}).items()):
+                    warm = max(warm, s["warmup_s"])
+                    ax.plot(s["t"], s["wait_ms"], color=colors[v], linestyle=REP_STYLES[k % len(REP_STYLES)],
+                            linewidth=1.4, marker=".", markersize=4, label=f"{v} rep {k}")
+                    drawn += 1
+            n_lines = max(n_lines, drawn)
+            if warm > 0:
+                ax.axvspan(0, warm, color="grey", alpha=0.15, label=f"warm-up ({warm:.0f} s, excluded)")
+            ax.set_title(f"{relay}: {name}", fontsize=10)
+            ax.set_ylabel("Wait per cell (ms)")
+            ax.set_ylim(bottom=0)
+            if not drawn:
+                ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes[-1]:
+        ax.set_xlabel("Time since workload start (s)")
+    fig.suptitle(f"Circuit-queue wait per cell (CELL_STATS): sum of waits / cells removed, {bin_s:.0f} s bins",
+                 fontsize=12)
+    _shared_legend(fig, axes, ncol=5)
+    _save(fig, path, legend_rows=math.ceil((n_lines + 1) / 5))
+    return True
+
+
+def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> list[Figure]:
+    """Draw every figure of the report into ``out_dir`` (created). Returns the figures
+    written, in report order; metrics without data are skipped (the report says so)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    variants, baseline = run.variants, summary["baseline"]
+    ms = extracted.metrics
+    figs: list[Figure] = []
+    reps_note = (f"Lines: all repetitions pooled; shaded band: per-quantile range over the "
+                 f"repetitions (shown when >= 2 repetitions have data).")
+
+    groups = sorted({(m.params["group"], m.params["file"]) for m in ms.values() if "group" in m.params})
+    for g, f in groups:
+        sub = ms[f"ttlb_s/{g}:{f}"].subject
+        for pair, what, stem in ((("ttfb_s", "ttlb_s"), "from the request", "cdf-transfer"),
+                                 (("ttfb_stream_s", "ttlb_stream_s"), "from stream start", "cdf-transfer-stream")):
+            panels = [(metrics_mod.METRICS[k].title, ms[f"{k}/{g}:{f}"]) for k in pair]
+            p = out_dir / f"{stem}-{_safe(g)}-{_safe(f)}.png"
+            title = f"Transfer times {what}, {sub}"
+            if plot_cdf(panels, variants, baseline, p, title):
+                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {reps_note}", "Transfers"))
+        entries = [(metrics_mod.METRICS[k].title, summary["metrics"][f"{k}/{g}:{f}"]) for k in ("ttfb_s", "ttlb_s")]
+        p = out_dir / f"quantiles-{_safe(g)}-{_safe(f)}.png"
+        title = f"Transfer time quantiles, {sub}"
+        if plot_quantile_bars(entries, variants, p, title):
+            figs.append(Figure(p, title, "Quantiles of TTFB and TTLB per variant, repetitions pooled; "
+                               "the error bar is the bootstrap 95% CI of the median.", "Transfers"))
+
+    m = ms.get("circuit_build_s")
+    if m is not None:
+        p = out_dir / "cdf-circuit_build_s.png"
+        title = "Circuit build time, all clients"
+        if plot_cdf([(m.info.title, m)], variants, baseline, p, title):
+            figs.append(Figure(p, title, f"CDF of circuit build times. {reps_note}", "Circuits"))
+
+    ts = metrics_mod.throughput_series(run)
+    p = out_dir / "timeseries-relay-throughput.png"
+    if plot_throughput(ts, variants, p):
+        figs.append(Figure(p, "Relay throughput over time",
+                           "Bytes written per second by each relay: every sample (thin) and the trailing "
+                           "30 s moving average (thick, complete windows only); the dot marks the "
+                           "largest 30 s average of a window starting after the warm-up, the metric.",
+                           "Relays"))
+
+    cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms"})
+    for relay in cw_relays:
+        panels = [(f"{d.capitalize()} ({'toward the client' if d == 'inbound' else 'toward the exit'})",
+                   ms[f"cell_wait_ms/{relay}/{d}/all"]) for d in metrics_mod.DIRECTIONS]
+        p = out_dir / f"cdf-cell_wait-{_safe(relay)}.png"
+        title = f"Circuit-queue wait per cell at relay {relay} (all circuits)"
+        if plot_cdf(panels, variants, baseline, p, title):
+            figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
+                               + reps_note, "Relays"))
+    cws = metrics_mod.cell_wait_series(run)
+    p = out_dir / "timeseries-cell-wait.png"
+    if plot_cell_wait(cws, variants, p):
+        figs.append(Figure(p, "Circuit-queue wait per cell over time",
+                           "sum(time_ms) / sum(removed) over the circuits of a class at each relay, "
+                           "5 s bins; light = under 10% of the busiest circuit's cells.", "Relays"))
+    return figs

@@ -1,0 +1,253 @@
+"""Reading a run directory (docs/records.md, schema 1) into memory, tolerating partial runs.
+
+A repetition that crashed, was interrupted or never ran is loaded as far as it got; what is
+missing is described in ``Rep.notes`` (the report prints them), never raised. What *is* raised
+is input that cannot be trusted: no run.json, or a record that is not a JSON object with its
+required keys. The one exception is the last line of a JSON-lines file without a trailing
+newline that does not parse: the writer died mid-record, so the line is dropped with a note.
+
+Public API:
+
+- ``load_run(run_dir) -> Run``               raises RunDirError, RecordError
+- ``read_jsonl(path, kind) -> (records, notes)``  raises RecordError
+- ``Run``: ``path``, ``info`` (run.json), ``name`` (directory name), ``scenario_name``,
+  ``variants``, ``baseline``, ``repetitions``, ``seed``, ``reps`` (variant-major order),
+  ``rep(variant, k)``, ``reps_of(variant)``
+- ``Rep``: ``variant``, ``index``, ``path``, ``meta``, ``status``, ``error``, ``transfers``,
+  ``cellstats``, ``relay_bw``, ``notes``, ``t0`` (workload start), ``warmup_s``,
+  ``measured_transfers`` (warmup excluded), ``node(name)``
+- ``FILES``: the record files read, with their record type and required keys
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import RecordError, RunDirError
+
+# file name -> (record "type", keys every record must have)
+FILES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "transfers.jsonl": ("transfer", ("status", "warmup")),
+    "cellstats.jsonl": ("cellstats", ("relay", "t")),
+    "relay_bw.jsonl": ("relay_bw", ("relay", "t", "written")),
+}
+
+# Statuses a repetition can have here: meta.json's, plus the two we infer.
+NOT_RUN = "not run"          # no rep-<k> directory at all
+NO_META = "unknown"          # directory but no meta.json
+
+
+@dataclass
+class Rep:
+    """One repetition of one variant, as far as it was recorded."""
+
+    variant: str
+    index: int
+    path: Path
+    meta: dict | None = None
+    status: str = NOT_RUN
+    error: str | None = None
+    transfers: list[dict] = field(default_factory=list)
+    cellstats: list[dict] = field(default_factory=list)
+    relay_bw: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)
+
+    @property
+    def label(self) -> str:
+        return f"variant {self.variant} rep {self.index}"
+
+    @property
+    def t0(self) -> float | None:
+        """Workload start (meta.json t_workload_start), else the earliest record time, else None."""
+        if self.meta and isinstance(self.meta.get("t_workload_start"), (int, float)):
+            return float(self.meta["t_workload_start"])
+        ts = [r["t"] for r in self.relay_bw + self.cellstats if _is_num(r.get("t"))]
+        ts += [r["t_start"] for r in self.transfers if _is_num(r.get("t_start"))]
+        return min(ts) if ts else None
+
+    @property
+    def warmup_s(self) -> float:
+        """The scenario's warm-up (meta.json warmup_s), 0 when unknown."""
+        if self.meta and _is_num(self.meta.get("warmup_s")):
+            return float(self.meta["warmup_s"])
+        return 0.0
+
+    @property
+    def measured_transfers(self) -> list[dict]:
+        """Transfers outside the warm-up window (``warmup`` is not true)."""
+        return [t for t in self.transfers if t.get("warmup") is not True]
+
+    def node(self, name: str) -> dict | None:
+        """The meta.json node entry called ``name``, or None."""
+        for n in (self.meta or {}).get("nodes") or []:
+            if isinstance(n, dict) and n.get("name") == name:
+                return n
+        return None
+
+    def describe(self) -> str:
+        """One line saying what this repetition holds, e.g. for the report's 'missing' list."""
+        status = self.status
+        if self.error:
+            status += f" ({self.error})"
+        n = len(self.transfers)
+        m = len(self.measured_transfers)
+        return f"{self.label}: {status}; {n} transfers ({m} after warm-up)"
+
+
+@dataclass
+class Run:
+    """A run directory: run.json plus every (variant, repetition) it announces."""
+
+    path: Path
+    info: dict
+    reps: list[Rep]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def scenario_name(self) -> str:
+        sc = self.info.get("scenario")
+        if isinstance(sc, dict) and sc.get("name"):
+            return str(sc["name"])
+        return str(self.info.get("name") or self.path.name)
+
+    @property
+    def variants(self) -> list[str]:
+        return list(self.info["variants"])
+
+    @property
+    def baseline(self) -> str:
+        b = self.info.get("baseline")
+        return b if b in self.variants else self.variants[0]
+
+    @property
+    def repetitions(self) -> int:
+        return int(self.info["repetitions"])
+
+    @property
+    def seed(self) -> int:
+        s = self.info.get("seed")
+        return int(s) if isinstance(s, int) and not isinstance(s, bool) else 0
+
+    def rep(self, variant: str, k: int) -> Rep:
+        """The repetition ``k`` of ``variant``; raises KeyError when the run has no such rep."""
+        for r in self.reps:
+            if r.variant == variant and r.index == k:
+                return r
+        raise KeyError(f"{variant} rep {k}")
+
+    def reps_of(self, variant: str) -> list[Rep]:
+        return [r for r in self.reps if r.variant == variant]
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_jsonl(path: Path, kind: str) -> tuple[list[dict], list[str]]:
+    """Read one JSON-lines record file of ``kind`` (a key of FILES).
+
+    Returns (records, notes). Blank lines are skipped; records of the expected type missing
+    a required key, of another type, or not objects raise RecordError(path, line). A final
+    line without newline that does not parse is dropped with a note (a crash mid-write).
+    """
+    rtype, required = FILES[kind]
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    unterminated = not text.endswith("\n") and text != ""
+    records: list[dict] = []
+    notes: list[str] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if unterminated and i == len(lines):
+                notes.append(f"{kind} line {i}: truncated record (written when the run stopped) ignored")
+                continue
+            raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict):
+            raise RecordError(path, i, f"expected a JSON object, got {type(rec).__name__}")
+        if rec.get("type", rtype) != rtype:
+            raise RecordError(path, i, f"record type {rec.get('type')!r} in {kind} (expected {rtype!r})")
+        missing = [k for k in required if k not in rec]
+        if missing:
+            raise RecordError(path, i, f"{rtype} record lacks {', '.join(repr(k) for k in missing)}")
+        if "t" in required and not _is_num(rec["t"]):
+            raise RecordError(path, i, f"'t' must be a number, got {rec['t']!r}")
+        records.append(rec)
+    return records, notes
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RecordError(path, e.lineno, f"not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(path, None, f"not UTF-8 text ({e.reason})") from None
+    if not isinstance(data, dict):
+        raise RecordError(path, None, "expected a JSON object")
+    return data
+
+
+def _load_rep(run_dir: Path, variant: str, k: int) -> Rep:
+    rep = Rep(variant=variant, index=k, path=run_dir / variant / f"rep-{k}")
+    if not rep.path.is_dir():
+        rep.notes.append(f"no directory {variant}/rep-{k} (the repetition never started)")
+        return rep
+    meta_path = rep.path / "meta.json"
+    if meta_path.is_file():
+        rep.meta = _read_json(meta_path)
+        rep.status = str(rep.meta.get("status") or NO_META)
+        err = rep.meta.get("error")
+        rep.error = str(err) if err else None
+        if rep.status == "running":
+            rep.notes.append("meta.json still says 'running': the run was killed before it finished")
+    else:
+        rep.status = NO_META
+        rep.notes.append("no meta.json")
+    for kind in FILES:
+        p = rep.path / kind
+        if not p.is_file():
+            rep.notes.append(f"no {kind}")
+            continue
+        rep.files.add(kind)
+        records, notes = read_jsonl(p, kind)
+        rep.notes += notes
+        setattr(rep, kind.split(".")[0], records)
+    return rep
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load run.json and every repetition it announces (variants x repetitions).
+
+    Raises RunDirError when ``run_dir`` is not a directory or run.json is missing or lacks
+    ``variants``/``repetitions``; RecordError (file and line) for malformed records.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory (expected a RUN_DIR made by `torbed run`)")
+    rj = run_dir / "run.json"
+    if not rj.is_file():
+        raise RunDirError(f"{rj}: missing (is {run_dir} a RUN_DIR made by `torbed run`?)")
+    info = _read_json(rj)
+    variants = info.get("variants")
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, str) and v for v in variants):
+        raise RecordError(rj, None, "'variants' must be a non-empty list of variant names")
+    bad = [v for v in variants if not re.fullmatch(r"[A-Za-z0-9._+-]+", v)]
+    if bad:
+        raise RecordError(rj, None, f"'variants' has names that are not directory names: {bad}")
+    reps = info.get("repetitions")
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise RecordError(rj, None, "'repetitions' must be a positive integer")
+    return Run(path=run_dir, info=info,
+               reps=[_load_rep(run_dir, v, k) for v in variants for k in range(reps)])

@@ -1,0 +1,452 @@
+"""The metrics: from a loaded run's records to samples per (metric, variant, repetition).
+
+This module is where the metric definitions live (``DEFINITIONS`` is printed in every
+report); stats.py does the statistics, figures.py the pictures.
+
+Rules shared by all metrics: transfers with ``warmup: true`` are excluded everywhere;
+transfers with status other than "ok" are excluded from the time metrics and counted in the
+error rate; CELL_STATS events before the end of the scenario's warm-up are excluded; relay
+throughput uses a warm-up of max(30 s, the scenario's warm-up), counted from the workload start.
+
+Public API:
+
+- ``METRICS``: metric -> ``MetricInfo`` (title, axis label, unit, definition)
+- ``DEFINITIONS``: list of (name, definition text) for the report, including the error rate
+- ``MetricSamples``: ``id``, ``metric``, ``params``, ``values[variant][rep] -> ndarray``,
+  ``totals`` (cell wait: [variant][rep] -> (sum time_ms, sum removed)), ``title``,
+  ``label``, ``unit``, ``pooled(variant)``
+- ``extract(run) -> Extracted`` (``metrics``: id -> MetricSamples, in report order; ``notes``)
+- ``error_rates(run) -> dict``
+- ``circuit_key(record) -> str``, ``classify_circuits(records, light_fraction) -> dict``
+- ``throughput_series(run) -> dict``, ``cell_wait_series(run, bin_s=5) -> dict``
+- ``fmt_size(bytes) -> str``; constants ``THROUGHPUT_WINDOW_S``, ``THROUGHPUT_MIN_WARMUP_S``,
+  ``LIGHT_FRACTION``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import stats
+from .load import Rep, Run
+
+THROUGHPUT_WINDOW_S = 30.0
+THROUGHPUT_MIN_WARMUP_S = 30.0
+LIGHT_FRACTION = 0.10
+TRANSFER_METRICS = ("ttfb_s", "ttlb_s", "ttfb_stream_s", "ttlb_stream_s")
+DIRECTIONS = ("inbound", "outbound")
+CLASSES = ("all", "light", "heavy")
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    title: str
+    label: str
+    unit: str
+    definition: str
+
+
+METRICS: dict[str, MetricInfo] = {
+    "ttfb_s": MetricInfo(
+        "Time to first byte", "Time to first byte (s)", "s",
+        "t_first_byte - t_request: from the HTTP request being sent (after SOCKS and circuit) "
+        "to the first byte of the response body (the onionperf/tornettools convention); "
+        "one value per successful transfer, per client group and file."),
+    "ttlb_s": MetricInfo(
+        "Time to last byte", "Time to last byte (s)", "s",
+        "t_last_byte - t_request: from the HTTP request being sent to the last byte of the "
+        "response body; one value per successful transfer, per client group and file."),
+    "ttfb_stream_s": MetricInfo(
+        "Time to first byte from stream start", "Time to first byte from stream start (s)", "s",
+        "t_first_byte - t_start: as TTFB but from the start of the stream (includes SOCKS "
+        "handshake, stream attachment and exit connect)."),
+    "ttlb_stream_s": MetricInfo(
+        "Time to last byte from stream start", "Time to last byte from stream start (s)", "s",
+        "t_last_byte - t_start: as TTLB but from the start of the stream."),
+    "circuit_build_s": MetricInfo(
+        "Circuit build time", "Circuit build time (s)", "s",
+        "Time the client's controller waited for its circuit to be built (circuit.build_s); "
+        "one value per distinct circuit (client, circuit id) of a repetition that carried a "
+        "successful transfer after the warm-up."),
+    "relay_throughput_Bps": MetricInfo(
+        "Relay throughput", "Relay throughput (bytes/s)", "B/s",
+        "The maximum 30 s moving average of the bytes the relay's tor wrote (relay_bw "
+        "samples, every 500 ms by default), counting only windows that start after a warm-up "
+        "of max(30 s, the scenario's warm-up) from the workload start (Engler & Goldberg); "
+        "one value per relay and repetition. A missing sample counts as 0 bytes."),
+    "cell_wait_ms": MetricInfo(
+        "Circuit-queue wait per cell", "Circuit-queue wait per cell (ms)", "ms",
+        "From tor's CELL_STATS events (one per circuit and second at each relay): the mean "
+        "wait of a cell in the circuit queue is sum(time_ms) / sum(removed) over the cells "
+        "removed from the queue, per direction (inbound = toward the client, i.e. downloads; "
+        "outbound = toward the exit). 'wait per cell' in the tables is that ratio over all "
+        "events after the warm-up; the distribution (n, median, CDF) is over the per-event "
+        "ratios (one circuit, one second, at least one cell removed). A circuit is 'light' "
+        "when its removed cells over the whole repetition (both directions) are < 10% of "
+        "those of the busiest circuit at that relay, else 'heavy'. CELL_STATS measures the "
+        "circuit queue only, not connection output buffers or the kernel."),
+}
+
+DEFINITIONS: list[tuple[str, str]] = [(m.title, m.definition) for m in METRICS.values()] + [
+    ("Error rate", "Transfers with status other than 'ok' (timeout or error) divided by all "
+     "transfers after the warm-up, with counts per error cause (error.cause; 'timeout' for "
+     "timeouts without a cause). Errored transfers are excluded from the time metrics."),
+    ("Warm-up", "Transfers flagged warmup=true (started inside the scenario's warm-up window) "
+     "are excluded from every statistic and from the onionperf export."),
+]
+
+
+def fmt_size(n: int | float | None) -> str:
+    """Bytes as a short human string: IEC units when divisible by 1024, else SI (300 KB)."""
+    if n is None:
+        return "? B"
+    n = int(n)
+    for div, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    for div, unit in ((10 ** 9, "GB"), (10 ** 6, "MB"), (10 ** 3, "KB")):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class MetricSamples:
+    """Samples of one metric for one subject (a transfer group, a relay, ...)."""
+
+    id: str
+    metric: str
+    params: dict
+    values: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    totals: dict[str, dict[int, tuple[float, float]]] | None = None
+
+    @property
+    def info(self) -> MetricInfo:
+        return METRICS[self.metric]
+
+    @property
+    def subject(self) -> str:
+        p = self.params
+        if "group" in p:
+            return f"{p['group']}: {p['file']} ({fmt_size(p.get('size'))})"
+        if "direction" in p:
+            return f"{p['relay']}, {p['direction']}, {p['class']} circuits"
+        if "relay" in p:
+            return p["relay"]
+        return "all clients"
+
+    @property
+    def title(self) -> str:
+        return f"{self.info.title}, {self.subject}"
+
+    @property
+    def label(self) -> str:
+        return self.info.label
+
+    @property
+    def unit(self) -> str:
+        return self.info.unit
+
+    def pooled(self, variant: str) -> np.ndarray:
+        """All repetitions' values of ``variant`` concatenated (empty if none)."""
+        reps = self.values.get(variant, {})
+        parts = [reps[k] for k in sorted(reps)]
+        return np.concatenate(parts) if parts else np.array([], dtype=float)
+
+
+@dataclass
+class Extracted:
+    metrics: dict[str, MetricSamples]
+    notes: list[str]
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _ok_measured(rep: Rep) -> list[dict]:
+    return [t for t in rep.measured_transfers if t.get("status") == "ok"]
+
+
+def _group_key(t: dict) -> tuple[str, str]:
+    return str(t.get("group") or t.get("client") or "?"), str(t.get("file") or "?")
+
+
+def _new(run: Run, mid: str, metric: str, params: dict, totals: bool = False) -> MetricSamples:
+    m = MetricSamples(id=mid, metric=metric, params=params)
+    for r in run.reps:
+        m.values.setdefault(r.variant, {})[r.index] = np.array([], dtype=float)
+    if totals:
+        m.totals = {r.variant: {} for r in run.reps}
+    return m
+
+
+def circuit_key(rec: dict) -> str:
+    """Identity of the circuit of a CELL_STATS record at its relay.
+
+    The collector writes ``circuit`` (the ID of an origin circuit, else "<inbound conn>:<inbound
+    circuit id>"); records without it (older runs: tor gives relayed circuits no ID) fall back
+    to the inbound, else outbound, queue and connection ids.
+    """
+    if rec.get("circuit") not in (None, ""):
+        return f"id:{rec['circuit']}"
+    for side in DIRECTIONS:
+        s = rec.get(side)
+        if isinstance(s, dict) and (s.get("queue") is not None or s.get("conn") is not None):
+            return f"{side}:{s.get('queue')}@{s.get('conn')}"
+    return "unknown"
+
+
+def _side_sums(side) -> tuple[float, float]:
+    """(sum time_ms, sum removed) of one direction of a CELL_STATS record (0, 0 if null)."""
+    if not isinstance(side, dict):
+        return 0.0, 0.0
+    removed = sum(v for v in (side.get("removed") or {}).values() if _num(v))
+    time_ms = sum(v for v in (side.get("time_ms") or {}).values() if _num(v))
+    return float(time_ms), float(removed)
+
+
+def classify_circuits(records: list[dict], light_fraction: float = LIGHT_FRACTION) -> dict[str, str]:
+    """Light/heavy class of each circuit in ``records`` (the CELL_STATS records of ONE relay
+    in one repetition): 'light' when its removed cells (both directions, all records) are
+    below ``light_fraction`` of the busiest circuit's, else 'heavy'. Returns key -> class."""
+    removed: Counter = Counter()
+    for r in records:
+        key = circuit_key(r)
+        removed[key] += sum(_side_sums(r.get(d))[1] for d in DIRECTIONS)
+    busiest = max(removed.values(), default=0.0)
+    return {k: ("light" if v < light_fraction * busiest else "heavy") for k, v in removed.items()}
+
+
+def _by_relay(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        out[str(r["relay"])].append(r)
+    return dict(sorted(out.items()))
+
+
+def extract(run: Run) -> Extracted:
+    """Samples of every metric, for every variant and repetition of ``run``.
+
+    Returns an Extracted: ``metrics`` (id -> MetricSamples; ids like ``ttlb_s/web:small``,
+    ``circuit_build_s``, ``relay_throughput_Bps/middle0``, ``cell_wait_ms/middle0/inbound/all``)
+    and ``notes`` (what could not be computed, per repetition).
+    """
+    notes: list[str] = []
+    out: dict[str, MetricSamples] = {}
+
+    # Transfer groups: (client group, file) with the most common size.
+    sizes: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for r in run.reps:
+        for t in r.transfers:
+            sizes[_group_key(t)][t.get("size")] += 1
+    for gk in sorted(sizes):
+        size = sizes[gk].most_common(1)[0][0]
+        for metric in TRANSFER_METRICS:
+            mid = f"{metric}/{gk[0]}:{gk[1]}"
+            out[mid] = _new(run, mid, metric, {"group": gk[0], "file": gk[1], "size": size})
+    for r in run.reps:
+        ok = _ok_measured(r)
+        for metric in TRANSFER_METRICS:
+            per: dict[tuple[str, str], list[float]] = defaultdict(list)
+            for t in ok:
+                if _num(t.get(metric)):
+                    per[_group_key(t)].append(float(t[metric]))
+            for gk, vals in per.items():
+                out[f"{metric}/{gk[0]}:{gk[1]}"].values[r.variant][r.index] = np.array(vals)
+
+    # Circuit build time: distinct circuits of successful measured transfers.
+    cb = _new(run, "circuit_build_s", "circuit_build_s", {})
+    for r in run.reps:
+        seen: dict[tuple, float] = {}
+        for t in _ok_measured(r):
+            c = t.get("circuit")
+            if isinstance(c, dict) and _num(c.get("build_s")):
+                seen.setdefault((t.get("client"), c.get("id"), c["build_s"]), float(c["build_s"]))
+        cb.values[r.variant][r.index] = np.array(list(seen.values()))
+    out[cb.id] = cb
+
+    # Relay throughput.
+    relays = sorted({str(b["relay"]) for r in run.reps for b in r.relay_bw})
+    groups = {str(b["relay"]): b.get("group") for r in run.reps for b in r.relay_bw}
+    for relay in relays:
+        mid = f"relay_throughput_Bps/{relay}"
+        out[mid] = _new(run, mid, "relay_throughput_Bps", {"relay": relay, "relay_group": groups.get(relay)})
+    for r in run.reps:
+        if not r.relay_bw:
+            continue
+        t0 = r.t0
+        warm = max(THROUGHPUT_MIN_WARMUP_S, r.warmup_s)
+        for relay, recs in _by_relay(r.relay_bw).items():
+            t = [b["t"] for b in recs if _num(b.get("written"))]
+            w = [b["written"] for b in recs if _num(b.get("written"))]
+            v = stats.moving_average_max(t, w, THROUGHPUT_WINDOW_S, start=t0 + warm)
+            if v is None:
+                span = (max(t) - t0) if t else 0.0
+                notes.append(f"{r.label}: relay {relay}: no complete {THROUGHPUT_WINDOW_S:.0f} s window "
+                             f"after the {warm:.0f} s warm-up (samples cover {span:.0f} s); "
+                             f"no throughput value")
+            else:
+                out[f"relay_throughput_Bps/{relay}"].values[r.variant][r.index] = np.array([v])
+
+    # Circuit-queue wait per cell.
+    cw_relays = sorted({str(c["relay"]) for r in run.reps for c in r.cellstats})
+    cw_groups = {str(c["relay"]): c.get("group") for r in run.reps for c in r.cellstats}
+    for relay in cw_relays:
+        for d in DIRECTIONS:
+            for cls in CLASSES:
+                mid = f"cell_wait_ms/{relay}/{d}/{cls}"
+                out[mid] = _new(run, mid, "cell_wait_ms", {"relay": relay, "relay_group": cw_groups.get(relay),
+                                                           "direction": d, "class": cls}, totals=True)
+    for r in run.reps:
+        if not r.cellstats:
+            continue
+        t_min = (r.t0 or 0.0) + r.warmup_s
+        for relay, recs in _by_relay(r.cellstats).items():
+            classes = classify_circuits(recs)
+            samples = {(d, c): [] for d in DIRECTIONS for c in CLASSES}
+            sums = {(d, c): [0.0, 0.0] for d in DIRECTIONS for c in CLASSES}
+            for rec in recs:
+                if rec["t"] < t_min:
+                    continue
+                cls = classes[circuit_key(rec)]
+                for d in DIRECTIONS:
+                    time_ms, removed = _side_sums(rec.get(d))
+                    if removed <= 0:
+                        continue
+                    for c in ("all", cls):
+                        samples[(d, c)].append(time_ms / removed)
+                        sums[(d, c)][0] += time_ms
+                        sums[(d, c)][1] += removed
+            for (d, c), vals in samples.items():
+                m = out[f"cell_wait_ms/{relay}/{d}/{c}"]
+                m.values[r.variant][r.index] = np.array(vals)
+                m.totals[r.variant][r.index] = (sums[(d, c)][0], sums[(d, c)][1])
+
+    return Extracted(metrics=out, notes=notes)
+
+
+def _cause(t: dict) -> str:
+    err = t.get("error")
+    if isinstance(err, dict) and err.get("cause"):
+        return str(err["cause"])
+    return str(t.get("status") or "unknown")
+
+
+def error_rates(run: Run) -> dict:
+    """Error rate per variant over measured (non-warm-up) transfers.
+
+    Returns {variant: {"transfers", "errors", "rate" (None if no transfers), "causes":
+    {cause: n}, "by_group": {"group:file": {"transfers", "errors", "rate"}}, "per_rep":
+    {rep: {"transfers", "errors", "rate"}}}}.
+    """
+    def rate(n, e):
+        return {"transfers": n, "errors": e, "rate": (e / n) if n else None}
+
+    out = {}
+    for v in run.variants:
+        causes: Counter = Counter()
+        groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        per_rep = {}
+        n_all = e_all = 0
+        for r in run.reps_of(v):
+            n = e = 0
+            for t in r.measured_transfers:
+                g = groups[":".join(_group_key(t))]
+                n += 1
+                g[0] += 1
+                if t.get("status") != "ok":
+                    e += 1
+                    g[1] += 1
+                    causes[_cause(t)] += 1
+            per_rep[str(r.index)] = rate(n, e)
+            n_all += n
+            e_all += e
+        out[v] = {**rate(n_all, e_all), "causes": dict(sorted(causes.items())),
+                  "by_group": {k: rate(*g) for k, g in sorted(groups.items())}, "per_rep": per_rep}
+    return out
+
+
+def throughput_series(run: Run) -> dict:
+    """Relay throughput over time, for the figure.
+
+    Returns {relay: {variant: {rep: {"t_raw", "rate_raw" (each sample's bytes written /
+    interval, B/s), "t", "rate" (trailing 30 s moving average at each sample whose window
+    is complete), "t_max", "rate_max" (the metric: the largest moving average over windows
+    starting after the warm-up; None if none), "warmup_s"}}}}, times in seconds since the
+    workload start.
+    """
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    eps = 1e-6
+    for r in run.reps:
+        if not r.relay_bw or r.t0 is None:
+            continue
+        warm = max(THROUGHPUT_MIN_WARMUP_S, r.warmup_s)
+        for relay, recs in _by_relay(r.relay_bw).items():
+            pts = sorted((b["t"], float(b["written"]), b.get("interval_s")) for b in recs if _num(b.get("written")))
+            if not pts:
+                continue
+            t = np.array([p[0] for p in pts])
+            w = np.array([p[1] for p in pts])
+            step = float(np.median(np.diff(t))) if t.size > 1 else 0.5
+            iv = np.array([p[2] if _num(p[2]) and p[2] > 0 else step for p in pts])
+            csum = np.concatenate([[0.0], np.cumsum(w)])
+            first = np.searchsorted(t, t - THROUGHPUT_WINDOW_S + eps, side="left")
+            rate = (csum[1:] - csum[first]) / THROUGHPUT_WINDOW_S
+            rel = t - r.t0
+            complete = t - THROUGHPUT_WINDOW_S >= t[0] - step - eps
+            # Windows counted by the metric: complete and starting after the warm-up (the
+            # moving average restarted after the warm-up, as stats.moving_average_max does).
+            after = rel > warm
+            ta, wa = t[after], w[after]
+            t_max = rate_max = None
+            if ta.size:
+                cs = np.concatenate([[0.0], np.cumsum(wa)])
+                fa = np.searchsorted(ta, ta - THROUGHPUT_WINDOW_S + eps, side="left")
+                ra = (cs[1:] - cs[fa]) / THROUGHPUT_WINDOW_S
+                ok = ta - THROUGHPUT_WINDOW_S >= r.t0 + warm - eps
+                if ok.any():
+                    i = int(np.argmax(np.where(ok, ra, -np.inf)))
+                    t_max, rate_max = float(ta[i] - r.t0), float(ra[i])
+            out[relay][r.variant][r.index] = {"t_raw": rel, "rate_raw": w / iv, "t": rel[complete],
+                                              "rate": rate[complete], "t_max": t_max, "rate_max": rate_max,
+                                              "warmup_s": warm}
+    return {k: dict(v) for k, v in sorted(out.items())}
+
+
+def cell_wait_series(run: Run, bin_s: float = 5.0) -> dict:
+    """Circuit-queue wait per cell over time, for the figure: sum(time_ms) / sum(removed) of
+    the circuits of a class at a relay, in bins of ``bin_s`` seconds.
+
+    Returns {relay: {"<direction>/<class>": {variant: {rep: {"t": bin centre in seconds since
+    the workload start, "wait_ms": ms per cell, "warmup_s": the scenario's warm-up}}}}}, for
+    every direction and class ("all", "light", "heavy") with cells.
+    """
+    out: dict = {}
+    for r in run.reps:
+        if not r.cellstats or r.t0 is None:
+            continue
+        for relay, recs in _by_relay(r.cellstats).items():
+            classes = classify_circuits(recs)
+            acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+            for rec in recs:
+                b = int(math.floor((rec["t"] - r.t0) / bin_s))
+                cls = classes[circuit_key(rec)]
+                for d in DIRECTIONS:
+                    time_ms, removed = _side_sums(rec.get(d))
+                    for c in ("all", cls):
+                        acc[f"{d}/{c}"][b][0] += time_ms
+                        acc[f"{d}/{c}"][b][1] += removed
+            for key, bins_acc in acc.items():
+                bins = sorted(b for b, (_, n) in bins_acc.items() if n > 0)
+                if not bins:
+                    continue
+                out.setdefault(relay, {}).setdefault(key, {}).setdefault(r.variant, {})[r.index] = {
+                    "t": np.array([(b + 0.5) * bin_s for b in bins]),
+                    "wait_ms": np.array([bins_acc[b][0] / bins_acc[b][1] for b in bins]),
+                    "warmup_s": r.warmup_s}
+    return dict(sorted(out.items()))

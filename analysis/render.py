@@ -1,0 +1,260 @@
+"""report.md and report.html from a summary (summary.py) and the figures (figures.py).
+
+Both are rendered from one list of blocks, so they say the same thing. report.html is
+self-contained (figures embedded as base64 PNG); report.md links the PNGs beside it.
+
+Public API:
+
+- ``blocks(summary, figures) -> list[tuple]``  the document: ("h", level, text),
+  ("p", text), ("ul", [text]), ("table", headers, rows), ("fig", Figure)
+- ``to_markdown(blocks, base_dir) -> str``  figure links relative to ``base_dir``
+- ``to_html(blocks, title) -> str``          figures read from disk and embedded
+- ``fmt_value(x, unit) -> str``, ``fmt_pct(x) -> str``, ``fmt_p(x) -> str``
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+from pathlib import Path
+
+from .figures import Figure
+from .metrics import fmt_size
+
+FAMILIES = (
+    ("ttfb_s", "Time to first byte (from the request)"),
+    ("ttlb_s", "Time to last byte (from the request)"),
+    ("ttfb_stream_s", "Time to first byte from stream start"),
+    ("ttlb_stream_s", "Time to last byte from stream start"),
+    ("circuit_build_s", "Circuit build time"),
+    ("relay_throughput_Bps", "Relay throughput"),
+    ("cell_wait_ms", "Circuit-queue wait per cell"),
+)
+DASH = "–"
+
+
+def fmt_value(x, unit: str = "") -> str:
+    """A statistic for a table: 4 significant digits; bytes/s shown as MiB/s."""
+    if x is None:
+        return DASH
+    if unit == "B/s":
+        return f"{x / 1048576:.4g}"
+    return f"{x:.4g}"
+
+
+def _unit_shown(unit: str) -> str:
+    return "MiB/s" if unit == "B/s" else unit
+
+
+def fmt_pct(x) -> str:
+    return DASH if x is None else f"{x:+.1f}%"
+
+
+def fmt_p(x) -> str:
+    if x is None:
+        return DASH
+    return "<1e-6" if x < 1e-6 else f"{x:.3g}"
+
+
+def _run_table(s: dict) -> tuple:
+    r = s["run"]
+    host = r.get("host") or {}
+    mem = host.get("memory_bytes")
+    host_s = ", ".join(str(x) for x in (
+        host.get("hostname"), host.get("arch"), host.get("kernel") and f"Linux {host.get('kernel')}",
+        host.get("cpus") and f"{host.get('cpus')} CPUs", mem and f"{fmt_size(mem)} RAM") if x) or "not recorded"
+    variants = ", ".join(f"{v} (baseline)" if v == s["baseline"] else v for v in r["variants"])
+    rows = [("Scenario", r.get("scenario")), ("Run directory", r.get("directory")),
+            ("Variants", variants), ("Repetitions", r.get("repetitions")), ("Seed", r.get("seed")),
+            ("Backend / shaper", f"{r.get('backend') or '?'} / {r.get('shaper') or '?'}"),
+            ("Host", host_s), ("tor version", r.get("tor_version") or "not recorded"),
+            ("torbed version", r.get("torbed_version") or "not recorded"),
+            ("Started / finished", f"{r.get('started') or '?'} / {r.get('finished') or 'not finished'}"),
+            ("Run status (run.json)", r.get("status") or "not recorded")]
+    return ("table", ["", ""], [[k, DASH if v is None else str(v)] for k, v in rows])
+
+
+def _family_table(s: dict, metric: str) -> tuple | None:
+    entries = [e for e in s["metrics"].values() if e["metric"] == metric]
+    if not entries:
+        return None
+    unit = entries[0]["unit"]
+    cell = metric == "cell_wait_ms"
+    headers = ["subject", "variant", "n", "median [95% CI]", "mean", "p25", "p75", "p90", "p99",
+               "Δ median", "Δ mean", "KS p", "MWU p"]
+    if cell:
+        headers.insert(3, "wait/cell")
+    rows = []
+    for e in entries:
+        subject = e["title"].split(", ", 1)[1] if ", " in e["title"] else e["title"]
+        for v, d in e["variants"].items():
+            name = f"{v} (baseline)" if v == s["baseline"] else v
+            if not d.get("n"):
+                row = [subject, name, "0"] + [DASH] * (len(headers) - 3)
+                rows.append(row)
+                continue
+            lo, hi = d.get("median_ci95") or (None, None)
+            vb = d.get("vs_baseline") or {}
+            row = [subject, name, str(d["n"]),
+                   f"{fmt_value(d['median'], unit)} [{fmt_value(lo, unit)}, {fmt_value(hi, unit)}]",
+                   fmt_value(d["mean"], unit), fmt_value(d["p25"], unit), fmt_value(d["p75"], unit),
+                   fmt_value(d["p90"], unit), fmt_value(d["p99"], unit),
+                   fmt_pct(vb.get("median_change_pct")) if vb else "baseline",
+                   fmt_pct(vb.get("mean_change_pct")) if vb else DASH,
+                   fmt_p(vb.get("ks_pvalue")) if vb else DASH, fmt_p(vb.get("mwu_pvalue")) if vb else DASH]
+            if cell:
+                row.insert(3, fmt_value(d.get("wait_per_cell_ms")))
+            rows.append(row)
+    return ("table", headers, rows)
+
+
+def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
+    """The report as a list of blocks (see the module docstring)."""
+    s = summary
+    b: list[tuple] = [("h", 1, f"torbed report: {s['run']['scenario']}")]
+    b.append(("p", f"Variants compared against the baseline **{s['baseline']}**; "
+                   f"{s['run']['repetitions']} repetition(s) per variant. Warm-up transfers are "
+                   f"excluded everywhere; see *Metric definitions* at the end for what each number means."))
+    b += [("h", 2, "Run"), _run_table(s)]
+
+    b.append(("h", 2, "Repetitions"))
+    b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
+              [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
+                r["error"] or ""] for r in s["repetitions"]]))
+
+    b.append(("h", 2, "Missing or incomplete data"))
+    if s["missing"]:
+        b.append(("p", "Statistics below use whatever these repetitions recorded; nothing else was imputed."))
+        b.append(("ul", list(s["missing"])))
+    else:
+        b.append(("p", "Nothing is missing: every repetition finished with status ok and wrote all record files."))
+
+    b.append(("h", 2, "Results"))
+    b.append(("p", "Repetitions pooled. Δ = % change vs the baseline; KS / MWU p = two-sided "
+                   "Kolmogorov-Smirnov / Mann-Whitney U p-values vs the baseline. CI = bootstrap 95% "
+                   f"confidence interval of the median ({s['settings']['bootstrap_resamples']} resamples, "
+                   f"seed {s['settings']['bootstrap_seed']})."))
+    for metric, title in FAMILIES:
+        t = _family_table(s, metric)
+        if t is None:
+            continue
+        unit = next(e["unit"] for e in s["metrics"].values() if e["metric"] == metric)
+        b.append(("h", 3, f"{title} ({_unit_shown(unit)})"))
+        b.append(t)
+
+    b.append(("h", 3, "Error rate"))
+    rows = []
+    for v, e in s["errors"].items():
+        causes = ", ".join(f"{c}: {n}" for c, n in e["causes"].items()) or "none"
+        rate = DASH if e["rate"] is None else f"{100 * e['rate']:.2f}%"
+        rows.append([v, str(e["transfers"]), str(e["errors"]), rate, causes])
+    b.append(("table", ["variant", "transfers (after warm-up)", "errors", "error rate", "by cause"], rows))
+    rows = []
+    for v, e in s["errors"].items():
+        for g, ge in e["by_group"].items():
+            rate = DASH if ge["rate"] is None else f"{100 * ge['rate']:.2f}%"
+            rows.append([v, g, str(ge["transfers"]), str(ge["errors"]), rate])
+    if rows:
+        b.append(("table", ["variant", "client group:file", "transfers", "errors", "error rate"], rows))
+
+    b.append(("h", 2, "Figures"))
+    if not figures:
+        b.append(("p", "No figures: no repetition recorded data to plot."))
+    section = None
+    for f in figures:
+        if f.section != section:
+            section = f.section
+            b.append(("h", 3, section))
+        b.append(("fig", f))
+
+    b.append(("h", 2, "Metric definitions"))
+    b.append(("ul", [f"**{k}**: {v}" for k, v in s["definitions"].items()]))
+    st = s["settings"]
+    b.append(("h", 3, "Statistical methods"))
+    b.append(("ul", [
+        f"Quantiles: {st['quantile_method']}.",
+        f"Median CI: percentile bootstrap, {st['bootstrap_resamples']} resamples, level "
+        f"{st['ci_level']:.0%}, numpy PCG64 seeded with the run seed ({st['bootstrap_seed']}) and the "
+        f"CRC-32 of metric id and variant.",
+        f"Tests: {st['tests']}.",
+        "% change = 100 (variant - baseline) / baseline, for the median and the mean.",
+        "CDF bands: at each cumulative fraction, the range (min to max) of the repetitions' own "
+        "quantiles; drawn when at least two repetitions have data.",
+    ]))
+    return b
+
+
+def _md_escape_cell(x: str) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(bl: list[tuple], base_dir: Path) -> str:
+    """Markdown text of the blocks; figures are linked relative to ``base_dir``."""
+    out = []
+    for blk in bl:
+        kind = blk[0]
+        if kind == "h":
+            out.append("#" * blk[1] + " " + blk[2])
+        elif kind == "p":
+            out.append(blk[1])
+        elif kind == "ul":
+            out.append("\n".join(f"- {_md_escape_cell(i)}" for i in blk[1]))
+        elif kind == "table":
+            headers, rows = blk[1], blk[2]
+            lines = ["| " + " | ".join(_md_escape_cell(h) for h in headers) + " |",
+                     "|" + "|".join("---" for _ in headers) + "|"]
+            lines += ["| " + " | ".join(_md_escape_cell(c) for c in r) + " |" for r in rows]
+            out.append("\n".join(lines))
+        elif kind == "fig":
+            f: Figure = blk[1]
+            rel = Path(os.path.relpath(f.path, base_dir)).as_posix()
+            out.append(f"![{f.title}]({rel})\n\n*{f.title}.* {f.caption}")
+    return "\n\n".join(out) + "\n"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1200px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{border-bottom:2px solid #ddd;padding-bottom:.3em}h2{border-bottom:1px solid #eee;margin-top:2em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
+figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.9em;color:#444}
+"""
+
+
+def _inline(text: str) -> str:
+    """HTML of a text with **bold** and *italic* markers (everything else escaped)."""
+    t = html.escape(str(text))
+    t = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", t)
+    return re.sub(r"\*(.+?)\*", r"<em>\1</em>", t)
+
+
+def to_html(bl: list[tuple], title: str) -> str:
+    """Self-contained HTML of the blocks: figures are read and embedded as base64 PNG."""
+    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+           f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"]
+    for blk in bl:
+        kind = blk[0]
+        if kind == "h":
+            out.append(f"<h{blk[1]}>{html.escape(blk[2])}</h{blk[1]}>")
+        elif kind == "p":
+            out.append(f"<p>{_inline(blk[1])}</p>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in blk[1]) + "</ul>")
+        elif kind == "table":
+            headers, rows = blk[1], blk[2]
+            head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif kind == "fig":
+            f: Figure = blk[1]
+            data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
+            out.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{data}\">"
+                       f"<figcaption><strong>{html.escape(f.title)}.</strong> {html.escape(f.caption)}"
+                       f"</figcaption></figure>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

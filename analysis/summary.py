@@ -1,0 +1,155 @@
+"""summary.json: the machine-readable result of ``torbed report`` (stable for golden tests).
+
+Keys are sorted and floats rounded to ``SIGNIFICANT_DIGITS`` significant digits when
+written, so the file is byte-identical for the same run directory and library versions.
+
+Layout (every metric id maps to one entry; ``variants`` has every variant of the run):
+
+    {"schema": 1, "run": {...run.json facts...}, "baseline": "<variant>",
+     "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
+     "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
+                      "files", "notes"}],
+     "missing": ["variant X rep 1: failed (...); 6 transfers (4 after warm-up); ..."],
+     "metrics": {"<id>": {"metric", "title", "label", "unit", <params>, "variants": {
+         "<variant>": {"n", "mean", "median", "min", "max", "p25", "p75", "p90", "p99",
+                       "median_ci95": [lo, hi], "per_rep": {"<k>": {"n", "median"}},
+                       ["wait_per_cell_ms"],
+                       "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
+                                       "ks_statistic", "ks_pvalue", "mwu_statistic",
+                                       "mwu_pvalue"}   (not for the baseline itself)}}}},
+     "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}}}
+
+Public API:
+
+- ``summarize(run, extracted, errors, baseline, resamples=2000) -> dict``  (unrounded)
+- ``round_floats(obj, digits=SIGNIFICANT_DIGITS) -> obj``
+- ``dumps(summary) -> str``   rounded, sorted, indented JSON with a final newline
+- ``missing_lines(run, extracted) -> list[str]``
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from . import metrics as metrics_mod
+from . import stats
+from .load import Run
+from .metrics import Extracted
+
+SCHEMA = 1
+SIGNIFICANT_DIGITS = 6
+
+
+def round_floats(obj, digits: int = SIGNIFICANT_DIGITS):
+    """A copy of ``obj`` (dicts, lists, tuples, numbers) with every float rounded to
+    ``digits`` significant digits; NaN and infinities become None, -0.0 becomes 0.0."""
+    if isinstance(obj, dict):
+        return {str(k): round_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [round_floats(v, digits) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        if not math.isfinite(x):
+            return None
+        r = float(f"{x:.{digits}g}")
+        return 0.0 if r == 0 else r
+    return obj
+
+
+def dumps(summary: dict) -> str:
+    """summary.json text: rounded floats, sorted keys, 2-space indent, trailing newline."""
+    return json.dumps(round_floats(summary), sort_keys=True, indent=2) + "\n"
+
+
+def missing_lines(run: Run, extracted: Extracted) -> list[str]:
+    """Plain sentences for everything missing or incomplete in the run, one per line."""
+    lines = []
+    for r in run.reps:
+        if r.status == "ok" and not r.notes:
+            continue
+        line = r.describe()
+        if r.notes:
+            line += "; " + "; ".join(r.notes)
+        lines.append(line)
+    return lines + list(extracted.notes)
+
+
+def _run_facts(run: Run) -> dict:
+    i = run.info
+    host = i.get("host") if isinstance(i.get("host"), dict) else {}
+    return {"name": i.get("name"), "directory": run.name, "scenario": run.scenario_name,
+            "seed": i.get("seed"), "variants": run.variants, "baseline": run.baseline,
+            "repetitions": run.repetitions, "backend": i.get("backend"), "shaper": i.get("shaper"),
+            "torbed_version": i.get("torbed_version"), "tor_version": i.get("tor_version"),
+            "host": host, "started": i.get("started"), "finished": i.get("finished"),
+            "status": i.get("status")}
+
+
+def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
+    entry = {"metric": m.metric, "title": m.title, "label": m.label, "unit": m.unit, **m.params,
+             "variants": {}}
+    base = m.pooled(baseline)
+    base_desc = stats.describe(base)
+    for v in run.variants:
+        pooled = m.pooled(v)
+        d = stats.describe(pooled, stats.rng_for(run.seed, m.id, v), resamples)
+        d["per_rep"] = {}
+        for k, vals in sorted(m.values.get(v, {}).items()):
+            d["per_rep"][str(k)] = {"n": int(vals.size),
+                                    "median": float(np.median(vals)) if vals.size else None}
+        if m.totals is not None:
+            tot = m.totals.get(v, {})
+            t_sum = sum(t for t, _ in tot.values())
+            n_sum = sum(n for _, n in tot.values())
+            d["wait_per_cell_ms"] = t_sum / n_sum if n_sum else None
+            for k, (t, n) in tot.items():
+                d["per_rep"].setdefault(str(k), {})["wait_per_cell_ms"] = t / n if n else None
+        if v != baseline:
+            tests = stats.two_sample_tests(pooled, base) or {
+                "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
+            d["vs_baseline"] = {
+                "baseline": baseline,
+                "median_change_pct": stats.pct_change(d.get("median"), base_desc.get("median")),
+                "mean_change_pct": stats.pct_change(d.get("mean"), base_desc.get("mean")),
+                **tests}
+        entry["variants"][v] = d
+    return entry
+
+
+def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
+              resamples: int = stats.BOOTSTRAP_RESAMPLES) -> dict:
+    """The summary dict (floats unrounded; ``dumps`` rounds them).
+
+    Takes the run, its extracted samples, ``metrics.error_rates(run)`` and the baseline
+    variant (must be one of ``run.variants``; not checked here).
+    """
+    reps = [{"variant": r.variant, "rep": r.index, "status": r.status, "error": r.error,
+             "transfers": len(r.transfers), "measured_transfers": len(r.measured_transfers),
+             "files": sorted(r.files), "notes": list(r.notes)} for r in run.reps]
+    return {
+        "schema": SCHEMA,
+        "run": _run_facts(run),
+        "baseline": baseline,
+        "settings": {
+            "bootstrap_resamples": resamples, "ci_level": stats.CI_LEVEL,
+            "bootstrap_seed": run.seed,
+            "quantile_method": "linear (numpy default; Hyndman & Fan type 7)",
+            "tests": "two-sided two-sample Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats), "
+                     "variant vs baseline, repetitions pooled",
+            "throughput_window_s": metrics_mod.THROUGHPUT_WINDOW_S,
+            "throughput_min_warmup_s": metrics_mod.THROUGHPUT_MIN_WARMUP_S,
+            "light_circuit_fraction": metrics_mod.LIGHT_FRACTION,
+        },
+        "definitions": {title: text for title, text in metrics_mod.DEFINITIONS},
+        "repetitions": reps,
+        "missing": missing_lines(run, extracted),
+        "metrics": {mid: _metric_entry(run, m, baseline, resamples) for mid, m in extracted.metrics.items()},
+        "errors": errors,
+    }
