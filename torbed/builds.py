@@ -16,6 +16,7 @@ Public API:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -40,8 +41,9 @@ class Build:
     info: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
-        return {"key": self.key, "tor": self.tor, "tor_sha256": self.info.get("tor_sha256"),
-                "tor_version": self.info.get("tor_version")}
+        sha = self.info.get("tor_sha256") or self.info.get("binaries", {}).get("tor", {}).get("sha256")
+        return {"key": self.key, "tor": self.tor, "tor_sha256": sha, "tor_version": self.info.get("tor_version"),
+                "patches": [p.get("file") for p in self.info.get("patches", [])]}
 
 
 def _sha256(path: str) -> str:
@@ -56,15 +58,21 @@ def build_dir(key: str) -> Path:
     return constants.CACHE_DIR / "tor" / key
 
 
+@functools.lru_cache(maxsize=None)
+def _cached_info(key: str, mtime: float) -> dict:
+    return json.loads((build_dir(key) / "build.json").read_text())
+
+
 def cached(key: str) -> Build | None:
     d = build_dir(key)
     tor, gencert, info = d / "bin" / "tor", d / "bin" / "tor-gencert", d / "build.json"
     if tor.exists() and gencert.exists() and info.exists():
         return Build(key=key, directory=d, tor=str(tor), tor_gencert=str(gencert),
-                     info=json.loads(info.read_text()))
+                     info=_cached_info(key, info.stat().st_mtime))
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def system_build() -> Build:
     tor, gencert = shutil.which("tor"), shutil.which("tor-gencert")
     if not tor or not gencert:

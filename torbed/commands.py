@@ -134,7 +134,7 @@ def cmd_build(args) -> int:
     except builds.BuildError as e:
         console.print(f"[red]error[/red] {e}", highlight=False)
         return EXIT_FAILED
-    console.print(f"{args.variant}: {b.tor} (key {b.key}, sha256 {b.info.get('tor_sha256', '?')[:16]}...)")
+    console.print(f"{args.variant}: {b.tor} (key {b.key}, sha256 {str(b.describe()['tor_sha256'])[:16]}...)")
     return EXIT_OK
 
 

@@ -80,6 +80,11 @@ class Supervisor:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def signal(self, name: str, sig: int) -> None:
+        proc, _ = self.procs[name]
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+
     def exited(self, names=None) -> dict[str, int]:
         out = {}
         for name, (proc, _) in self.procs.items():

@@ -55,7 +55,9 @@ def consensus_params(plan: Plan) -> dict[str, int]:
     return dict(sorted(params.items()))
 
 
-def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant]) -> dict[str, str]:
+def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0) -> dict[str, str]:
+    """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
+    schedule so that the first vote comes right after the relays have uploaded descriptors."""
     v = constants
     common = [
         "# Every node of the private network.",
@@ -73,7 +75,7 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant]) 
         f"TestingV3AuthInitialVotingInterval {v.VOTING_INTERVAL}",
         f"TestingV3AuthInitialVoteDelay {v.VOTE_DELAY}",
         f"TestingV3AuthInitialDistDelay {v.DIST_DELAY}",
-        "TestingV3AuthVotingStartOffset 0",
+        f"TestingV3AuthVotingStartOffset {voting_offset}",
         f"V3AuthVotingInterval {v.VOTING_INTERVAL}",
         f"V3AuthVoteDelay {v.VOTE_DELAY}",
         f"V3AuthDistDelay {v.DIST_DELAY}",
@@ -92,6 +94,9 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant]) 
         "V3AuthNIntervalsValid 2",
         "AuthDirMaxServersPerAddr 0",
         "TestingMinExitFlagThreshold 0",
+        "# Stable for every relay from its first second: clients only use Stable guards, and a",
+        "# minutes-old network has no uptime history to earn it.",
+        "AuthDirVoteStableGuaranteeMinUptime 0",
         f"ConsensusParams {params}",
         "# Flags are voted from the scenario, not measured (the network is minutes old).",
         f"TestingDirAuthVoteGuard {','.join(guards) if guards else '*'}",

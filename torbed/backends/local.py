@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,17 @@ from ..scenario import Scenario
 from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
 from ..torrc import Identities, NodePaths, render_fragments, render_node
 from ..variants import load_variant
+
+
+# Seconds from launching the processes to the first vote's valid-after time: tor takes
+# ~1.5 s to start, relays upload descriptors ~1.1 s later, authorities vote ~2.4 s before
+# valid-after (measured on a 2-core machine; a slower one gets the next interval, 10 s later).
+VOTE_LEAD = 7
+
+
+# Flags every relay must have in the consensus before the network counts as ready
+# (Fast and Stable: clients select guards and path nodes only among them).
+EXPECTED_FLAGS = {"Running", "Valid", "Fast", "Stable"}
 
 
 class RunFailed(RuntimeError):
@@ -145,6 +157,10 @@ def run_scenario(scenario: Scenario, run_root: Path, console, system_tor: bool =
             signal.signal(s, h)
         run_json.update(finished=utc_now(), status=status)
         _write_json(run_dir / "run.json", run_json)
+        latest = run_root / f"{scenario.name}-latest"
+        if latest.is_symlink() or not latest.exists():
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(run_dir.name)
     return run_dir
 
 
@@ -181,11 +197,13 @@ def _consensus_ok(path: Path, plan: Plan, ids: Identities) -> tuple[bool, str]:
     except (OSError, ValueError) as e:
         return False, f"no consensus yet ({type(e).__name__})"
     entries = {e.fingerprint: e for e in doc.routers.values()}
+    _consensus_ok.flags = {n.name: sorted(entries[ids.fingerprints[n.name]].flags)
+                           for n in plan.by_role("relay") if ids.fingerprints[n.name] in entries}
     for n in plan.by_role("relay"):
         e = entries.get(ids.fingerprints[n.name])
         if e is None:
             return False, f"{n.name} not in the consensus yet"
-        want = {"Running", "Valid"} | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
+        want = EXPECTED_FLAGS | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
         if not want <= set(e.flags):
             return False, f"{n.name} has flags {sorted(e.flags)}, waiting for {sorted(want)}"
     return True, "ok"
@@ -228,7 +246,7 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
         meta["builds"] = {"stock": stock.describe(),
                           **{v: builds.ensure(var, None, ctx.system_tor).describe() for v, var in variants.items()}}
 
-        # Keys and torrc.
+        # Keys (tor-gencert, tor --list-fingerprint), generated in parallel.
         ids = Identities()
         paths: dict[str, NodePaths] = {}
         for n in plan.nodes:
@@ -236,23 +254,19 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                 continue
             data = scratch / n.name
             paths[n.name] = NodePaths(datadir=str(data), log=str(logs / f"{n.name}.log"),
-                                      control_socket=str(data / "control"))
-            if n.role == "authority":
-                keys = make_authority_keys(data, n.address, n.ports["dir"], stock.tor_gencert)
-                ids.authorities[n.name] = keys
-                meta["authorities"].append({"name": n.name, "v3ident": keys.v3ident, "cert_expires": keys.expires})
-            if n.role in ("authority", "relay"):
-                ids.fingerprints[n.name] = make_relay_identity(data, n.nickname, node_build[n.name].tor)
-            else:
-                data.mkdir(mode=0o700, exist_ok=True)
-        for name, text in render_fragments(plan, ids, variants).items():
-            (torrc_dir / name).write_text(text)
-        for n in plan.nodes:
-            if n.role != "server":
-                (torrc_dir / f"{n.name}.torrc").write_text(render_node(n, plan, paths[n.name], str(torrc_dir)))
-        meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
-                          "build": node_build[n.name].key if n.role != "server" else None} for n in plan.nodes]
-        _write_json(rep_dir / "meta.json", meta)
+                                      control_socket=str(data / "control"),
+                                      extra_log=str(logs / f"{n.name}.info.log") if os.environ.get("TORBED_INFO_LOGS") else None)
+            data.mkdir(mode=0o700, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            auth_keys = {a.name: pool.submit(make_authority_keys, scratch / a.name, a.address, a.ports["dir"],
+                                             stock.tor_gencert) for a in plan.by_role("authority")}
+            fprs = {n.name: pool.submit(make_relay_identity, scratch / n.name, n.nickname, node_build[n.name].tor)
+                    for n in plan.nodes if n.role in ("authority", "relay")}
+            for name, fut in auth_keys.items():
+                keys = ids.authorities[name] = fut.result()
+                meta["authorities"].append({"name": name, "v3ident": keys.v3ident, "cert_expires": keys.expires})
+            ids.fingerprints.update({name: fut.result() for name, fut in fprs.items()})
+        console.log(f"keys for {len(fprs)} relays and authorities ({time.time() - t0:.1f} s)")
 
         # Namespaces and shaping.
         topo.create()
@@ -264,6 +278,21 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                 if p.returncode != 0:
                     raise RunFailed(f"tc on {n.name}: {p.stderr.strip()}")
         console.log(f"network: {len(plan.nodes)} namespaces, shaper {ctx.shaper} ({time.time() - t0:.1f} s)")
+
+        # torrc. The voting schedule is shifted so the first vote falls VOTE_LEAD seconds
+        # after the relays start: they upload their descriptors within ~1 s, so the first
+        # consensus already lists them (instead of waiting for the next 10 s interval).
+        t_launch = time.time() + 0.3
+        voting_offset = int(t_launch + VOTE_LEAD) % constants.VOTING_INTERVAL
+        meta["bootstrap"] = {"voting_offset_s": voting_offset, "relays_sighup_after_consensus": True}
+        for name, text in render_fragments(plan, ids, variants, voting_offset).items():
+            (torrc_dir / name).write_text(text)
+        for n in plan.nodes:
+            if n.role != "server":
+                (torrc_dir / f"{n.name}.torrc").write_text(render_node(n, plan, paths[n.name], str(torrc_dir)))
+        meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
+                          "build": node_build[n.name].key if n.role != "server" else None} for n in plan.nodes]
+        _write_json(rep_dir / "meta.json", meta)
 
         # Processes.
         tors = [n for n in plan.nodes if n.role != "server"]
@@ -280,6 +309,11 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                     node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
         _wait_consensus(ctx, plan, ids, sup, paths, deadline)
         console.log(f"consensus lists every relay ({time.time() - t0:.1f} s)")
+        meta["consensus_flags"] = getattr(_consensus_ok, "flags", {})
+        # Relays asked for the consensus before it existed and now back off for up to ~10 s;
+        # SIGHUP makes tor reset its download failures and fetch at once (main.c do_hup()).
+        for n in plan.by_role("relay"):
+            sup.signal(n.name, signal.SIGHUP)
         for n in tors:
             if n.role == "client":
                 sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
@@ -351,18 +385,29 @@ def _wait_consensus(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, 
                 time.sleep(0.2)
 
 
+def _relay_has_consensus(datadir: str) -> bool:
+    return any((Path(datadir) / f).exists() for f in ("cached-consensus", "cached-microdesc-consensus"))
+
+
 def _wait_clients(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, paths: dict,
                   deadline: float) -> None:
-    """Until every client is at Bootstrapped 100% and knows every relay of its path."""
+    """Until every client is at Bootstrapped 100% and knows every relay of its path, and
+    every relay has a consensus (relays read consensus parameters from it)."""
     names = list(sup.procs)
     ctls: dict[str, stem.control.Controller] = {}
     last: dict[str, str] = {}
-    pending = {c.name for c in plan.by_role("client")}
+    pending = {c.name for c in plan.by_role("client")} | {r.name for r in plan.by_role("relay")}
     try:
         with ctx.console.status("waiting for clients to bootstrap") as status:
             while pending:
                 sup.check(names)
                 for c in sorted(pending):
+                    if plan.node(c).role == "relay":
+                        if _relay_has_consensus(paths[c].datadir):
+                            pending.discard(c)
+                        else:
+                            last[c] = "no consensus yet"
+                        continue
                     try:
                         ctl = ctls.get(c) or _controller(Path(paths[c].control_socket))
                         ctls[c] = ctl
@@ -382,7 +427,7 @@ def _wait_clients(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, pa
                     raise NodeFailed(c, f"not ready after {ctx.scenario.measure.ready_timeout}: {last.get(c)}",
                                      Path(paths[c].log))
                 if pending:
-                    status.update(f"waiting for {len(pending)} client(s) to bootstrap")
+                    status.update(f"waiting for {len(pending)} client(s) to bootstrap and relays to fetch the consensus")
                     time.sleep(0.2)
     finally:
         for ctl in ctls.values():
