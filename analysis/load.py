@@ -15,7 +15,7 @@ Public API:
   ``rep(variant, k)``, ``reps_of(variant)``
 - ``Rep``: ``variant``, ``index``, ``path``, ``meta``, ``status``, ``error``, ``transfers``,
   ``cellstats``, ``relay_bw``, ``notes``, ``t0`` (workload start), ``warmup_s``,
-  ``measured_transfers`` (warmup excluded), ``node(name)``
+  ``measured_transfers`` (warmup and cancelled excluded), ``node(name)``
 - ``FILES``: the record files read, with their record type and required keys
 """
 
@@ -79,8 +79,9 @@ class Rep:
 
     @property
     def measured_transfers(self) -> list[dict]:
-        """Transfers outside the warm-up window (``warmup`` is not true)."""
-        return [t for t in self.transfers if t.get("warmup") is not True]
+        """Transfers outside the warm-up window (``warmup`` is not true) and not cut off by
+        the end of the measurement (``status: cancelled``)."""
+        return [t for t in self.transfers if t.get("warmup") is not True and t.get("status") != "cancelled"]
 
     def node(self, name: str) -> dict | None:
         """The meta.json node entry called ``name``, or None."""

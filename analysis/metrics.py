@@ -17,10 +17,10 @@ Public API:
   ``label``, ``unit``, ``pooled(variant)``
 - ``extract(run) -> Extracted`` (``metrics``: id -> MetricSamples, in report order; ``notes``)
 - ``error_rates(run) -> dict``
-- ``circuit_key(record) -> str``, ``classify_circuits(records, light_fraction) -> dict``
+- ``circuit_key(record) -> str``, ``classify_circuits(records, heavy_fraction) -> dict``
 - ``throughput_series(run) -> dict``, ``cell_wait_series(run, bin_s=5) -> dict``
 - ``fmt_size(bytes) -> str``; constants ``THROUGHPUT_WINDOW_S``, ``THROUGHPUT_MIN_WARMUP_S``,
-  ``LIGHT_FRACTION``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
+  ``HEAVY_FRACTION``, ``IDLE_FRACTION``, ``IDLE_MIN_CELLS``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from .load import Rep, Run
 
 THROUGHPUT_WINDOW_S = 30.0
 THROUGHPUT_MIN_WARMUP_S = 30.0
-LIGHT_FRACTION = 0.10
+HEAVY_FRACTION = 0.5    # heavy: at least half the busiest circuit's cells at that relay
+IDLE_FRACTION = 0.01    # idle: fewer than 1% of the busiest circuit's cells ...
+IDLE_MIN_CELLS = 50     # ... or fewer than 50 cells (25 KB)
 TRANSFER_METRICS = ("ttfb_s", "ttlb_s", "ttfb_stream_s", "ttlb_stream_s")
 DIRECTIONS = ("inbound", "outbound")
 CLASSES = ("all", "light", "heavy")
@@ -85,9 +87,11 @@ METRICS: dict[str, MetricInfo] = {
         "removed from the queue, per direction (inbound = toward the client, i.e. downloads; "
         "outbound = toward the exit). 'wait per cell' in the tables is that ratio over all "
         "events after the warm-up; the distribution (n, median, CDF) is over the per-event "
-        "ratios (one circuit, one second, at least one cell removed). A circuit is 'light' "
-        "when its removed cells over the whole repetition (both directions) are < 10% of "
-        "those of the busiest circuit at that relay, else 'heavy'. CELL_STATS measures the "
+        "ratios (one circuit, one second, at least one cell removed). Circuits are classed by "
+        "their removed cells over the whole repetition (both directions), relative to the "
+        "busiest circuit at that relay: 'heavy' from 50%, 'light' below that, and 'idle' "
+        "(excluded from both, kept in 'all') below 1% or 50 cells: directory, test and "
+        "preemptive circuits. CELL_STATS measures the "
         "circuit queue only, not connection output buffers or the kernel."),
 }
 
@@ -210,16 +214,25 @@ def _side_sums(side) -> tuple[float, float]:
     return float(time_ms), float(removed)
 
 
-def classify_circuits(records: list[dict], light_fraction: float = LIGHT_FRACTION) -> dict[str, str]:
-    """Light/heavy class of each circuit in ``records`` (the CELL_STATS records of ONE relay
-    in one repetition): 'light' when its removed cells (both directions, all records) are
-    below ``light_fraction`` of the busiest circuit's, else 'heavy'. Returns key -> class."""
+def classify_circuits(records: list[dict], heavy_fraction: float = HEAVY_FRACTION) -> dict[str, str]:
+    """Class of each circuit in ``records`` (the CELL_STATS records of ONE relay in one
+    repetition), by its removed cells over the repetition (both directions): 'idle' below
+    max(IDLE_MIN_CELLS, IDLE_FRACTION x the busiest circuit's) - directory fetches, test and
+    preemptive circuits, which would otherwise swamp the light class; 'heavy' from
+    ``heavy_fraction`` x the busiest circuit's; 'light' in between. Idle circuits count in
+    class 'all' only. Returns key -> class."""
     removed: Counter = Counter()
     for r in records:
         key = circuit_key(r)
         removed[key] += sum(_side_sums(r.get(d))[1] for d in DIRECTIONS)
     busiest = max(removed.values(), default=0.0)
-    return {k: ("light" if v < light_fraction * busiest else "heavy") for k, v in removed.items()}
+    idle_below = max(IDLE_MIN_CELLS, IDLE_FRACTION * busiest)
+    return {k: ("idle" if v < idle_below else "heavy" if v >= heavy_fraction * busiest else "light")
+            for k, v in removed.items()}
+
+
+def _classes_of(cls: str) -> tuple[str, ...]:
+    return ("all", cls) if cls in CLASSES else ("all",)
 
 
 def _by_relay(records: list[dict]) -> dict[str, list[dict]]:
@@ -318,7 +331,7 @@ def extract(run: Run) -> Extracted:
                     time_ms, removed = _side_sums(rec.get(d))
                     if removed <= 0:
                         continue
-                    for c in ("all", cls):
+                    for c in _classes_of(cls):
                         samples[(d, c)].append(time_ms / removed)
                         sums[(d, c)][0] += time_ms
                         sums[(d, c)][1] += removed
@@ -438,7 +451,7 @@ def cell_wait_series(run: Run, bin_s: float = 5.0) -> dict:
                 cls = classes[circuit_key(rec)]
                 for d in DIRECTIONS:
                     time_ms, removed = _side_sums(rec.get(d))
-                    for c in ("all", cls):
+                    for c in _classes_of(cls):
                         acc[f"{d}/{c}"][b][0] += time_ms
                         acc[f"{d}/{c}"][b][1] += removed
             for key, bins_acc in acc.items():

@@ -6,11 +6,18 @@ caller's namespace, and no namespace has a default route or an uplink, so the pr
 network cannot reach anything outside it. The bridge carries the control-plane address
 (``plan.control_address``) so collectors running in the switch namespace reach every node.
 
+With ``switch="linkemu"`` there is no bridge: the userspace link emulator forwards between
+the switch-side veth ends (``Topology.ports()``), and the control plane gets a port of its
+own, a veth pair inside the switch namespace (``ctl`` with the control address, ``ctlp``
+the emulator's port). The switch-side ends answer no ARP and have no IPv6 address, so the
+switch namespace's own stack never takes part in the forwarding.
+
 Names start with ``tb-<run id>-`` so ``torbed clean`` can find leftovers of a killed run.
 
 Public API:
 
-- ``Topology(run_id, plan)``: ``.create()``, ``.destroy()``, ``.ns(node_name)``, ``.switch``
+- ``Topology(run_id, plan, switch="bridge"|"linkemu")``: ``.create()``, ``.destroy()``,
+  ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per node; linkemu)
 - ``exec_prefix(ns) -> list[str]`` argv prefix that runs a command inside a namespace
 - ``list_namespaces(prefix) -> list[str]``, ``namespace_pids(ns) -> list[int]``,
   ``delete_namespace(ns)``
@@ -26,7 +33,7 @@ import subprocess
 import tempfile
 
 from . import constants
-from .network import Plan
+from .network import Node, Plan
 
 
 class NetnsError(RuntimeError):
@@ -83,15 +90,25 @@ def delete_namespace(ns: str) -> None:
 class Topology:
     """The switch and node namespaces of one run (a variant x repetition)."""
 
-    def __init__(self, run_id: str, plan: Plan):
+    CONTROL_DEV = "ctl"     # linkemu: the control plane's veth end (holds plan.control_address)
+    CONTROL_PORT = "ctlp"   # linkemu: its peer, an emulator port
+
+    def __init__(self, run_id: str, plan: Plan, switch: str = "bridge"):
+        if switch not in ("bridge", "linkemu"):
+            raise ValueError(f"switch must be 'bridge' or 'linkemu', not {switch!r}")
         self.run_id = run_id
         self.plan = plan
+        self.switch_kind = switch
         self.prefix = f"{constants.NETNS_PREFIX}{run_id}-"
         self.switch = f"{self.prefix}sw"
         self.created: list[str] = []
 
     def ns(self, node_name: str) -> str:
         return f"{self.prefix}{node_name}"
+
+    def ports(self) -> list[tuple[str, Node | None]]:
+        """Switch-side device of every node, then the control plane's port (node None)."""
+        return [(f"s{i}", n) for i, n in enumerate(self.plan.nodes)] + [(self.CONTROL_PORT, None)]
 
     def create(self) -> None:
         net = ipaddress.IPv4Network(self.plan.subnet)
@@ -101,15 +118,27 @@ class Topology:
             self.created.append(name)
         # Switch side in one batch: bridge, then one veth per node with its peer moved
         # straight into the node's namespace (never visible in the caller's namespace).
-        sw = [
-            "link set lo up",
-            "link add br0 type bridge forward_delay 0 stp_state 0",
-            f"addr add {self.plan.control_address}/{plen} dev br0",
-            "link set br0 up",
-        ]
+        if self.switch_kind == "bridge":
+            sw = [
+                "link set lo up",
+                "link add br0 type bridge forward_delay 0 stp_state 0",
+                f"addr add {self.plan.control_address}/{plen} dev br0",
+                "link set br0 up",
+            ]
+        else:
+            ctl, port = self.CONTROL_DEV, self.CONTROL_PORT
+            sw = ["link set lo up",
+                  f"link add {ctl} type veth peer name {port}",
+                  f"addr add {self.plan.control_address}/{plen} dev {ctl}",
+                  f"link set {port} arp off addrgenmode none",
+                  f"link set {port} up",
+                  f"link set {ctl} up"]
         for i, node in enumerate(self.plan.nodes):
             sw.append(f"link add s{i} type veth peer name eth0 netns {self.ns(node.name)}")
-            sw.append(f"link set s{i} master br0")
+            if self.switch_kind == "bridge":
+                sw.append(f"link set s{i} master br0")
+            else:
+                sw.append(f"link set s{i} arp off addrgenmode none")
             sw.append(f"link set s{i} up")
         _ip("-n", self.switch, batch="\n".join(sw) + "\n")
         for node in self.plan.nodes:

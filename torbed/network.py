@@ -49,6 +49,10 @@ class LinkSpec:
     delay_s: float | None = None
     jitter_s: float | None = None
     loss: float | None = None
+    jitter_dist: str | None = None      # normal (default) | uniform | pareto | paretonormal
+    loss_burst: float | None = None     # mean loss burst length in packets (Gilbert model)
+    queue_bytes: int | None = None      # drop-tail limit of the rate queue, in bytes ...
+    queue_s: float | None = None        # ... or in time at the link rate
 
     @property
     def needs_delay_emulation(self) -> bool:
@@ -62,18 +66,36 @@ class LinkSpec:
             parts.append(f"delay {units.format_duration(self.delay_s)}")
         if self.jitter_s:
             parts.append(f"jitter {units.format_duration(self.jitter_s)}")
+        if self.jitter_dist:
+            parts.append(f"jitter distribution {self.jitter_dist}")
         if self.loss:
             parts.append(f"loss {self.loss * 100:g}%")
+        if self.loss_burst:
+            parts.append(f"loss bursts of {self.loss_burst:g} packets")
+        if self.queue_bytes:
+            parts.append(f"queue {units.format_size(self.queue_bytes)}")
+        if self.queue_s:
+            parts.append(f"queue {units.format_duration(self.queue_s)}")
         return ", ".join(parts) or "unshaped"
 
 
 def _linkspec(link: Link, base: LinkSpec | None = None) -> LinkSpec:
     base = base or LinkSpec()
+    queue_bytes, queue_s = base.queue_bytes, base.queue_s
+    if link.queue:
+        try:
+            queue_bytes, queue_s = units.parse_size(link.queue), None
+        except ValueError:
+            queue_bytes, queue_s = None, units.parse_duration(link.queue)
     return LinkSpec(
         rate_bps=units.parse_rate(link.rate) if link.rate else base.rate_bps,
         delay_s=units.parse_duration(link.delay) if link.delay else base.delay_s,
         jitter_s=units.parse_duration(link.jitter) if link.jitter else base.jitter_s,
         loss=units.parse_percent(link.loss) if link.loss else base.loss,
+        jitter_dist=link.jitter_distribution or base.jitter_dist,
+        loss_burst=link.loss_burst or base.loss_burst,
+        queue_bytes=queue_bytes,
+        queue_s=queue_s,
     )
 
 

@@ -103,11 +103,33 @@ class Network(Strict):
 # ---------------------------------------------------------------------------------------
 # Links
 
+def _parse_queue(text: object) -> float:
+    try:
+        return units.parse_size(text)
+    except ValueError:
+        pass
+    try:
+        return units.parse_duration(text)
+    except ValueError:
+        raise ValueError(f"not a queue size: {text!r}; use a size ('64KB') or a time at the link rate ('50ms')") from None
+
+
+QueueSize = _checker(_parse_queue, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB|us|ms|s)$")
+
+
 class Link(Strict):
     rate: Rate | None = Field(None, description="Rate limit in each direction, e.g. '10mbit'")
     delay: Duration | None = Field(None, description="One-way delay, e.g. '20ms' (needs netem or linkemu)")
     jitter: Duration | None = Field(None, description="Delay variation, e.g. '2ms' (needs netem or linkemu)")
+    jitter_distribution: Literal["normal", "uniform", "pareto", "paretonormal"] | None = Field(
+        None, description="Distribution of the jitter (default normal: jitter is its standard deviation; "
+                          "uniform: +-jitter)")
     loss: Percent | None = Field(None, description="Random loss, e.g. '0.1%' (needs netem or linkemu)")
+    loss_burst: float | None = Field(
+        None, ge=1, description="Mean length of loss bursts in packets (Gilbert model); default 1: independent losses")
+    queue: QueueSize | None = Field(
+        None, description="Drop-tail queue of a rate-limited link: a size ('64KB') or a time at the link rate "
+                          "('50ms'); default 1000 full-size packets (htb's pfifo on a veth)")
 
 
 class LinkPair(Link):
@@ -118,6 +140,10 @@ class LinkPair(Link):
 class Links(Strict):
     default: Link = Field(default_factory=Link, description="Properties of every link without an override")
     pairs: list[LinkPair] = Field(default_factory=list, description="Per group-pair overrides")
+    emulator: Literal["auto", "tc", "linkemu"] = Field(
+        "auto", description="Who shapes the links (local backend): tc (kernel htb, plus netem for "
+                            "delay/jitter/loss), linkemu (torbed's userspace link emulator), or auto: tc when "
+                            "the kernel can express the links, linkemu otherwise")
 
 
 # ---------------------------------------------------------------------------------------
@@ -358,8 +384,9 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         if key in pairs_seen:
             problems.append((f"links.pairs[{i}].between", f"{pair.between} is listed twice"))
         pairs_seen.add(key)
-        if pair.rate is None and pair.delay is None and pair.jitter is None and pair.loss is None:
-            problems.append((f"links.pairs[{i}]", "an override sets none of rate, delay, jitter, loss"))
+        if all(getattr(pair, f) is None for f in ("rate", "delay", "jitter", "jitter_distribution", "loss",
+                                                      "loss_burst", "queue")):
+            problems.append((f"links.pairs[{i}]", "an override sets none of rate, delay, jitter, loss, queue"))
     for path, link in [("links.default", s.links.default)] + [(f"links.pairs[{i}]", p) for i, p in enumerate(s.links.pairs)]:
         if link.jitter is not None and link.delay is None:
             problems.append((f"{path}.jitter", "jitter needs a delay"))
@@ -368,6 +395,12 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             problems.append((f"{path}.jitter", "jitter larger than the delay would reorder packets"))
         if link.rate is not None and units.parse_rate(link.rate) < 8000:
             problems.append((f"{path}.rate", f"{link.rate} is below 8kbit; tor cannot work that slowly"))
+        if link.queue is not None and link.rate is None and s.links.default.rate is None:
+            problems.append((f"{path}.queue", "a queue bounds the backlog of a rate-limited link: set a rate"))
+        if link.loss_burst is not None and link.loss is None and s.links.default.loss is None:
+            problems.append((f"{path}.loss_burst", "loss_burst shapes losses: set a loss"))
+        if link.loss_burst is not None and units.parse_percent(link.loss or s.links.default.loss or "0%") >= 1.0:
+            problems.append((f"{path}.loss_burst", "bursts are meaningless with 100% loss"))
 
     # Measurement.
     m = s.measure

@@ -1,16 +1,20 @@
-"""Link shaping with tc: per-destination htb classes, netem leaves when the kernel has it.
+"""Link shaping: tc (per-destination htb classes, netem leaves) or the userspace linkemu.
 
-Each node shapes its own egress: for every destination whose link has properties, an htb
-class at the link's rate (a u32 filter on the destination address selects it) and, when the
-link has delay/jitter/loss, a netem qdisc under the class. Links are symmetric, so both
-directions of a pair are shaped, each by its sender. Unshaped traffic takes the default class
-(no limit that matters: 10gbit).
+With tc, each node shapes its own egress: for every destination whose link has properties,
+an htb class at the link's rate (a u32 filter on the destination address selects it) and,
+when the link has delay/jitter/loss, a netem qdisc under the class. Links are symmetric, so
+both directions of a pair are shaped, each by its sender. Unshaped traffic takes the default
+class (no limit that matters: 10gbit).
+
+Kernels without sch_netem (and scenarios with ``links.emulator: linkemu``) use linkemu
+instead (``torbed.emulator``): it replaces the switch's bridge and applies every property,
+rate included, so no tc is set up then.
 
 Public API:
 
 - ``probe_kernel() -> KernelCaps`` which qdiscs this kernel has (tested in a throwaway netns)
-- ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem"; raises ``ShapingError``
-  when the scenario needs delay/jitter/loss and the kernel has no netem
+- ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem" | "linkemu"; raises
+  ``ShapingError`` when ``links.emulator: tc`` asks for what the kernel cannot do
 - ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0
 - ``describe_shaper(plan) -> str`` one line for ``torbed plan``
 """
@@ -59,20 +63,32 @@ def probe_kernel() -> KernelCaps:
     return KernelCaps(htb=htb, netem=netem, detail=detail)
 
 
-def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
-    shaped = bool(plan.shaped_pairs())
-    if not shaped:
-        return "none"
+def _tc_limitation(plan: Plan, caps: KernelCaps) -> str | None:
+    """Why tc cannot shape this plan's links on this kernel (None: it can)."""
+    specs = [plan.default_link, *plan.group_links.values()]
     if plan.needs_delay_emulation():
         if not caps.netem:
-            raise ShapingError(
-                "the scenario's links ask for delay, jitter or loss, but this kernel has no sch_netem "
-                f"({caps.detail}). Remove delay/jitter/loss from 'links', or run on a kernel with "
-                "netem (modprobe sch_netem); a userspace link emulator is planned for this case.")
-        return "htb+netem"
-    if not caps.htb:
-        raise ShapingError(f"the scenario's links set rates, but this kernel has no sch_htb ({caps.detail})")
-    return "htb"
+            return f"the links ask for delay, jitter or loss and this kernel has no sch_netem ({caps.detail})"
+        if any(s.needs_delay_emulation and (s.queue_bytes or s.queue_s) for s in specs):
+            return "netem cannot bound the queue of a delayed link ('queue' with delay/jitter/loss)"
+    elif not caps.htb:
+        return f"the links set rates and this kernel has no sch_htb ({caps.detail})"
+    return None
+
+
+def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
+    mode = plan.scenario.links.emulator
+    if mode == "linkemu":
+        return "linkemu"
+    if not plan.shaped_pairs():
+        return "none"
+    why = _tc_limitation(plan, caps)
+    if why is None:
+        return "htb+netem" if plan.needs_delay_emulation() else "htb"
+    if mode == "tc":
+        raise ShapingError(f"links.emulator is 'tc', but {why}. Use 'links.emulator: auto' (or linkemu) "
+                           "for torbed's userspace link emulator, or a kernel with sch_netem (modprobe sch_netem).")
+    return "linkemu"
 
 
 def describe_shaper(plan: Plan) -> str:
@@ -82,7 +98,13 @@ def describe_shaper(plan: Plan) -> str:
     except ShapingError as e:
         return f"[red]cannot run here[/red]: {e}"
     kernel = f"kernel: htb {'yes' if caps.htb else 'no'}, netem {'yes' if caps.netem else 'no'}"
-    return f"{shaper} ({len(plan.shaped_pairs())} shaped node pairs; {kernel})"
+    line = f"{shaper} ({len(plan.shaped_pairs())} shaped node pairs; {kernel})"
+    if shaper == "linkemu":
+        from . import emulator
+        why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
+               else _tc_limitation(plan, caps))
+        line += f"\n  userspace link emulator: {why}; {emulator.describe_binary()}"
+    return line
 
 
 def _netem_args(spec: LinkSpec) -> str:
@@ -90,8 +112,15 @@ def _netem_args(spec: LinkSpec) -> str:
     if spec.delay_s:
         args.append(f"delay {spec.delay_s * 1000:.3f}ms")
         if spec.jitter_s:
-            args.append(f"{spec.jitter_s * 1000:.3f}ms distribution normal")
-    if spec.loss:
+            # netem's default (no table) is uniform; the tables give sigma = jitter.
+            dist = spec.jitter_dist or "normal"
+            args.append(f"{spec.jitter_s * 1000:.3f}ms" + ("" if dist == "uniform" else f" distribution {dist}"))
+    if spec.loss and spec.loss_burst and spec.loss_burst > 1 and spec.loss < 1:
+        # Simple Gilbert: bursts last 1/r packets, the bad state's share p/(p+r) is the loss.
+        r = 1 / spec.loss_burst
+        p = spec.loss * r / (1 - spec.loss)
+        args.append(f"loss gemodel {p * 100:.4f}% {r * 100:.4f}%")
+    elif spec.loss:
         args.append(f"loss random {spec.loss * 100:.4f}%")
     return " ".join(args)
 
@@ -123,6 +152,9 @@ def tc_batch(plan: Plan, node: Node, dev: str = "eth0", netem: bool = False) -> 
                 raise ShapingError(f"{node.name} -> {dst.name}: delay/jitter/loss needs netem")
             # A deep queue: netem's default 1000 packets would drop at high delay x rate.
             lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: netem limit 100000 {_netem_args(spec)}")
+        elif spec.rate_bps and (spec.queue_bytes or spec.queue_s):
+            limit = spec.queue_bytes or max(1514, int(spec.queue_s * spec.rate_bps / 8))
+            lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: bfifo limit {limit}")
         lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {dst.address}/32 flowid {cid}")
         minor += 1
     return "\n".join(lines) + "\n"

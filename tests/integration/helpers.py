@@ -60,7 +60,7 @@ def start_torbed(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def only_run_dir(out: Path) -> Path:
-    dirs = [d for d in out.iterdir() if d.is_dir()]
+    dirs = [d for d in out.iterdir() if d.is_dir() and not d.is_symlink()]
     assert len(dirs) == 1, dirs
     return dirs[0]
 

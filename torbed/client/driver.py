@@ -157,6 +157,7 @@ class Driver:
     # -- one transfer ---------------------------------------------------------------------
     def transfer(self, slot: int, seq: int, timeout: float) -> dict:
         wl = self.cfg["workload"]
+        timeout_was_cut = timeout < wl["timeout_s"]
         rec = {"type": "transfer", "variant": self.cfg["variant"], "rep": self.cfg["rep"],
                "client": self.cfg["client"], "group": self.cfg["group"], "workload": wl["kind"],
                "slot": slot, "seq": seq, "server": wl["server"], "file": wl["file"], "size": wl["size"],
@@ -191,7 +192,11 @@ class Driver:
                 raise TransferError(*(state.get("error") or
                                       ("connection_error", f"received {rec['bytes']} of {wl['size']} bytes")))
         except TransferError as e:
-            rec["status"] = "timeout" if e.cause == "timeout" else "error"
+            if e.cause == "timeout" and time.time() >= self.cfg["t_end"] and timeout_was_cut:
+                # Not a failure: the measurement ended while this (bulk) transfer ran.
+                rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
+            else:
+                rec["status"] = "timeout" if e.cause == "timeout" else "error"
             rec["error"] = {"cause": e.cause, "detail": e.detail}
         finally:
             if sock is not None:

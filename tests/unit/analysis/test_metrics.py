@@ -49,7 +49,7 @@ def tiny(tmp_path):
     ])
     jsonl(da / "cellstats.jsonl", [
         cell(106.0, 1, 100, 1000), cell(107.0, 1, 300, 6000),   # circuit A: 400 cells, waits 10 and 20 ms
-        cell(106.5, 2, 10, 500),                                # circuit B: 10 cells (< 10% of 400): light
+        cell(106.5, 2, 100, 5000),                              # circuit B: 100 cells (< 50% of 400): light
         cell(101.0, 3, 200, 200),                               # circuit C, in the warm-up: classified, not counted
     ])
     db = run / "b" / "rep-0"
@@ -81,7 +81,7 @@ def test_cell_wait_by_hand(tiny):
     ex = metrics.extract(load_run(tiny))
     allc = ex.metrics["cell_wait_ms/m0/inbound/all"]
     assert sorted(allc.pooled("a")) == [10.0, 20.0, 50.0]
-    assert allc.totals["a"][0] == (7500.0, 410.0)              # wait per cell 7500 / 410 ms
+    assert allc.totals["a"][0] == (12000.0, 500.0)             # wait per cell 12000 / 500 ms
     heavy = ex.metrics["cell_wait_ms/m0/inbound/heavy"]
     assert sorted(heavy.pooled("a")) == [10.0, 20.0] and heavy.totals["a"][0] == (7000.0, 400.0)
     light = ex.metrics["cell_wait_ms/m0/inbound/light"]
@@ -89,7 +89,7 @@ def test_cell_wait_by_hand(tiny):
     assert ex.metrics["cell_wait_ms/m0/outbound/all"].pooled("a").size == 0
     _, _, s = analyse(tiny)
     entry = s["metrics"]["cell_wait_ms/m0/inbound/all"]["variants"]["a"]
-    assert entry["wait_per_cell_ms"] == pytest.approx(7500 / 410)
+    assert entry["wait_per_cell_ms"] == pytest.approx(12000 / 500)
     assert entry["median"] == 20.0
 
 
@@ -111,9 +111,14 @@ def test_circuit_key_and_classes():
     assert metrics.circuit_key({"circuit": None, "inbound": side(4, {}, {}, conn=2)}) == "inbound:4@2"
     assert metrics.circuit_key({"circuit": None, "inbound": None,
                                 "outbound": side(7, {}, {}, conn=3)}) == "outbound:7@3"
-    recs = [cell(1, 1, 1000, 0), cell(1, 2, 99, 0), cell(1, 3, 100, 0), cell(2, 2, 0, 0)]
-    assert metrics.classify_circuits(recs) == {"inbound:1@9": "heavy", "inbound:2@9": "light",
-                                              "inbound:3@9": "heavy"}   # 100 = 10%: not below
+    recs = [cell(1, 1, 10000, 0), cell(1, 2, 4999, 0), cell(1, 3, 5000, 0), cell(2, 2, 0, 0),
+            cell(1, 4, 99, 0), cell(1, 5, 100, 0), cell(1, 6, 49, 0)]
+    assert metrics.classify_circuits(recs) == {
+        "inbound:1@9": "heavy", "inbound:2@9": "light",
+        "inbound:3@9": "heavy",    # 5000 = 50% of the busiest: heavy
+        "inbound:4@9": "idle",     # 99 < 1% of 10000
+        "inbound:5@9": "light",    # 100 = 1%: not below
+        "inbound:6@9": "idle"}     # fewer than 50 cells
 
 
 def test_fmt_size():
