@@ -31,7 +31,7 @@ def test_light_circuit_waits_less_under_ewma_than_round_robin(tmp_path):
         "network.consensus_params": {"cc_alg": 0},
         "network.relays.middle": {"torrc": "ConstrainedSockets 1\nConstrainedSockSize 8192"},
         "links.pairs": [{"between": ["guard", "middle"], "rate": "2mbit"}],
-        "servers.www.files": {"light": "50KB", "bulk": "100MB"},
+        "servers.www.files": {"light": "20KB", "bulk": "100MB"},
         "clients.bulk": {"count": 2, "path": ["guard", "middle", "exit"],
                          "workload": {"kind": "bulk", "file": "bulk"}},
         "clients.web.workload": {"kind": "fetch", "file": "light", "repeat": 1000, "pause": "1s"},

@@ -42,7 +42,7 @@ from stem.descriptor.networkstatus import NetworkStatusDocumentV3
 
 from .. import __version__, builds, constants, emulator, netns, shaping, units
 from ..fileserver import generate_files
-from ..keys import make_authority_keys, make_relay_identity
+from ..keys import make_authority_keys, make_relay_identity, read_certificate
 from ..network import Node, Plan, plan as make_plan
 from ..records import RecordWriter
 from ..scenario import Scenario
@@ -60,6 +60,8 @@ VOTE_LEAD = 7
 # Flags every relay must have in the consensus before the network counts as ready
 # (Fast and Stable: clients select guards and path nodes only among them).
 EXPECTED_FLAGS = {"Running", "Valid", "Fast", "Stable"}
+
+RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 
 
 class RunFailed(RuntimeError):
@@ -265,16 +267,22 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                                       control_socket=str(data / "control"),
                                       extra_log=str(logs / f"{n.name}.info.log") if os.environ.get("TORBED_INFO_LOGS") else None)
             data.mkdir(mode=0o700, exist_ok=True)
+        key_cache = None if os.environ.get("TORBED_FRESH_KEYS") else constants.CACHE_DIR / "keys" / s.name
         with ThreadPoolExecutor(max_workers=8) as pool:
-            auth_keys = {a.name: pool.submit(make_authority_keys, scratch / a.name, a.address, a.ports["dir"],
-                                             stock.tor_gencert) for a in plan.by_role("authority")}
-            fprs = {n.name: pool.submit(make_relay_identity, scratch / n.name, n.nickname, node_build[n.name].tor)
+            fprs = {n.name: pool.submit(node_keys, n, scratch / n.name, stock.tor_gencert, node_build[n.name].tor,
+                                        key_cache)
                     for n in plan.nodes if n.role in ("authority", "relay")}
-            for name, fut in auth_keys.items():
-                keys = ids.authorities[name] = fut.result()
-                meta["authorities"].append({"name": name, "v3ident": keys.v3ident, "cert_expires": keys.expires})
-            ids.fingerprints.update({name: fut.result() for name, fut in fprs.items()})
-        console.log(f"keys for {len(fprs)} relays and authorities ({time.time() - t0:.1f} s)")
+            sources = {}
+            for name, fut in fprs.items():
+                fpr, auth, source = fut.result()
+                ids.fingerprints[name] = fpr
+                sources[source] = sources.get(source, 0) + 1
+                if auth:
+                    ids.authorities[name] = auth
+                    meta["authorities"].append({"name": name, "v3ident": auth.v3ident, "cert_expires": auth.expires})
+        meta["keys"] = sources
+        console.log(f"keys for {len(fprs)} relays and authorities: "
+                    f"{', '.join(f'{n} {k}' for k, n in sorted(sources.items()))} ({time.time() - t0:.1f} s)")
 
         # Namespaces and shaping.
         topo.create()
@@ -363,6 +371,51 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
             for sg, h in old.items():
                 signal.signal(sg, h)
     return meta
+
+
+KEY_FILES = ("keys", "fingerprint", "fingerprint-ed25519")
+
+
+def node_keys(node: Node, datadir: Path, tor_gencert: str, tor: str, cache: Path | None):
+    """Identity keys of an authority or relay: from the per-scenario key cache when present
+    (same fingerprints run after run; certificates within 30 days of expiry are remade),
+    else generated with tor's tools and stored in the cache. Returns (fingerprint,
+    AuthorityKeys or None, "cached" | "generated")."""
+    entry = cache / f"{node.name}-{node.address}" if cache else None
+    if entry and (entry / "done").exists():
+        try:
+            auth = read_certificate(entry / "keys" / "authority_certificate") if node.role == "authority" else None
+            fresh = auth is None or dt.datetime.fromisoformat(auth.expires.rstrip("Z")) > \
+                dt.datetime.utcnow() + dt.timedelta(days=30)
+            if fresh:
+                for f in KEY_FILES:
+                    src = entry / f
+                    if src.is_dir():
+                        shutil.copytree(src, datadir / f, dirs_exist_ok=True)
+                    elif src.exists():
+                        shutil.copy2(src, datadir / f)
+                if auth:
+                    auth = read_certificate(datadir / "keys" / "authority_certificate")
+                fpr = (datadir / "fingerprint").read_text().split()[1]
+                return fpr, auth, "cached"
+        except (OSError, IndexError, ValueError):
+            pass  # a damaged cache entry is regenerated below
+    auth = make_authority_keys(datadir, node.address, node.ports["dir"], tor_gencert) if node.role == "authority" else None
+    fpr = make_relay_identity(datadir, node.nickname, tor)
+    if entry:
+        tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in KEY_FILES:
+            src = datadir / f
+            if src.is_dir():
+                shutil.copytree(src, tmp / f)
+            elif src.exists():
+                shutil.copy2(src, tmp / f)
+        (tmp / "done").write_text("")
+        shutil.rmtree(entry, ignore_errors=True)
+        tmp.rename(entry)
+    return fpr, auth, "generated"
 
 
 def _child_env() -> dict:
@@ -458,6 +511,41 @@ def _knows(ctl: stem.control.Controller, fpr: str) -> bool:
         return False
 
 
+class ResourceSampler:
+    """Per-node RSS and CPU time of the tor processes, from /proc, as JSON lines
+    (resources.jsonl): at readiness, every RESOURCE_INTERVAL seconds, and at the end."""
+
+    def __init__(self, sup: Supervisor, nodes: list[Node], path: Path, variant: str, rep: int):
+        self.sup, self.nodes, self.variant, self.rep = sup, nodes, variant, rep
+        self.writer = RecordWriter(path)
+        self.next_t = time.time() + RESOURCE_INTERVAL
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def _proc(self, pid: int) -> tuple[int, float] | None:
+        try:
+            rss = next(int(line.split()[1]) * 1024 for line in open(f"/proc/{pid}/status")
+                       if line.startswith("VmRSS:"))
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            return rss, (int(fields[11]) + int(fields[12])) / self.ticks
+        except (OSError, StopIteration, IndexError, ValueError):
+            return None
+
+    def sample(self, label: str) -> None:
+        now = time.time()
+        for n in self.nodes:
+            proc = self.sup.procs.get(n.name)
+            got = self._proc(proc[0].pid) if proc and proc[0].poll() is None else None
+            if got:
+                self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": n.name,
+                                   "role": n.role, "group": n.group, "t": now, "label": label,
+                                   "rss_bytes": got[0], "cpu_s": got[1]})
+
+    def maybe_sample(self, now: float) -> None:
+        if now >= self.next_t:
+            self.sample("periodic")
+            self.next_t = now + RESOURCE_INTERVAL
+
+
 def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: netns.Topology,
              paths: dict, rep_dir: Path, logs: Path, variant: str, rep: int, meta: dict) -> None:
     s, console = ctx.scenario, ctx.console
@@ -525,9 +613,13 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
     longest = max(json.loads((cfg_dir / f"{d}.json").read_text())["workload"]["timeout_s"] for d in drivers)
     hard_end = t_end + min(longest, 300) + 10
     transfers = rep_dir / "transfers.jsonl"
+    resources = ResourceSampler(sup, [n for n in plan.nodes if n.role != "server"], rep_dir / "resources.jsonl",
+                                variant, rep)
+    resources.sample("ready")
     with console.status("measuring") as status:
         while True:
             now = time.time()
+            resources.maybe_sample(now)
             while faults and now >= t_work + faults[0][0]:
                 at, f = faults.pop(0)
                 targets = [n.name for n in plan.group_nodes(f.target)] or [f.target]
@@ -548,6 +640,7 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
             left = max(0.0, t_end - now)
             status.update(f"measuring: {n} transfers recorded, {len(running)} client(s) active, {left:.0f} s left")
             time.sleep(0.5)
+    resources.sample("end")
     sup.stop(drivers, grace=10)
     failed = {d: rc for d, rc in sup.exited(drivers).items() if rc not in (0, -signal.SIGTERM)}
     sup.stop(["collector"], grace=10)
