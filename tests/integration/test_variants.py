@@ -1,10 +1,13 @@
 """Variants differ for the right reason: round robin vs EWMA at a congested middle relay.
 
-Tang & Goldberg (CCS 2010) section 3.2 scaled down: two bulk clients and one light client
+Tang & Goldberg (CCS 2010) section 3.2 scaled down: bulk clients and one light client
 share guard -> middle -> exit; the middle's link toward the guard is the bottleneck, so
 cells queue in the middle's circuit queues, where the circuitmux policy decides who waits.
 Under round robin the light circuit waits its turn behind the bulk circuits; under EWMA it
-has the lowest recent cell count and goes first. The paper measured 653 ms vs 115 ms.
+has the lowest recent cell count and goes first. The paper measured 653 ms vs 115 ms with
+two bulk clients; four make the contrast (at most about the number of competing circuits
+under round robin) robust enough for a test, while the light client stays light (well under
+half of a bulk circuit's cells).
 Uses the real variant builds (images/relay/build-tor.sh, cached by content hash).
 """
 
@@ -31,10 +34,10 @@ def test_light_circuit_waits_less_under_ewma_than_round_robin(tmp_path):
         "network.consensus_params": {"cc_alg": 0},
         "network.relays.middle": {"torrc": "ConstrainedSockets 1\nConstrainedSockSize 8192"},
         "links.pairs": [{"between": ["guard", "middle"], "rate": "2mbit"}],
-        "servers.www.files": {"light": "20KB", "bulk": "100MB"},
-        "clients.bulk": {"count": 2, "path": ["guard", "middle", "exit"],
+        "servers.www.files": {"light": "50KB", "bulk": "100MB"},
+        "clients.bulk": {"count": 4, "path": ["guard", "middle", "exit"],
                          "workload": {"kind": "bulk", "file": "bulk"}},
-        "clients.web.workload": {"kind": "fetch", "file": "light", "repeat": 1000, "pause": "1s"},
+        "clients.web.workload": {"kind": "fetch", "file": "light", "repeat": 1000, "pause": "2s"},
         "measure.warmup": "10s",
         "measure.duration": "70s",
     })
