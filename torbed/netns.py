@@ -19,6 +19,7 @@ Public API:
 - ``Topology(run_id, plan, switch="bridge"|"linkemu")``: ``.create()``, ``.destroy()``,
   ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per node; linkemu)
 - ``exec_prefix(ns) -> list[str]`` argv prefix that runs a command inside a namespace
+- ``mac_address(index) -> str`` the fixed MAC of node ``index`` (plan order + 1; 0 = control)
 - ``list_namespaces(prefix) -> list[str]``, ``namespace_pids(ns) -> list[int]``,
   ``delete_namespace(ns)``
 - ``NetnsError`` when ``ip`` fails (the message has the command and its output)
@@ -55,6 +56,11 @@ def _ip(*args: str, batch: str | None = None, check: bool = True) -> subprocess.
         raise NetnsError(f"{' '.join(cmd)}: {p.stderr.strip() or p.stdout.strip()}"
                          + (f"\nbatch:\n{batch}" if batch and len(batch) < 4000 else ""))
     return p
+
+
+def mac_address(index: int) -> str:
+    """Locally administered MAC of node ``index`` (0 = the control plane, nodes from 1)."""
+    return "02:74:62:%02x:%02x:%02x" % ((index >> 16) & 255, (index >> 8) & 255, index & 255)
 
 
 def exec_prefix(ns: str) -> list[str]:
@@ -141,11 +147,23 @@ class Topology:
                 sw.append(f"link set s{i} arp off addrgenmode none")
             sw.append(f"link set s{i} up")
         _ip("-n", self.switch, batch="\n".join(sw) + "\n")
-        for node in self.plan.nodes:
+        # Fixed MACs and permanent neighbour entries for every peer: the kernel's ARP table
+        # is shared by all namespaces (gc_thresh3, 1024 entries by default), and a network
+        # of ~100 nodes overflows it ("neighbor table overflow"; connects fail with
+        # EHOSTUNREACH). Permanent entries do not count against that limit and no ARP runs.
+        peers = [(self.plan.control_address, mac_address(0))] + \
+            [(n.address, mac_address(i + 1)) for i, n in enumerate(self.plan.nodes)]
+        ctl_dev = "br0" if self.switch_kind == "bridge" else self.CONTROL_DEV
+        _ip("-n", self.switch, batch=f"link set {ctl_dev} address {mac_address(0)}\n" + "".join(
+            f"neigh replace {ip} lladdr {mac} dev {ctl_dev} nud permanent\n" for ip, mac in peers[1:]))
+        for i, node in enumerate(self.plan.nodes):
             _ip("-n", self.ns(node.name), batch=(
                 "link set lo up\n"
+                f"link set eth0 address {mac_address(i + 1)}\n"
                 f"addr add {node.address}/{plen} dev eth0\n"
-                "link set eth0 up\n"))
+                "link set eth0 up\n" + "".join(
+                    f"neigh replace {ip} lladdr {mac} dev eth0 nud permanent\n"
+                    for ip, mac in peers if ip != node.address)))
 
     def destroy(self) -> None:
         for name in reversed(self.created):

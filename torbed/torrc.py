@@ -188,6 +188,11 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
     if node.role == "relay":
         lines.append(f"MetricsPort {node.address}:{node.ports['metrics']}")
         group = plan.scenario.network.relays[node.group]
+        if not node.guard and any(g.guard for g in plan.scenario.network.relays.values()):
+            # Only guards must be directory caches (clients fetch from them and the
+            # authorities); a cache recompresses consensus diffs at every 10 s vote, which
+            # costs a relay more CPU than an idle testbed does.
+            lines.append("DirCache 0")
         if group.bandwidth:
             bytes_per_s = units.parse_rate(group.bandwidth) // 8
             lines.append(f"BandwidthRate {bytes_per_s} bytes")

@@ -62,6 +62,7 @@ VOTE_LEAD = 7
 EXPECTED_FLAGS = {"Running", "Valid", "Fast", "Stable"}
 
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
+VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
 
 
 class RunFailed(RuntimeError):
@@ -337,6 +338,7 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                 sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
                     node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
         _wait_clients(ctx, plan, ids, sup, paths, deadline)
+        _relax_voting(plan, paths, meta)
         meta["t_ready"] = time.time()
         meta["ready_s"] = round(meta["t_ready"] - t0, 3)
         console.log(f"[green]ready[/green] in {meta['ready_s']:.1f} s "
@@ -447,6 +449,17 @@ def _wait_consensus(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, 
             if pending:
                 status.update(f"waiting for a consensus listing every relay: {'; '.join(sorted(set(last.values())))}")
                 time.sleep(0.2)
+
+
+def _relax_voting(plan: Plan, paths: dict, meta: dict) -> None:
+    """Once ready, authorities vote every VOTING_INTERVAL_AFTER_READY seconds instead of 10:
+    every consensus makes every relay and client fetch it (and caches recompress diffs),
+    load that belongs to bring-up, not to a scheduling experiment. Takes effect from the
+    next vote; recorded in meta.json."""
+    for a in plan.by_role("authority"):
+        with _controller(Path(paths[a.name].control_socket)) as ctl:
+            ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
+    meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
 
 
 def _relay_has_consensus(datadir: str) -> bool:
