@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import constants
+from .scenario import load
 
 NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml"}
 TARGETS = {"quickstart": {"ready_s": 10.0}, "bench-100-relays": {"ready_s": 60.0, "rss_mib": 60.0}}
@@ -40,14 +41,15 @@ def _records(path: Path) -> list[dict]:
 
 
 def one_run(scenario: Path, out: Path, soak: float) -> dict:
+    variant = load(scenario).variants[0]
     t_cmd = time.time()
-    p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(scenario), "--variant", "kist",
+    p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(scenario), "--variant", variant,
                         "--duration", f"{int(soak)}s", "--out", str(out)],
                        capture_output=True, text=True, cwd=constants.REPO_ROOT)
     runs = sorted(d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and d.stat().st_mtime >= t_cmd - 1)
     if not runs:
         raise RuntimeError(f"no run directory: {p.stderr[-2000:]}")
-    rep = runs[-1] / "kist" / "rep-0"
+    rep = runs[-1] / variant / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     if not meta.get("t_ready"):
         raise RuntimeError(f"network never became ready: {meta.get('error')}\n{p.stderr[-2000:]}")
@@ -72,7 +74,7 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
         "rss_end_mib": {n: r["rss_bytes"] / 2**20 for n, r in out_res["end"].items()},
         "cpu_pct_ready_to_end": cpu,
         "roles": {n: r["role"] for n, r in out_res["ready"].items()},
-        "soak_s": soak,
+        "soak_s": soak, "variant": variant,
     }
 
 

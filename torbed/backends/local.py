@@ -303,7 +303,7 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
         # consensus already lists them (instead of waiting for the next 10 s interval).
         t_launch = time.time() + 0.3
         voting_offset = int(t_launch + VOTE_LEAD) % constants.VOTING_INTERVAL
-        meta["bootstrap"] = {"voting_offset_s": voting_offset, "relays_sighup_after_consensus": True}
+        meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True}
         for name, text in render_fragments(plan, ids, variants, voting_offset).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
@@ -320,23 +320,19 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
                 sys.executable, "-m", "torbed.fileserver", "--dir", ctx.manifest[n.group]["_dir"],
                 "--bind", n.address, "--port", str(n.ports["http"]), "--log", str(logs / f"{n.name}.http.log")],
                 logs / f"{n.name}.stderr.log", env=_child_env())
-        # Clients start once the consensus exists: before that they only back off (404s).
+        # Every tor starts now. Relays and clients ask for a consensus before it exists and
+        # back off (up to ~10 s); once it exists, SIGHUP makes tor reset its download
+        # failures and fetch at once (main.c do_hup()), so nobody waits out the back-off.
         deadline = time.time() + units.parse_duration(s.measure.ready_timeout)
         for n in tors:
-            if n.role != "client":
-                sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
-                    node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
+            sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
+                node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
         _wait_consensus(ctx, plan, ids, sup, paths, deadline)
         console.log(f"consensus lists every relay ({time.time() - t0:.1f} s)")
         meta["consensus_flags"] = getattr(_consensus_ok, "flags", {})
-        # Relays asked for the consensus before it existed and now back off for up to ~10 s;
-        # SIGHUP makes tor reset its download failures and fetch at once (main.c do_hup()).
-        for n in plan.by_role("relay"):
-            sup.signal(n.name, signal.SIGHUP)
         for n in tors:
-            if n.role == "client":
-                sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
-                    node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log")
+            if n.role != "authority":
+                sup.signal(n.name, signal.SIGHUP)
         _wait_clients(ctx, plan, ids, sup, paths, deadline)
         _relax_voting(plan, paths, meta)
         meta["t_ready"] = time.time()
