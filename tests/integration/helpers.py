@@ -75,9 +75,16 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def namespaces() -> list[str]:
+def namespaces(run_dir: Path | None = None) -> list[str]:
+    """torbed's namespaces; with ``run_dir``, only those of that run's repetitions (other
+    runs may be going on at the same time on a developer's machine)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith("tb-")]
+    names = [line.split()[0] for line in out.splitlines() if line.startswith("tb-")]
+    if run_dir is None:
+        return names
+    ids = [json.loads(m.read_text()).get("run_id") for m in Path(run_dir).glob("*/rep-*/meta.json")]
+    assert ids and all(ids), f"no run ids in {run_dir}"
+    return [n for n in names if any(n.startswith(f"tb-{i}-") for i in ids)]
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -48,7 +48,7 @@ def test_killed_relay_gives_typed_errors_and_the_run_goes_on(tmp_path):
     causes = {t["error"]["cause"] for t in after}
     assert causes <= {"circuit_failed", "stream_detached"}, causes
     assert "circuit_failed" in causes
-    assert not namespaces()
+    assert not namespaces(only_run_dir(out))
 
 
 def test_cellstats_bw_and_metrics_at_a_congested_middle(tmp_path):

@@ -68,7 +68,7 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     assert "Bootstrapped 100%" in (rep / "logs" / "web0.log").read_text()
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["status"] == "ok" and run_json["shaper"] == "htb"
-    assert not [n for n in namespaces() if n.startswith("tb-")], "namespaces left behind"
+    assert not namespaces(run), "namespaces left behind"
 
 
 def test_htb_link_rate_within_10_percent(tmp_path):
@@ -136,7 +136,7 @@ def test_sigint_stops_everything_and_keeps_records(tmp_path):
         run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
         transfers = run / "kist" / "rep-0" / "transfers.jsonl"
         wait_for(lambda: len(records(transfers)) >= 3, 180, "three transfers")
-        assert namespaces(), "the run's namespaces should exist while it runs"
+        assert namespaces(run), "the run's namespaces should exist while it runs"
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(60)
     finally:
@@ -145,7 +145,7 @@ def test_sigint_stops_everything_and_keeps_records(tmp_path):
     log = (tmp_path / "torbed.log").read_text()
     assert rc == 130, log
     assert "interrupted" in log
-    assert not namespaces(), "namespaces left behind"
+    assert not namespaces(run), "namespaces left behind"
     assert not processes_mentioning(str(run)), "processes left behind"
     meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "interrupted"
@@ -166,14 +166,15 @@ def test_sigkill_then_clean_removes_everything(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert namespaces(), "SIGKILL cannot clean up; namespaces should remain for `torbed clean`"
+    wait_for(lambda: list(run.glob("kist/rep-0/meta.json")), 30, "meta.json")
+    assert namespaces(run), "SIGKILL cannot clean up; namespaces should remain for `torbed clean`"
     assert processes_mentioning(str(run))
     states = [json.loads(f.read_text()) for f in constants.STATE_DIR.glob("*.json")]
     scratch = [Path(st["scratch"]) for st in states if st.get("run_dir", "").startswith(str(run))]
     assert scratch and scratch[0].exists()
     p = run_torbed(["clean"])
     assert p.returncode == 0, p.stderr
-    assert not namespaces()
+    assert not namespaces(run)
     wait_for(lambda: not processes_mentioning(str(run)), 10, "processes to die")
     assert not scratch[0].exists(), "scratch directory (keys, data directories) left behind"
     assert not [f for f in constants.STATE_DIR.glob("*.json") if str(run) in f.read_text()]
@@ -190,20 +191,24 @@ def test_node_that_fails_to_start_gives_clear_error(tmp_path):
     assert "NoSuchTorOption" in text, "the error should show the node's last log lines"
     meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "failed" and "middle0" in meta["error"]
-    assert not namespaces()
+    assert not namespaces(only_run_dir(out))
     assert not processes_mentioning(str(out))
 
 
 def test_delay_without_netem_is_refused_before_start(tmp_path):
+    """With links.emulator: tc (auto would use linkemu: test_linkemu.py)."""
     caps = shaping.probe_kernel()
-    data = small_scenario("it-delay", **{"links.default": {"rate": "10mbit", "delay": "20ms"}})
+    before = set(namespaces())
+    data = small_scenario("it-delay", **{"links.default": {"rate": "10mbit", "delay": "20ms"}, "links.emulator": "tc"})
     path = write_scenario(tmp_path, data)
     if caps.netem:
         p = run_torbed(["plan", str(path)])
         assert "htb+netem" in p.stdout
         return
+    p = run_torbed(["plan", str(path)])
+    assert "cannot run here" in p.stdout and "linkemu" in p.stdout
     p = run_torbed(["run", str(path), "--out", str(tmp_path / "runs"), "--system-tor"], timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "sch_netem" in p.stderr and "links" in p.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    assert not namespaces()
+    assert not set(namespaces()) - before

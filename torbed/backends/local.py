@@ -236,7 +236,7 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
     topo = netns.Topology(run_id, plan, switch="linkemu" if ctx.shaper == "linkemu" else "bridge")
     sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
                               "scratch": str(scratch), "run_dir": str(rep_dir)})
-    meta = {"schema": 1, "variant": variant, "rep": rep, "status": "running", "error": None,
+    meta = {"schema": 1, "variant": variant, "rep": rep, "run_id": run_id, "status": "running", "error": None,
             "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
             "t_end": None, "warmup_s": units.parse_duration(s.measure.warmup),
             "duration_s": units.parse_duration(s.measure.duration), "shaper": ctx.shaper,

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The benchmarks behind `make bench`: each part prints its figures and writes JSON results
+# under runs/bench/. Add further parts below; one failing part fails the whole (after the
+# others ran).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+out=${BENCH_OUT:-runs/bench}
+if [ "$(id -u)" -ne 0 ]; then
+  echo "bench: needs root (network namespaces)" >&2
+  exit 1
+fi
+rc=0
+part() {
+  echo "== bench: $1"
+  shift
+  "$@" || { echo "bench: part failed: $*" >&2; rc=1; }
+}
+
+# linkemu (userspace link emulator): delay/rate/jitter/loss fidelity and forwarding speed.
+part linkemu "$bin/python" -m torbed.bench_linkemu --out "$out" ${BENCH_QUICK:+--quick}
+
+# Local backend: seconds to a ready network and per-node RSS/CPU (quickstart, 100 relays).
+part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+--runs 1 --soak 30}
+
+exit $rc
