@@ -37,5 +37,8 @@ demo: setup  ## run scenarios/quickstart.yaml and write its report
 schema: venv  ## regenerate the scenario JSON Schema (charts/torbed/values.schema.json)
 	$(BIN)/torbed schema > charts/torbed/values.schema.json
 
+bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/ (BENCH_QUICK=1: shorter)
+	hack/bench.sh
+
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean

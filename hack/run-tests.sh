@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# The test command behind `make test` (and so .ci/run): unit tests, then integration tests
-# with real tor processes and network namespaces. pytest's exit 5 ("no tests ran") fails.
+# The test command behind `make test` (and so .ci/run): linkemu's cargo tests, unit tests,
+# then integration tests with real tor processes and network namespaces. pytest's exit 5
+# ("no tests ran") fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
+# linkemu's scheduling logic (Rust unit tests, fake clock) first.
+cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
+if ! "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml; then
+  echo "run-tests: linkemu's cargo tests failed (or cargo is missing: install Rust, https://rustup.rs)" >&2
+  exit 1
+fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "run-tests: integration tests need root (network namespaces); running as $(id -un)" >&2
 fi
