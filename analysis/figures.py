@@ -139,6 +139,11 @@ def plot_cdf(panels: list[tuple[str, MetricSamples]], variants: list[str], basel
             ax.legend(loc="best", framealpha=0.9)
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    return _finish(fig, title, path)
+
+
+def _finish(fig, title: str, path: Path) -> bool:
+    """Title, layout, write the PNG (creating its folder), free the figure."""
     fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,12 +184,7 @@ def plot_quantile_bars(entries: list[tuple[str, dict]], variants: list[str], pat
         ax.set_title(ptitle)
         ax.grid(axis="x", visible=False)
         ax.legend(loc="upper left", framealpha=0.9)
-    fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return True
+    return _finish(fig, title, path)
 
 
 def _rate_unit(peak: float) -> tuple[float, str]:
