@@ -20,8 +20,9 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _reexec_in_userns() -> None:
-    """Unprivileged: re-run this command as root of a new user + network + mount namespace,
-    with private /run (so `ip netns` works); everything we create dies with it."""
+    """Unprivileged (or TORBED_USERNS=1): re-run this command as root of a new user + network
+    + mount namespace, with a private /run (so `ip netns` works); everything we create dies
+    with it."""
     if os.environ.get("TORBED_IN_USERNS"):
         raise SystemExit("torbed: still unprivileged inside the user namespace")
     unshare = shutil.which("unshare")
@@ -47,7 +48,7 @@ def cmd_run(args) -> int:
         s.repetitions = args.repetitions
     if args.duration:
         s.measure.duration = args.duration
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or (os.environ.get("TORBED_USERNS") == "1" and not os.environ.get("TORBED_IN_USERNS")):
         _reexec_in_userns()
     try:
         run_dir = local.run_scenario(s, Path(args.out), console, system_tor=args.system_tor, variants=args.variant)

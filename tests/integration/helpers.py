@@ -50,8 +50,9 @@ def env() -> dict:
     return e
 
 
-def run_torbed(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(TORBED + args, capture_output=True, text=True, timeout=timeout, env=env(), cwd=REPO)
+def run_torbed(args: list[str], timeout: float = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(TORBED + args, capture_output=True, text=True, timeout=timeout,
+                          env={**env(), **(env_extra or {})}, cwd=REPO)
 
 
 def start_torbed(args: list[str], log: Path) -> subprocess.Popen:

@@ -212,3 +212,22 @@ def test_delay_without_netem_is_refused_before_start(tmp_path):
     assert "sch_netem" in p.stderr and "links" in p.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert not set(namespaces()) - before
+
+
+def test_user_namespace_mode(tmp_path):
+    """The rootless path (what an unprivileged user gets): torbed re-executes itself in a new
+    user + network + mount namespace with a private /run. Forced here with TORBED_USERNS=1 (the
+    test runs as root); the network's namespaces never appear in the host's list."""
+    before = set(namespaces())
+    data = small_scenario("it-userns", **{"clients.web.workload.repeat": 3, "measure.duration": "20s"})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    env_extra = {"TORBED_USERNS": "1"}
+    p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"], env_extra=env_extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = only_run_dir(out)
+    assert json.loads((run / "kist" / "rep-0" / "meta.json").read_text())["status"] == "ok"
+    ok = [t for t in records(run / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
+    assert len(ok) == 3
+    assert set(namespaces()) == before, "a user-namespace run must not create host namespaces"
+    assert not processes_mentioning(str(run))
