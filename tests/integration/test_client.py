@@ -77,13 +77,18 @@ def test_cellstats_bw_and_metrics_at_a_congested_middle(tmp_path):
     assert {b["relay"] for b in bw} == {"guard0", "middle0", "exit0"}
     mid = [b for b in bw if b["relay"] == "middle0"]
     assert all(0.3 < b["interval_s"] < 0.8 for b in mid[1:])
-    # traffic/written counts bytes handed to the kernel, which buffers bursts; averaged over
-    # 10 s windows the middle cannot write much faster than its 2 mbit bottleneck link (+ the
-    # small upstream flow toward the exit).
-    for i in range(0, len(mid) - 20, 20):
-        window = mid[i:i + 20]
-        rate = sum(b["written"] for b in window) * 8 / sum(b["interval_s"] for b in window)
-        assert rate < 2e6 * 1.25, f"middle0 wrote {rate / 1e6:.2f} Mbit/s over 10 s"
+    # traffic/written counts bytes handed to the kernel, whose socket buffers absorb bursts (a
+    # 10 s window measured 2.55 Mbit/s here), so only a loose bound on the run's average...
+    late = mid[20:]
+    avg = sum(b["written"] for b in late) * 8 / sum(b["interval_s"] for b in late)
+    assert 0.5e6 < avg < 2e6 * 1.5, f"middle0 wrote {avg / 1e6:.2f} Mbit/s on average"
+    # ...while what reached the clients cannot exceed the 2 mbit bottleneck.
+    transfers = records(rep / "transfers.jsonl")
+    t0 = min(t["t_start"] for t in transfers)
+    t1 = max(t["t_last_byte"] or t["t_start"] for t in transfers)
+    goodput = sum(t["bytes"] for t in transfers) * 8 / (t1 - t0)
+    print(f"clients' aggregate goodput {goodput / 1e6:.2f} Mbit/s through the 2 mbit middle link")
+    assert goodput <= 2e6 * 1.02
     metrics = records(rep / "metrics.jsonl")
     assert {m["relay"] for m in metrics} == {"guard0", "middle0", "exit0"}
     assert any(k.startswith("tor_") for k in metrics[-1]["samples"])
