@@ -304,7 +304,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
     ms = extracted.metrics
     figs: list[Figure] = []
     reps_note = (f"Lines: all repetitions pooled; shaded band: per-quantile range over the "
-                 f"repetitions (shown when >= 2 repetitions have data).")
+                 "repetitions (shown when >= 2 repetitions have data).")
 
     groups = sorted({(m.params["group"], m.params["file"]) for m in ms.values() if "group" in m.params})
     for g, f in groups:

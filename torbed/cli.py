@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from . import constants, network, scenario as scenario_mod
+from . import network, scenario as scenario_mod
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -67,7 +67,6 @@ def cmd_run(args) -> int:
 
 
 def register_run(sub, fmt) -> None:
-    from .shaping import ShapingError  # noqa: F401 - imported for the error path below
     p = sub.add_parser("run", help="run a scenario on this machine (local backend) -> RUN_DIR", formatter_class=fmt)
     p.add_argument("scenario", help="scenario YAML file (check it first with `torbed validate`)")
     p.add_argument("--out", default="runs", help="directory in which the run directory is created")

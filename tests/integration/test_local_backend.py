@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import require_root
-from tests.integration.helpers import (REPO, namespaces, only_run_dir, processes_mentioning, records,
+from tests.integration.helpers import (namespaces, only_run_dir, processes_mentioning, records,
                                        run_torbed, small_scenario, start_torbed, wait_for, write_scenario)
 from torbed import constants, netns, network, scenario, shaping
 

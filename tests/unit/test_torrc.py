@@ -5,7 +5,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from torbed import network, scenario
 from torbed.keys import AuthorityKeys, make_authority_keys, make_relay_identity
