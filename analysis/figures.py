@@ -303,7 +303,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
     variants, baseline = run.variants, summary["baseline"]
     ms = extracted.metrics
     figs: list[Figure] = []
-    reps_note = (f"Lines: all repetitions pooled; shaded band: per-quantile range over the "
+    reps_note = ("Lines: all repetitions pooled; shaded band: per-quantile range over the "
                  "repetitions (shown when >= 2 repetitions have data).")
 
     groups = sorted({(m.params["group"], m.params["file"]) for m in ms.values() if "group" in m.params})
