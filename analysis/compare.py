@@ -104,7 +104,7 @@ def _markdown(c: dict, out: Path) -> str:
     bl: list[tuple] = [("h", 1, f"torbed compare: {a['directory']} (A) vs {b['directory']} (B)")]
     bl.append(("p", f"Scenario A: {a['scenario']}; scenario B: {b['scenario']}"
                     + (" (different scenarios, compared with --force)" if c["forced"] else "") + ". "
-                    f"Δ = % change from A to B; KS / MWU p = two-sided Kolmogorov-Smirnov / Mann-Whitney U "
+                    "Δ = % change from A to B; KS / MWU p = two-sided Kolmogorov-Smirnov / Mann-Whitney U "
                     "p-values of B against A; repetitions pooled, warm-up excluded."))
     bl.append(("table", ["", "A", "B"], [
         ["directory", a["directory"], b["directory"]], ["tor version", str(a["tor_version"]), str(b["tor_version"])],
