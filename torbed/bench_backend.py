@@ -46,7 +46,9 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
     p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(scenario), "--variant", variant,
                         "--duration", f"{int(soak)}s", "--out", str(out)],
                        capture_output=True, text=True, cwd=constants.REPO_ROOT)
-    runs = sorted(d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and d.stat().st_mtime >= t_cmd - 1)
+    name = load(scenario).name
+    runs = sorted(d for d in out.glob(f"{name}-2*") if d.is_dir() and not d.is_symlink()
+                  and (d / "run.json").exists() and d.stat().st_ctime >= t_cmd - 1)
     if not runs:
         raise RuntimeError(f"no run directory: {p.stderr[-2000:]}")
     rep = runs[-1] / variant / "rep-0"
