@@ -199,22 +199,23 @@ def prepare_files(scenario: Scenario) -> dict[str, dict]:
 
 # ---------------------------------------------------------------------------------------
 
-def _consensus_ok(path: Path, plan: Plan, ids: Identities) -> tuple[bool, str]:
+def _consensus_ok(path: Path, plan: Plan, ids: Identities) -> tuple[bool, str, dict]:
+    """Whether the consensus at ``path`` lists every relay with its expected flags:
+    (ok, why not, {relay: flags})."""
     try:
         doc = NetworkStatusDocumentV3(path.read_bytes(), validate=False)
     except (OSError, ValueError) as e:
-        return False, f"no consensus yet ({type(e).__name__})"
+        return False, f"no consensus yet ({type(e).__name__})", {}
     entries = {e.fingerprint: e for e in doc.routers.values()}
-    _consensus_ok.flags = {n.name: sorted(entries[ids.fingerprints[n.name]].flags)
-                           for n in plan.by_role("relay") if ids.fingerprints[n.name] in entries}
+    flags = {n.name: sorted(entries[ids.fingerprints[n.name]].flags)
+             for n in plan.by_role("relay") if ids.fingerprints[n.name] in entries}
     for n in plan.by_role("relay"):
-        e = entries.get(ids.fingerprints[n.name])
-        if e is None:
-            return False, f"{n.name} not in the consensus yet"
+        if n.name not in flags:
+            return False, f"{n.name} not in the consensus yet", flags
         want = EXPECTED_FLAGS | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
-        if not want <= set(e.flags):
-            return False, f"{n.name} has flags {sorted(e.flags)}, waiting for {sorted(want)}"
-    return True, "ok"
+        if not want <= set(flags[n.name]):
+            return False, f"{n.name} has flags {flags[n.name]}, waiting for {sorted(want)}", flags
+    return True, "ok", flags
 
 
 def _controller(sock: Path) -> stem.control.Controller:
@@ -330,9 +331,9 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
             sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
                 node_build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")], logs / f"{n.name}.stdout.log",
                 env=tor_env)
-        _wait_consensus(ctx, plan, ids, sup, paths, deadline)
+        consensus_flags = _wait_consensus(ctx, plan, ids, sup, paths, deadline)
         console.log(f"consensus lists every relay ({time.time() - t0:.1f} s)")
-        meta["consensus_flags"] = getattr(_consensus_ok, "flags", {})
+        meta["consensus_flags"] = consensus_flags
         for n in tors:
             if n.role != "authority":
                 sup.signal(n.name, signal.SIGHUP)
@@ -443,19 +444,22 @@ def _child_env() -> dict:
 
 
 def _wait_consensus(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, paths: dict,
-                    deadline: float) -> None:
-    """Until every authority has a consensus listing every relay with its expected flags."""
+                    deadline: float) -> dict:
+    """Until every authority has a consensus listing every relay with its expected flags.
+    Returns the relays' flags in the accepted consensus."""
     names = list(sup.procs)
     pending = {a.name for a in plan.by_role("authority")}
     last: dict[str, str] = {}
+    accepted: dict = {}
     with ctx.console.status("waiting for a consensus listing every relay") as status:
         while pending:
             sup.check(names)
             for a in sorted(pending):
-                ok, why = _consensus_ok(Path(paths[a].datadir) / "cached-consensus", plan, ids)
+                ok, why, flags = _consensus_ok(Path(paths[a].datadir) / "cached-consensus", plan, ids)
                 last[a] = why
                 if ok:
                     pending.discard(a)
+                    accepted = flags
             if pending and time.time() > deadline:
                 a = sorted(pending)[0]
                 raise NodeFailed(a, f"no complete consensus after {ctx.scenario.measure.ready_timeout}: {last[a]}",
@@ -463,6 +467,7 @@ def _wait_consensus(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, 
             if pending:
                 status.update(f"waiting for a consensus listing every relay: {'; '.join(sorted(set(last.values())))}")
                 time.sleep(0.2)
+    return accepted
 
 
 def _relax_voting(plan: Plan, paths: dict, meta: dict) -> None:
