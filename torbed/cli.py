@@ -3,6 +3,7 @@
     validate SCENARIO      check a scenario (nothing starts)
     plan SCENARIO          print the concrete network: nodes, addresses, paths, links
     schema                 print the scenario's JSON Schema
+    chart-files            regenerate the chart's generated files (values schema, torrc, variants)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
     run SCENARIO           bring the network up, measure, tear down -> RUN_DIR
@@ -89,6 +90,18 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+def cmd_chart_files(args) -> int:
+    from . import chart
+    if args.check:
+        stale = chart.check()
+        for rel in stale:
+            console.print(f"[red]error[/red] charts/torbed/{rel} is out of date: run `make schema`")
+        return EXIT_FAILED if stale else EXIT_OK
+    for rel in chart.write():
+        out.print(f"wrote charts/torbed/{rel}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="torbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the scenario JSON Schema", formatter_class=fmt)
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("chart-files", help="regenerate charts/torbed's generated files", formatter_class=fmt)
+    p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
+    p.set_defaults(func=cmd_chart_files)
 
     for register in _extra_commands():
         register(sub, fmt)

@@ -9,7 +9,8 @@ API_VERSION = "torbed/v1"
 
 # Repository layout (the package lives in <repo>/torbed).
 REPO_ROOT = Path(__file__).resolve().parent.parent
-VARIANTS_DIR = REPO_ROOT / "images" / "relay" / "variants"
+# Installed copies (the client image) have no repository around them: TORBED_VARIANTS_DIR.
+VARIANTS_DIR = Path(os.environ.get("TORBED_VARIANTS_DIR", REPO_ROOT / "images" / "relay" / "variants"))
 BUILD_SCRIPT = REPO_ROOT / "images" / "relay" / "build-tor.sh"
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
 

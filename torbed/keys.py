@@ -55,12 +55,15 @@ def read_certificate(cert: Path) -> AuthorityKeys:
     return AuthorityKeys(v3ident=fields["fingerprint"], expires=expires, certificate=cert)
 
 
-def make_authority_keys(datadir: Path, address: str, dir_port: int, tor_gencert: str = "tor-gencert",
+def make_authority_keys(datadir: Path, address: str | None, dir_port: int, tor_gencert: str = "tor-gencert",
                         months: int = constants.AUTHORITY_CERT_MONTHS) -> AuthorityKeys:
+    """``address`` goes into the certificate's optional dir-address line; None leaves it out
+    (on Kubernetes keys are made before the authority's Service has an address)."""
     keys = datadir / "keys"
     keys.mkdir(parents=True, exist_ok=True)
     cert = keys / "authority_certificate"
-    _run([tor_gencert, "--create-identity-key", "-m", str(months), "-a", f"{address}:{dir_port}",
+    addr = ["-a", f"{address}:{dir_port}"] if address else []
+    _run([tor_gencert, "--create-identity-key", "-m", str(months), *addr,
           "-i", str(keys / "authority_identity_key"), "-s", str(keys / "authority_signing_key"),
           "-c", str(cert), "--passphrase-fd", "0"], stdin="\n")
     return read_certificate(cert)

@@ -55,9 +55,13 @@ def consensus_params(plan: Plan) -> dict[str, int]:
     return dict(sorted(params.items()))
 
 
-def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0) -> dict[str, str]:
-    """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
-    schedule so that the first vote comes right after the relays have uploaded descriptors."""
+def static_fragments(metrics_accept: list[str], voting_offset: int = 0) -> dict[str, list[str]]:
+    """The lines of each fragment that do not depend on generated keys or on the scenario.
+
+    Both backends use them: the local backend appends the network's DirAuthority lines and
+    the authorities' votes (see ``render_fragments``); the Helm chart ships them as
+    charts/torbed/files/torrc/*.torrc (``torbed chart-files``) and its pods add the same
+    lines at start, once keys and addresses exist."""
     v = constants
     common = [
         "# Every node of the private network.",
@@ -79,11 +83,7 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], 
         f"V3AuthVotingInterval {v.VOTING_INTERVAL}",
         f"V3AuthVoteDelay {v.VOTE_DELAY}",
         f"V3AuthDistDelay {v.DIST_DELAY}",
-        *dir_authority_lines(plan, ids),
     ]
-    guards = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.guard]
-    exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]
-    params = " ".join(f"{k}={val}" for k, val in consensus_params(plan).items())
     authority = [
         "# Directory authorities (they relay no experiment traffic: no Guard/Exit flag).",
         "AuthoritativeDirectory 1",
@@ -97,13 +97,6 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], 
         "# Stable for every relay from its first second: clients only use Stable guards, and a",
         "# minutes-old network has no uptime history to earn it.",
         "AuthDirVoteStableGuaranteeMinUptime 0",
-        f"ConsensusParams {params}",
-        "# Flags are voted from the scenario, not measured (the network is minutes old).",
-        f"TestingDirAuthVoteGuard {','.join(guards) if guards else '*'}",
-        f"TestingDirAuthVoteGuardIsStrict {1 if guards else 0}",
-        f"TestingDirAuthVoteExit {','.join(exits)}",
-        "TestingDirAuthVoteExitIsStrict 1",
-        "TestingDirAuthVoteHSDir *",
     ]
     relay = [
         "# Relays.",
@@ -112,7 +105,7 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], 
         "# Per-circuit queue statistics (CELL_STATS); torbed always attaches a subscriber.",
         "TestingEnableCellStatsEvent 1",
         "TestingEnableConnBwEvent 1",
-        f"MetricsPortPolicy accept {plan.subnet}",
+        *[f"MetricsPortPolicy accept {net}" for net in metrics_accept],
         "MetricsPortPolicy reject *",
     ]
     nonexit = [
@@ -136,18 +129,39 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], 
         "LearnCircuitBuildTimeout 0",
         "CircuitBuildTimeout 60",
     ]
-    out = {
-        "common.torrc": HEADER + "\n".join(common) + "\n",
-        "role-authority.torrc": HEADER + "\n".join(authority) + "\n",
-        "role-relay.torrc": HEADER + "\n".join(relay) + "\n",
-        "role-exit.torrc": HEADER + "\n".join(exit_) + "\n",
-        "role-nonexit.torrc": HEADER + "\n".join(nonexit) + "\n",
-        "role-client.torrc": HEADER + "\n".join(client) + "\n",
-    }
+    return {"common.torrc": common, "role-authority.torrc": authority, "role-relay.torrc": relay,
+            "role-exit.torrc": exit_, "role-nonexit.torrc": nonexit, "role-client.torrc": client}
+
+
+def authority_vote_lines(params: dict[str, int], guards: list[str], exits: list[str]) -> list[str]:
+    """What the authorities vote, from the scenario (parameters) and the relays' keys (flags)."""
+    return [
+        f"ConsensusParams {' '.join(f'{k}={val}' for k, val in params.items())}",
+        "# Flags are voted from the scenario, not measured (the network is minutes old).",
+        f"TestingDirAuthVoteGuard {','.join(guards) if guards else '*'}",
+        f"TestingDirAuthVoteGuardIsStrict {1 if guards else 0}",
+        f"TestingDirAuthVoteExit {','.join(exits)}",
+        "TestingDirAuthVoteExitIsStrict 1",
+        "TestingDirAuthVoteHSDir *",
+    ]
+
+
+def variant_fragment(var: Variant) -> str:
+    return (HEADER + f"# Variant {var.name}: {var.description}\n"
+            f"# Paper: {var.paper}\n" + var.torrc.rstrip("\n") + "\n")
+
+
+def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0) -> dict[str, str]:
+    """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
+    schedule so that the first vote comes right after the relays have uploaded descriptors."""
+    lines = static_fragments([plan.subnet], voting_offset)
+    lines["common.torrc"] += dir_authority_lines(plan, ids)
+    guards = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.guard]
+    exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]
+    lines["role-authority.torrc"] += authority_vote_lines(consensus_params(plan), guards, exits)
+    out = {name: HEADER + "\n".join(body) + "\n" for name, body in lines.items()}
     for name in plan.variants_in_use():
-        var = variants[name]
-        out[f"variant-{name}.torrc"] = (HEADER + f"# Variant {name}: {var.description}\n"
-                                        f"# Paper: {var.paper}\n" + var.torrc.rstrip("\n") + "\n")
+        out[f"variant-{name}.torrc"] = variant_fragment(variants[name])
     return out
 
 

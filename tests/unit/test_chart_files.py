@@ -1,0 +1,53 @@
+"""The chart's generated files are in sync with the Python sources, and its values schema
+accepts every scenario plus the chart's own values.yaml, and nothing else."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from torbed import chart
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+
+
+def test_generated_files_are_in_sync():
+    assert chart.check() == [], "run `make schema` (torbed chart-files)"
+
+
+def _values(scenario: Path) -> dict:
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
+    values.update(yaml.safe_load(scenario.read_text()))
+    return values
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.stem)
+def test_schema_accepts_scenario_with_chart_defaults(scenario):
+    jsonschema.validate(_values(scenario), chart.values_schema())
+
+
+@pytest.mark.parametrize("mutate,where", [
+    (lambda v: v.update(varient="x"), "varient"),
+    (lambda v: v["images"].update(pullpolicy="Never"), "pullpolicy"),
+    (lambda v: v["network"]["relays"]["middle"].update(count=0), "count"),
+    (lambda v: v["links"]["pairs"][0].update(rate="4 megabits"), "4 megabits"),
+    (lambda v: v.update(repetition=-1), "-1"),
+])
+def test_schema_rejects(mutate, where):
+    v = copy.deepcopy(_values(REPO / "scenarios" / "quickstart.yaml"))
+    mutate(v)
+    with pytest.raises(jsonschema.ValidationError) as e:
+        jsonschema.validate(v, chart.values_schema())
+    assert where in str(e.value)
+
+
+def test_torrc_fragments_are_the_local_backends():
+    from torbed import torrc
+    for name, lines in torrc.static_fragments(chart.K8S_METRICS_ACCEPT).items():
+        text = (chart.CHART_DIR / "files" / "torrc" / name).read_text()
+        assert text.splitlines()[1:] == lines
