@@ -1,0 +1,187 @@
+"""The programs of the chart's pods (torbed.k8s), exercised for real outside a cluster:
+the results service and the shipper over HTTP on loopback, key generation with the real
+tor-gencert and tor, the shaper's tc tree in a throwaway network namespace."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from torbed import scenario as scenario_mod
+from torbed.k8s import Shipper, keygen, results, shaper
+from torbed.network import plan
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+
+
+@pytest.fixture
+def service(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d))
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield d, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_shipper_sends_whole_lines_once_in_order(service, tmp_path):
+    d, url = service
+    src = tmp_path / "out"
+    src.mkdir()
+    sh = Shipper(src, url, interval=3600)
+    f = src / "transfers.jsonl"
+    f.write_text('{"a": 1}\n{"b": 2}\n{"c": ')          # the last record is half written
+    assert sh.ship()
+    assert (d / "transfers.jsonl").read_text() == '{"a": 1}\n{"b": 2}\n'
+    with open(f, "a") as fh:
+        fh.write('3}\n')
+    assert sh.ship() and sh.ship()                       # a second round sends nothing twice
+    assert (d / "transfers.jsonl").read_text() == '{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+
+
+def test_shipper_keeps_what_the_service_did_not_take(tmp_path):
+    src = tmp_path / "out"
+    src.mkdir()
+    (src / "cellstats.jsonl").write_text('{"x": 1}\n')
+    # Nothing listens on this port yet: the round fails and the offset stays.
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    sh = Shipper(src, f"http://127.0.0.1:{port}", interval=3600)
+    assert not sh.ship()
+    d = tmp_path / "results"
+    d.mkdir()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), results.make_handler(d))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        assert sh.ship()
+        assert (d / "cellstats.jsonl").read_text() == '{"x": 1}\n'
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_results_service_rejects_bad_names_and_partial_lines(service):
+    import urllib.error
+    import urllib.request
+    d, url = service
+    for path, body in (("/append/..%2fescape", b"x\n"), ("/append/a/b", b"x\n"), ("/append/ok.jsonl", b"partial")):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url + path, data=body, method="POST"))
+        assert e.value.code == 400
+    assert list(d.iterdir()) == []
+
+
+def test_concurrent_appends_never_interleave(service, tmp_path):
+    d, url = service
+    shippers = []
+    for w in range(4):
+        src = tmp_path / f"w{w}"
+        src.mkdir()
+        (src / "all.jsonl").write_text("".join(json.dumps({"w": w, "i": i, "pad": "x" * 500}) + "\n" for i in range(200)))
+        shippers.append(Shipper(src, url, interval=3600))
+    threads = [threading.Thread(target=s.ship) for s in shippers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = (d / "all.jsonl").read_text().splitlines()
+    assert len(lines) == 800
+    seen = [json.loads(line) for line in lines]          # every line parses: no interleaving
+    for w in range(4):
+        assert [r["i"] for r in seen if r["w"] == w] == list(range(200))
+
+
+def test_keygen_makes_keys_that_match_the_identities(tmp_path, monkeypatch):
+    data = yaml.safe_load(QUICKSTART.read_text())
+    monkeypatch.setenv("TORBED_SCENARIO_JSON", json.dumps(data))
+    monkeypatch.setenv("TORBED_VARIANT", "ewma-66")
+    secret, identities = keygen.make(tmp_path / "work")
+    fprs = json.loads(identities["fingerprints.json"])
+    assert sorted(fprs) == ["auth0", "auth1", "auth2", "exit0", "guard0", "middle0"]
+    # Each node's secret_id_key, put back into a data directory, gives the published fingerprint.
+    for node in ("auth1", "middle0"):
+        dd = tmp_path / f"check-{node}"
+        (dd / "keys").mkdir(parents=True)
+        for name, b64 in secret.items():
+            if name.startswith(node + "."):
+                (dd / "keys" / name[len(node) + 1:]).write_bytes(base64.b64decode(b64))
+        dd.chmod(0o700)
+        empty = tmp_path / "empty.torrc"
+        empty.write_text("")
+        subprocess.run(["tor", "--list-fingerprint", "-f", str(empty), "--defaults-torrc", str(empty),
+                        "--DataDirectory", str(dd), "--ORPort", "5000", "--Nickname", node, "--Log", "err stderr"],
+                       check=True, capture_output=True)
+        assert (dd / "fingerprint").read_text().split()[1:] and \
+            "".join((dd / "fingerprint").read_text().split()[1:]) == fprs[node]
+    auth = [line.split() for line in identities["authorities.txt"].splitlines()]
+    assert [a[0] for a in auth] == ["auth0", "auth1", "auth2"]
+    assert all(a[2] == fprs[a[0]] and len(a[1]) == 40 for a in auth)
+    assert "auth0.authority_certificate" in secret and "guard0.authority_certificate" not in secret
+    vote = identities["vote.torrc"]
+    assert f"TestingDirAuthVoteGuard {fprs['guard0']}\n" in vote
+    assert f"TestingDirAuthVoteExit {fprs['exit0']}\n" in vote
+    assert "ConsensusParams cc_alg=0 cfx_enabled=0" in vote
+
+
+def _quickstart_specs(group: str):
+    s = scenario_mod.load(QUICKSTART)
+    p = plan(s, "ewma-66")
+    me = p.group_nodes(group)[0]
+    out = {}
+    for g in ["authority", *s.network.relays, *s.servers, *s.clients]:
+        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
+        if peer is not me:
+            out[g] = p.link(me, peer)
+    return out
+
+
+def test_shaper_tree_matches_the_scenario_links():
+    cmds, ids = shaper.classes("eth0", _quickstart_specs("middle"))
+    text = "\n".join(cmds)
+    # quickstart: guard <-> middle at 4mbit, every other link at the 100mbit default.
+    assert f"classid {ids['guard']} htb rate 4000000bit ceil 4000000bit" in text
+    assert f"classid {ids['exit']} htb rate 100000000bit" in text
+    assert len(set(ids.values())) == len(ids)
+    first = shaper.filters("eth0", {"10.1.0.5": ids["guard"]}, {})
+    assert len(first) == 1 and f"match ip dst 10.1.0.5/32 flowid {ids['guard']}" in first[0]
+    again = shaper.filters("eth0", {"10.1.0.6": ids["guard"]}, {"10.1.0.5": ids["guard"]})
+    assert again[0] == "filter del dev eth0 parent 1: prio 1" and "10.1.0.6/32" in again[1]
+
+
+@pytest.mark.integration
+def test_shaper_commands_are_accepted_by_the_kernel():
+    """The same batch the sidecar runs, applied by real tc to a veth in a throwaway netns."""
+    ns = f"tb-shaper-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        ex = ["ip", "netns", "exec", ns]
+        subprocess.run(ex + ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], check=True)
+        subprocess.run(ex + ["ip", "link", "set", "eth0", "up"], check=True)
+        cmds, ids = shaper.classes("eth0", _quickstart_specs("middle"))
+        first = {"10.1.0.5": ids["guard"], "10.1.0.6": ids["exit"]}
+        for batch in (cmds, shaper.filters("eth0", first, {}),
+                      shaper.filters("eth0", {"10.1.0.7": ids["guard"]}, first)):
+            proc = subprocess.run(ex + ["tc", "-batch", "-"], input="\n".join(batch) + "\n",
+                                  capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+        shown = subprocess.run(ex + ["tc", "filter", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+        # The second update replaced the first: only 10.1.0.7 is classified now.
+        assert "0a010007" in shown and "0a010005" not in shown and "0a010006" not in shown
+        classes = subprocess.run(ex + ["tc", "class", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+        assert "rate 4Mbit" in classes
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -1,0 +1,140 @@
+"""A client pod's driver container: wait for evidence that the network is ready, then run
+the measurement driver for measure.duration, streaming its records to the results service.
+
+Ready means what it means on the local backend: this client's tor is at Bootstrapped 100%,
+its consensus lists every relay of the scenario with Running, Valid, Fast, Stable (+ Guard
+/ Exit as the scenario says), and it knows every relay of its path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import stem
+import stem.control
+
+from .. import constants, fileserver, units
+from ..client import driver
+from ..records import RecordWriter
+from . import Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant
+
+EXPECTED_FLAGS = {"Running", "Valid", "Fast", "Stable"}
+
+
+def _connect(deadline: float) -> stem.control.Controller:
+    while True:
+        try:
+            ctl = stem.control.Controller.from_port("127.0.0.1", constants.CONTROL_PORT)
+            ctl.authenticate()
+            return ctl
+        except (stem.SocketError, stem.connection.AuthenticationFailure, OSError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: list[str]) -> str | None:
+    """None when ready, else what is missing."""
+    phase = ctl.get_info("status/bootstrap-phase", "")
+    if "PROGRESS=100" not in phase:
+        return f"bootstrapping: {phase}"
+    flags = {e.fingerprint: set(e.flags) for e in ctl.get_network_statuses([])}
+    for n in p.by_role("relay"):
+        want = EXPECTED_FLAGS | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
+        have = flags.get(fprs[n.name])
+        if have is None:
+            return f"{n.name} is not in the consensus yet"
+        if not want <= have:
+            return f"{n.name} has flags {sorted(have)}, waiting for {sorted(want)}"
+    for name in path_nodes:
+        if fprs[name] not in flags:
+            return f"path relay {name} unknown"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = load_scenario()
+    group = env("TORBED_GROUP")
+    node = node_name(group)
+    p = plan(s)
+    cg = s.clients[group]
+    fprs = fingerprints()
+    out = Path("/tmp/results")
+    out.mkdir(parents=True, exist_ok=True)
+    shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
+    events = RecordWriter(out / "clients.jsonl")
+    rc = 1
+    try:
+        t0 = time.time()
+        deadline = t0 + units.parse_duration(s.measure.ready_timeout)
+        ctl = _connect(deadline)
+        path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
+        why = "?"
+        while (why := ready(ctl, p, fprs, path_nodes)) is not None:
+            if time.time() > deadline:
+                log(f"client {node}: network not ready after {s.measure.ready_timeout}: {why}")
+                events.write({"client": node, "event": "not_ready", "why": why, "t": time.time(),
+                              "variant": variant(), "rep": repetition()})
+                return 1
+            time.sleep(0.5)
+        ctl.close()
+        t_ready = time.time()
+        log(f"client {node}: network ready after {t_ready - t0:.1f} s")
+
+        wl = cg.workload
+        server_group = wl.server or next(iter(s.servers))
+        sg = s.servers[server_group]
+        server_ip = socket.gethostbyname(service_host(server_group))
+        files = {name: units.parse_size(size) for name, size in sg.files.items()}
+        with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
+            manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
+        entry = manifest[wl.file]
+        warmup = units.parse_duration(s.measure.warmup)
+        t_work = time.time() + 1.0
+        think = None
+        if getattr(wl, "think", None):
+            think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),
+                     "min_s": units.parse_duration(wl.think.min) if wl.think.min else None,
+                     "max_s": units.parse_duration(wl.think.max) if wl.think.max else None}
+        cfg = {
+            "client": node, "group": group, "variant": variant(), "rep": repetition(),
+            "seed": s.seed + repetition(),
+            "control": {"address": "127.0.0.1", "port": constants.CONTROL_PORT},
+            "socks_port": constants.SOCKS_PORT,
+            "output": str(out / "transfers.jsonl"),
+            "path": [[{"node": r.name, "fingerprint": fprs[r.name]} for r in p.group_nodes(g)]
+                     for g in (cg.path or [])],
+            "workload": {"kind": wl.kind, "server": f"{server_group}", "address": server_ip,
+                         "port": sg.port, "file": wl.file, "size": entry["size"], "sha256": entry["sha256"],
+                         "concurrency": wl.concurrency, "repeat": getattr(wl, "repeat", None),
+                         "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
+                         "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
+                         else constants.transfer_timeout(entry["size"])},
+            "t_workload": t_work, "t_measure": t_work + warmup,
+            "t_end": t_work + units.parse_duration(s.measure.duration),
+            "debug": False,
+        }
+        events.write({"client": node, "event": "ready", "t": t_ready, "ready_s": t_ready - t0,
+                      "t_workload": t_work, "t_measure": cfg["t_measure"], "t_end": cfg["t_end"],
+                      "server": server_group, "server_address": server_ip, "address": os.environ.get("POD_IP"),
+                      "variant": variant(), "rep": repetition()})
+        n = driver.run(cfg)
+        log(f"client {node}: {n} transfers recorded")
+        events.write({"client": node, "event": "done", "t": time.time(), "transfers": n,
+                      "variant": variant(), "rep": repetition()})
+        rc = 0
+    finally:
+        events.close()
+        if not shipper.stop():
+            log(f"client {node}: some records could not be delivered to the results service")
+            rc = 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

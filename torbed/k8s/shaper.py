@@ -1,0 +1,153 @@
+"""Per-link shaping in a pod: htb classes per peer group on the pod's egress, as the local
+backend's tc shaping does per destination node (torbed.shaping), selected by u32 filters on
+the peers' addresses.
+
+Peers' pod addresses exist only once the peers run and change when a pod is recreated, so
+the shaper installs the classes once (then reports ready, which gates tor's start) and keeps
+the filters in step with the groups' Service records: headless Services give pod addresses,
+ClusterIP Services (authorities, servers) their virtual address, which is what a sender's
+egress sees before the node translates it. Changes are logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import shaping
+from ..network import LinkSpec
+from . import load_scenario, log, plan
+
+
+class TcError(RuntimeError):
+    pass
+
+
+def tc_batch(commands: list[str]) -> None:
+    if not commands:
+        return
+    proc = subprocess.run(["tc", "-batch", "-"], input="\n".join(commands) + "\n", capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise TcError(proc.stderr.strip() or proc.stdout.strip())
+
+
+def default_dev() -> str:
+    out = subprocess.run(["ip", "-o", "route", "show", "default"], capture_output=True, text=True).stdout.split()
+    return out[out.index("dev") + 1] if "dev" in out else "eth0"
+
+
+def peer_names(release: str, ns: str, domain: str, s, group: str) -> list[str]:
+    """DNS names whose A records are the addresses of a group's pods (and virtual IPs)."""
+    def fq(name: str) -> str:
+        return f"{release}-{name}.{ns}.svc.{domain}"
+    if group == "authority":
+        return [fq("auth")] + [fq(f"auth-{i}") for i in range(s.network.authorities)]
+    if group in s.servers:
+        return [fq(group), fq(f"{group}-pods")]
+    return [fq(group)]
+
+
+def resolve(name: str) -> set[str]:
+    try:
+        return {ai[4][0] for ai in socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)}
+    except socket.gaierror:
+        return set()
+
+
+def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, str]]:
+    """tc commands for the htb tree, and the class id of each shaped peer group."""
+    cmds = [f"qdisc replace dev {dev} root handle 1: htb default 1",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {shaping.UNLIMITED}"]
+    ids: dict[str, str] = {}
+    for minor, (group, spec) in enumerate(sorted(specs.items()), start=2):
+        rate = f"{spec.rate_bps}bit" if spec.rate_bps else shaping.UNLIMITED
+        burst = shaping._burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
+        cid = f"1:{minor:x}"
+        cmds.append(f"class add dev {dev} parent 1: classid {cid} htb rate {rate} ceil {rate} burst {burst} cburst {burst}")
+        if spec.needs_delay_emulation:
+            cmds.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: netem limit 100000 {shaping._netem_args(spec)}")
+        elif spec.rate_bps and (spec.queue_bytes or spec.queue_s):
+            limit = spec.queue_bytes or max(1514, int(spec.queue_s * spec.rate_bps / 8))
+            cmds.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: bfifo limit {limit}")
+        ids[group] = cid
+    return cmds, ids
+
+
+def filters(dev: str, mapping: dict[str, str], previous: dict[str, str]) -> list[str]:
+    """Replace the filters of ``previous`` by those of ``mapping`` (the kernel refuses to
+    delete a filter chain that does not exist, so only delete what was installed)."""
+    cmds = [f"filter del dev {dev} parent 1: prio 1"] if previous else []
+    cmds += [f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {ip}/32 flowid {cid}"
+             for ip, cid in sorted(mapping.items())]
+    return cmds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="torbed link shaper (a pod's native sidecar)")
+    ap.add_argument("--scenario", type=Path, required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--release", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--cluster-domain", default="cluster.local")
+    ap.add_argument("--ready-file", type=Path, required=True)
+    ap.add_argument("--interval", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    s = load_scenario(args.scenario)
+    p = plan(s)
+    me = p.group_nodes(args.group)[0] if args.group != "authority" else p.by_role("authority")[0]
+    specs: dict[str, LinkSpec] = {}
+    for g in ["authority", *s.network.relays, *s.servers, *s.clients]:
+        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
+        if peer is me:  # a one-node group: no link to itself
+            continue
+        spec = p.link(me, peer)
+        if spec != LinkSpec():
+            specs[g] = spec
+    dev = default_dev()
+    cmds, ids = classes(dev, specs)
+    try:
+        tc_batch(cmds)
+    except TcError as e:
+        hint = (" (this node's kernel lacks sch_netem: links with delay, jitter or loss need it)"
+                if "netem" in str(e).lower() or any(sp.needs_delay_emulation for sp in specs.values()) else "")
+        log(f"shaper: cannot install the htb tree on {dev}: {e}{hint}")
+        return 1
+    for g, cid in sorted(ids.items()):
+        log(f"shaper: {args.group} -> {g}: class {cid}, {specs[g].describe()}")
+    own = set()
+    try:
+        own = {socket.gethostbyname(socket.gethostname())}
+    except OSError:
+        pass
+    args.ready_file.parent.mkdir(parents=True, exist_ok=True)
+    args.ready_file.write_text("htb installed\n")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    current: dict[str, str] = {}
+    while not stop:
+        want: dict[str, str] = {}
+        for g, cid in ids.items():
+            for name in peer_names(args.release, args.namespace, args.cluster_domain, s, g):
+                for ip in resolve(name) - own:
+                    want.setdefault(ip, cid)
+        if want != current:
+            try:
+                tc_batch(filters(dev, want, current))
+                added = sorted(set(want) - set(current))
+                gone = sorted(set(current) - set(want))
+                log(f"shaper: filters for {len(want)} peer address(es)"
+                    + (f"; new {', '.join(added)}" if added else "") + (f"; gone {', '.join(gone)}" if gone else ""))
+                current = want
+            except TcError as e:
+                log(f"shaper: updating filters failed: {e}")
+        time.sleep(args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
