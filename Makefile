@@ -34,8 +34,8 @@ integration: setup
 demo: setup  ## run scenarios/quickstart.yaml and write its report
 	hack/demo.sh
 
-schema: venv  ## regenerate the scenario JSON Schema (charts/torbed/values.schema.json)
-	$(BIN)/torbed schema > charts/torbed/values.schema.json
+schema: venv  ## regenerate the chart's generated files (values.schema.json, files/torrc, files/variants.yaml)
+	$(BIN)/torbed chart-files
 
 bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
