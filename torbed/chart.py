@@ -50,6 +50,13 @@ class Toggle(Strict):
     enabled: bool = Field(True, description="Render this component")
 
 
+class Isolation(Strict):
+    allowedCIDRs: list[str] = Field(
+        default_factory=lambda: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"],
+        description="IPv4 ranges a pod may send to (the cluster's pod and Service ranges must be inside); "
+                    "everything else is dropped at each pod's interface by its shaper container, on any CNI")
+
+
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
         "auto", description="PodMonitor for the relays' MetricsPort: auto renders it when the cluster serves "
@@ -72,6 +79,7 @@ class ChartValues(Strict):
     repetition: int = Field(0, ge=0, description="Repetition index (seeds and labels results; torbed run --backend k8s sets it)")
     images: Images = Field(default_factory=Images)
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
+    isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
     resources: Resources = Field(default_factory=Resources)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")

@@ -51,3 +51,12 @@ def test_torrc_fragments_are_the_local_backends():
     for name, lines in torrc.static_fragments(chart.K8S_METRICS_ACCEPT).items():
         text = (chart.CHART_DIR / "files" / "torrc" / name).read_text()
         assert text.splitlines()[1:] == lines
+
+
+def test_chart_keys_are_dropped_from_the_scenario_the_pods_read():
+    """_helpers.tpl lists the chart-only keys it removes before handing the scenario to the
+    pods (which decode it strictly); the list must be ChartValues' fields."""
+    import re
+    text = (chart.CHART_DIR / "templates" / "_helpers.tpl").read_text()
+    listed = re.search(r'\$chartKeys := list ((?:"[A-Za-z]+" ?)+)', text).group(1)
+    assert sorted(re.findall(r'"([A-Za-z]+)"', listed)) == sorted(chart.ChartValues.model_fields)

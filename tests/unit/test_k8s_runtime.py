@@ -8,6 +8,7 @@ import base64
 import http.server
 import json
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -185,3 +186,47 @@ def test_shaper_commands_are_accepted_by_the_kernel():
         assert "rate 4Mbit" in classes
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def _rx_packets(ns: str, dev: str) -> int:
+    out = subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/rx_packets"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+@pytest.mark.integration
+def test_isolation_drops_egress_outside_the_allowed_ranges():
+    """Two namespaces joined by a veth; the 'pod' side runs the shaper's tree. Traffic to the
+    peer's private address passes; a route to a public address exists, but packets to it
+    are dropped at the pod's interface (counted by the drop filter)."""
+    pod, peer = f"tb-iso-{uuid.uuid4().hex[:6]}", f"tb-isp-{uuid.uuid4().hex[:6]}"
+    for ns in (pod, peer):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        ex = ["ip", "netns", "exec", pod]
+        subprocess.run(ex + ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "p0", "netns", peer], check=True)
+        subprocess.run(ex + ["ip", "addr", "add", "10.9.0.1/24", "dev", "eth0"], check=True)
+        subprocess.run(ex + ["ip", "link", "set", "eth0", "up"], check=True)
+        subprocess.run(["ip", "netns", "exec", peer, "ip", "addr", "add", "10.9.0.2/24", "dev", "p0"], check=True)
+        subprocess.run(["ip", "netns", "exec", peer, "ip", "link", "set", "p0", "up"], check=True)
+        subprocess.run(ex + ["ip", "route", "add", "default", "via", "10.9.0.2"], check=True)
+        cmds, _ = shaper.classes("eth0", {})
+        batch = cmds + shaper.isolation("eth0", shaper.DEFAULT_ALLOW)
+        proc = subprocess.run(ex + ["tc", "-batch", "-"], input="\n".join(batch) + "\n", capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        send = ("import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                "for _ in range(5): s.sendto(b'x'*100,(sys.argv[1],9))")
+        # The peer's side counts what arrives: private traffic does, public does not leave.
+        before = _rx_packets(peer, "p0")
+        subprocess.run(ex + [sys.executable, "-c", send, "10.9.0.2"], check=True)
+        private = _rx_packets(peer, "p0") - before
+        before = _rx_packets(peer, "p0")
+        subprocess.run(ex + [sys.executable, "-c", send, "198.51.100.7"], check=True)
+        public = _rx_packets(peer, "p0") - before
+        assert private >= 5 and public == 0, (private, public)
+        stats = subprocess.run(ex + ["tc", "-s", "class", "show", "dev", "eth0", "classid", shaper.DROP_CLASS],
+                               capture_output=True, text=True).stdout
+        assert int(stats.split("dropped ")[1].split(",")[0]) >= 5, stats
+    finally:
+        for ns in (pod, peer):
+            subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -1,4 +1,4 @@
-"""Per-link shaping in a pod: htb classes per peer group on the pod's egress, as the local
+"""Per-link shaping and egress isolation in a pod: htb classes per peer group on the pod's egress, as the local
 backend's tc shaping does per destination node (torbed.shaping), selected by u32 filters on
 the peers' addresses.
 
@@ -7,6 +7,12 @@ the shaper installs the classes once (then reports ready, which gates tor's star
 the filters in step with the groups' Service records: headless Services give pod addresses,
 ClusterIP Services (authorities, servers) their virtual address, which is what a sender's
 egress sees before the node translates it. Changes are logged.
+
+Isolation: after the per-peer filters, packets to anything outside ``--allow`` (the private
+ranges by default: where cluster pods and Services live) are dropped at the pod's own
+interface, and so is IPv6 beyond link-local and multicast. The chart's NetworkPolicy does
+the same only where the CNI enforces NetworkPolicy; this holds on any cluster, so an exit
+relay (policy accept *:*) cannot reach outside the testbed whatever a client asks.
 """
 
 from __future__ import annotations
@@ -78,6 +84,26 @@ def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, 
     return cmds, ids
 
 
+DROP_CLASS = "1:fff"
+DEFAULT_ALLOW = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
+
+
+def isolation(dev: str, allow: list[str]) -> list[str]:
+    """Filters after the per-peer ones (prio 1): allowed ranges take the default class,
+    the rest of IPv4 and IPv6 (but link-local/multicast, which neighbour discovery needs)
+    is dropped."""
+    # A class whose queue holds nothing drops what it is given; tc actions (act_gact) are not
+    # in every kernel (not in this project's CI kernel), htb and pfifo are.
+    cmds = [f"class add dev {dev} parent 1: classid {DROP_CLASS} htb rate 8kbit ceil 8kbit",
+            f"qdisc add dev {dev} parent {DROP_CLASS} handle {DROP_CLASS.split(':')[1]}: pfifo limit 0"]
+    cmds += [f"filter add dev {dev} parent 1: protocol ip prio 2 u32 match ip dst {net} flowid 1:1" for net in allow]
+    cmds.append(f"filter add dev {dev} parent 1: protocol ip prio 3 u32 match u32 0 0 flowid {DROP_CLASS}")
+    cmds += [f"filter add dev {dev} parent 1: protocol ipv6 prio 4 u32 match ip6 dst {net} flowid 1:1"
+             for net in ("fe80::/10", "ff00::/8")]
+    cmds.append(f"filter add dev {dev} parent 1: protocol ipv6 prio 5 u32 match u32 0 0 flowid {DROP_CLASS}")
+    return cmds
+
+
 def filters(dev: str, mapping: dict[str, str], previous: dict[str, str]) -> list[str]:
     """Replace the filters of ``previous`` by those of ``mapping`` (the kernel refuses to
     delete a filter chain that does not exist, so only delete what was installed)."""
@@ -96,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster-domain", default="cluster.local")
     ap.add_argument("--ready-file", type=Path, required=True)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--allow", action="append", default=None, metavar="CIDR",
+                    help=f"egress allowed to this IPv4 range (repeatable; default {' '.join(DEFAULT_ALLOW)})")
     args = ap.parse_args(argv)
     s = load_scenario(args.scenario)
     p = plan(s)
@@ -110,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             specs[g] = spec
     dev = default_dev()
     cmds, ids = classes(dev, specs)
+    cmds += isolation(dev, args.allow or DEFAULT_ALLOW)
     try:
         tc_batch(cmds)
     except TcError as e:
@@ -125,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     args.ready_file.parent.mkdir(parents=True, exist_ok=True)
-    args.ready_file.write_text("htb installed\n")
+    args.ready_file.write_text("htb and isolation installed\n")
+    log(f"shaper: egress outside {', '.join(args.allow or DEFAULT_ALLOW)} is dropped")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     current: dict[str, str] = {}

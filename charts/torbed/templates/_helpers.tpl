@@ -1,0 +1,261 @@
+{{/*
+Names. Every object is "<fullname>-<component>". A relay group's StatefulSet is
+"<fullname>-<group>" and its pods carry a controller-revision-hash label
+"<statefulset>-<10-character hash>", which must fit a 63-character label value; so the
+StatefulSet name must stay within 52 characters. Group names have at most 12 characters
+(scenario schema), so the fullname is truncated to 30 characters, which also leaves room
+for the longest fixed suffix ("-keygen-cleanup") and the authority Services ("-auth-N").
+*/}}
+{{- define "torbed.fullname" -}}
+{{- .Release.Name | trunc 30 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "torbed.selectorLabels" -}}
+app.kubernetes.io/name: torbed
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+{{- end -}}
+
+{{- define "torbed.labels" -}}
+{{ include "torbed.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+torbed.io/scenario: {{ .Values.name | quote }}
+torbed.io/variant: {{ include "torbed.variant" . | quote }}
+torbed.io/repetition: {{ .Values.repetition | quote }}
+{{- end -}}
+
+{{/* The variant this release deploys: .Values.variant, else the scenario's baseline. */}}
+{{- define "torbed.variant" -}}
+{{- if .Values.variant -}}{{ .Values.variant }}
+{{- else if .Values.baseline -}}{{ .Values.baseline }}
+{{- else -}}{{ first .Values.variants }}
+{{- end -}}
+{{- end -}}
+
+{{/* The variant of a relay group: its own override, else the release's. */}}
+{{- define "torbed.groupVariant" -}}
+{{- $root := index . 0 -}}{{- $group := index . 1 -}}
+{{- $g := index $root.Values.network.relays $group -}}
+{{- if $g.variant }}{{ $g.variant }}{{ else }}{{ include "torbed.variant" $root }}{{ end -}}
+{{- end -}}
+
+{{/* Variant family: "ewma-66" -> "ewma" (as torbed.variants does). */}}
+{{- define "torbed.family" -}}
+{{- $parts := splitList "-" . -}}{{ first $parts }}
+{{- end -}}
+
+{{/* A variant's torrc fragment, resolved from files/variants.yaml. Args: (list $root $variant). */}}
+{{- define "torbed.variantTorrc" -}}
+{{- $root := index . 0 -}}{{- $variant := index . 1 -}}
+{{- $families := (($root.Files.Get "files/variants.yaml") | fromYaml).families -}}
+{{- $family := include "torbed.family" $variant -}}
+{{- $arg := trimPrefix (printf "%s-" $family) $variant -}}
+{{- if eq $arg $variant }}{{ $arg = "" }}{{ end -}}
+{{- $f := index $families $family -}}
+{{- $torrc := $f.torrc -}}
+{{- range $i, $p := $f.parameters -}}
+{{- $value := $p.default -}}
+{{- if and (eq $i 0) $arg }}{{ $value = $arg }}{{ end -}}
+{{- $torrc = replace (printf "{%s}" $p.name) (toString $value) $torrc -}}
+{{- end -}}
+# Variant {{ $variant }}: {{ $f.description }}
+# Paper: {{ $f.paper }}
+{{ $torrc }}
+{{- end -}}
+
+{{/* Image references. */}}
+{{- define "torbed.tag" -}}{{ .Values.images.tag | default .Chart.AppVersion }}{{- end -}}
+{{- define "torbed.registryPrefix" -}}{{ with .Values.images.registry }}{{ trimSuffix "/" . }}/{{ end }}{{- end -}}
+{{- define "torbed.image.client" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.client }}:{{ include "torbed.tag" . }}{{- end -}}
+{{- define "torbed.image.dirauth" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.dirauth }}:{{ include "torbed.tag" . }}{{- end -}}
+{{- define "torbed.image.relay" -}}
+{{- $root := index . 0 -}}{{- $variant := index . 1 -}}
+{{ include "torbed.registryPrefix" $root }}{{ $root.Values.images.relay }}:{{ include "torbed.family" $variant }}-{{ include "torbed.tag" $root }}
+{{- end -}}
+
+{{/* Duration string ("90s", "5m", "500ms") -> seconds, as a decimal string. */}}
+{{- define "torbed.seconds" -}}
+{{- $m := regexFind "^[0-9]+(\\.[0-9]+)?" (toString .) -}}
+{{- $unit := trim (trimPrefix $m (toString .)) -}}
+{{- $factor := dict "us" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- mulf (float64 $m) (index $factor $unit) -}}
+{{- end -}}
+
+{{/* Names of the authority nodes and their Services. */}}
+{{- define "torbed.authorityCount" -}}{{ .Values.network.authorities | default 3 }}{{- end -}}
+
+{{/* Pod-level security shared by every pod: non-root, the tor user of the images. */}}
+{{- define "torbed.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 10000
+runAsGroup: 10000
+fsGroup: 10000
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container security: read-only root, no privilege escalation, no capabilities. */}}
+{{- define "torbed.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* Placement of a group (scenario `placement`). */}}
+{{- define "torbed.placement" -}}
+{{- $root := index . 0 -}}{{- $group := index . 1 -}}
+{{- $p := index ($root.Values.placement | default dict) $group | default dict -}}
+{{- with $p.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $p.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $p.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The link shaper and egress guard, a native sidecar (an init container that keeps running): it installs the
+htb tree before tor starts (its startup probe gates the next containers) and then keeps the
+per-destination filters in step with the peers' pod addresses, which exist only once the
+peers run and change when a pod is recreated. It also drops egress outside
+isolation.allowedCIDRs at the pod's interface, so the testbed stays closed even where the CNI
+ignores NetworkPolicy; hence it runs in every pod. Only this container has NET_ADMIN, and it
+runs as root because Kubernetes grants no ambient capabilities to non-root users.
+Args: (list $root $group).
+*/}}
+{{- define "torbed.shaper" -}}
+{{- $root := index . 0 -}}{{- $group := index . 1 -}}
+- name: shaper
+  image: {{ include "torbed.image.client" $root }}
+  imagePullPolicy: {{ $root.Values.images.pullPolicy }}
+  restartPolicy: Always
+  command: ["/opt/torbed/bin/python", "-m", "torbed.k8s.shaper"]
+  args: ["--scenario", "/etc/torbed/scenario/scenario.json", "--group", {{ $group | quote }},
+         "--release", {{ include "torbed.fullname" $root | quote }},
+         "--namespace", {{ $root.Release.Namespace | quote }},
+         "--cluster-domain", {{ $root.Values.clusterDomain | quote }},
+         "--ready-file", "/run/torbed/shaper/ready"
+         {{- range $root.Values.isolation.allowedCIDRs }}, "--allow", {{ . | quote }}{{ end }}]
+  env:
+    {{- include "torbed.env" $root | nindent 4 }}
+  securityContext:
+    runAsNonRoot: false
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: ["ALL"]
+      add: ["NET_ADMIN"]
+  startupProbe:
+    exec:
+      command: ["cat", "/run/torbed/shaper/ready"]
+    periodSeconds: 1
+    failureThreshold: 120
+  resources:
+    {{- toYaml $root.Values.resources.sidecar | nindent 4 }}
+  volumeMounts:
+    - {name: scenario, mountPath: /etc/torbed/scenario, readOnly: true}
+    - {name: shaper-run, mountPath: /run/torbed/shaper}
+{{- end -}}
+
+{{- define "torbed.scenarioJson" -}}
+{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "resources" "clusterDomain" -}}
+{{- $s := dict -}}
+{{- range $k, $v := .Values -}}
+{{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
+{{- end -}}
+{{- toJson $s -}}
+{{- end -}}
+
+{{/* Environment every torbed container gets. */}}
+{{- define "torbed.env" -}}
+- name: TORBED_RELEASE
+  value: {{ include "torbed.fullname" . | quote }}
+- name: TORBED_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: TORBED_CLUSTER_DOMAIN
+  value: {{ .Values.clusterDomain | quote }}
+- name: TORBED_VARIANT
+  value: {{ include "torbed.variant" . | quote }}
+- name: TORBED_REPETITION
+  value: {{ .Values.repetition | quote }}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_IP
+  valueFrom: {fieldRef: {fieldPath: status.podIP}}
+{{- end -}}
+
+{{/* Rate string ("4mbit", "1MB/s") -> bits per second, an integer (as torbed.units). */}}
+{{- define "torbed.bits" -}}
+{{- $m := regexFind "^[0-9]+(\\.[0-9]+)?" (toString .) -}}
+{{- $unit := trim (trimPrefix $m (toString .)) -}}
+{{- $factor := dict "bit" 1.0 "kbit" 1000.0 "mbit" 1000000.0 "gbit" 1000000000.0 "B/s" 8.0 "KB/s" 8000.0 "MB/s" 8000000.0 "GB/s" 8000000000.0 "KiB/s" 8192.0 "MiB/s" 8388608.0 "GiB/s" 8589934592.0 -}}
+{{- mulf (float64 $m) (index $factor $unit) | int64 -}}
+{{- end -}}
+
+{{/* Volumes every tor pod mounts. Args: (list $root $withKeys). */}}
+{{- define "torbed.torVolumes" -}}
+{{- $root := index . 0 -}}{{- $withKeys := index . 1 -}}
+- name: torrc
+  configMap: {name: {{ include "torbed.fullname" $root }}-torrc}
+- name: identities
+  configMap: {name: {{ include "torbed.fullname" $root }}-identities}
+{{- if $withKeys }}
+- name: keys
+  secret: {secretName: {{ include "torbed.fullname" $root }}-keys, defaultMode: 0400}
+{{- end }}
+- name: scenario
+  configMap: {name: {{ include "torbed.fullname" $root }}-scenario}
+- name: data
+  emptyDir: {}
+- name: run
+  emptyDir: {}
+- name: tmp
+  emptyDir: {}
+- name: shaper-run
+  emptyDir: {medium: Memory}
+{{- end -}}
+
+{{/* The tor container of an authority or relay. Args: (list $root $role $group $image $fragments). */}}
+{{- define "torbed.torContainer" -}}
+{{- $root := index . 0 -}}{{- $role := index . 1 -}}{{- $group := index . 2 -}}{{- $image := index . 3 -}}{{- $fragments := index . 4 -}}
+- name: tor
+  image: {{ $image }}
+  imagePullPolicy: {{ $root.Values.images.pullPolicy }}
+  command: ["/usr/local/bin/torbed-node"]
+  env:
+    {{- include "torbed.env" $root | nindent 4 }}
+    - {name: TORBED_ROLE, value: {{ $role | quote }}}
+    - {name: TORBED_GROUP, value: {{ $group | quote }}}
+    - {name: TORBED_FRAGMENTS, value: {{ join " " $fragments | quote }}}
+  ports:
+    - {name: orport, containerPort: 5000, protocol: TCP}
+    {{- if eq $role "authority" }}
+    - {name: dirport, containerPort: 7000, protocol: TCP}
+    {{- end }}
+    {{- if eq $role "relay" }}
+    - {name: metrics, containerPort: 9035, protocol: TCP}
+    {{- end }}
+  readinessProbe:
+    tcpSocket: {port: {{ if eq $role "authority" }}dirport{{ else }}orport{{ end }}}
+    periodSeconds: 2
+  securityContext:
+    {{- include "torbed.containerSecurity" $root | nindent 4 }}
+  resources:
+    {{- toYaml (index $root.Values.resources $role) | nindent 4 }}
+  volumeMounts:
+    - {name: torrc, mountPath: /etc/torbed/torrc, readOnly: true}
+    - {name: identities, mountPath: /etc/torbed/identities, readOnly: true}
+    - {name: keys, mountPath: /etc/torbed/keys, readOnly: true}
+    - {name: data, mountPath: /var/lib/torbed}
+    - {name: run, mountPath: /run/torbed}
+    - {name: tmp, mountPath: /tmp}
+{{- end -}}

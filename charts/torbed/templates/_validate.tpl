@@ -1,0 +1,136 @@
+{{/*
+Cross-field checks of the scenario, the same ones torbed.scenario makes after decoding
+(values.schema.json covers each field on its own). Each problem is reported as
+"<field path>: <message>", as `torbed validate` reports it; rendering fails with all of them.
+*/}}
+{{- define "torbed.validate" -}}
+{{- $v := .Values -}}
+{{- $problems := list -}}
+{{- $relays := $v.network.relays | default dict -}}
+{{- $servers := $v.servers | default dict -}}
+{{- $clients := $v.clients | default dict -}}
+{{- $reserved := list "authority" "auth" "switch" "collector" -}}
+{{- $families := ((.Files.Get "files/variants.yaml") | fromYaml).families -}}
+
+{{- /* Group names share one namespace. */ -}}
+{{- $seen := dict -}}
+{{- range $kind, $groups := dict "network.relays" $relays "servers" $servers "clients" $clients -}}
+{{- range $g, $_ := $groups -}}
+{{- if has $g $reserved }}{{ $problems = append $problems (printf "%s.%s: '%s' is reserved (reserved: %s)" $kind $g $g (join ", " (sortAlpha $reserved))) }}{{ end -}}
+{{- if hasKey $seen $g }}{{ $problems = append $problems (printf "%s.%s: group name '%s' is also used in %s; names must be unique" $kind $g $g (index $seen $g)) }}{{ end -}}
+{{- $_ := set $seen $g $kind -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Variants. */ -}}
+{{- if ne (len (uniq $v.variants)) (len $v.variants) }}{{ $problems = append $problems "variants: variants must be unique" }}{{ end -}}
+{{- $toCheck := dict -}}
+{{- range $i, $name := $v.variants }}{{ $_ := set $toCheck (printf "variants[%d]" $i) $name }}{{ end -}}
+{{- range $g, $rg := $relays }}{{ if $rg.variant }}{{ $_ := set $toCheck (printf "network.relays.%s.variant" $g) $rg.variant }}{{ end }}{{ end -}}
+{{- range $field, $name := $toCheck -}}
+{{- $family := include "torbed.family" $name -}}
+{{- $arg := trimPrefix (printf "%s-" $family) $name -}}
+{{- if eq $arg $name }}{{ $arg = "" }}{{ end -}}
+{{- if not (hasKey $families $family) -}}
+{{- $problems = append $problems (printf "%s: unknown variant '%s' (known: %s; parametrised families take a value, e.g. ewma-66)" $field $name (join ", " (keys $families | sortAlpha))) -}}
+{{- else -}}
+{{- $f := index $families $family -}}
+{{- if and $arg (not $f.parameters) -}}
+{{- $problems = append $problems (printf "%s: variant '%s' takes no parameter, got '%s'" $field $family $name) -}}
+{{- else if $arg -}}
+{{- $p := first $f.parameters -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $arg) -}}
+{{- $problems = append $problems (printf "%s: variant '%s': '%s' is not a number for parameter '%s'" $field $name $arg $p.name) -}}
+{{- else if or (and (kindIs "float64" $p.min) (lt (float64 $arg) (float64 $p.min))) (and (kindIs "float64" $p.max) (gt (float64 $arg) (float64 $p.max))) -}}
+{{- $problems = append $problems (printf "%s: variant '%s': %s=%s outside [%v, %v]" $field $name $p.name $arg $p.min $p.max) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.baseline (not (has $v.baseline $v.variants)) -}}
+{{- $problems = append $problems (printf "baseline: '%s' is not one of variants (%s)" $v.baseline (join ", " $v.variants)) -}}
+{{- end -}}
+{{- if and $v.variant (not (has $v.variant $v.variants)) -}}
+{{- $problems = append $problems (printf "variant: '%s' is not one of the scenario's variants (%s)" $v.variant (join ", " $v.variants)) -}}
+{{- end -}}
+
+{{- /* Exits and paths. */ -}}
+{{- $exits := list -}}
+{{- range $g, $rg := $relays }}{{ if $rg.exit }}{{ $exits = append $exits $g }}{{ end }}{{ end -}}
+{{- if not $exits }}{{ $problems = append $problems "network.relays: no relay group has 'exit: true'; clients cannot bootstrap without exits" }}{{ end -}}
+{{- range $c, $cg := $clients -}}
+{{- if $cg.path -}}
+{{- range $i, $hop := $cg.path -}}
+{{- if not (hasKey $relays $hop) }}{{ $problems = append $problems (printf "clients.%s.path[%d]: '%s' is not a relay group (relay groups: %s)" $c $i $hop (join ", " (keys $relays | sortAlpha))) }}{{ end -}}
+{{- end -}}
+{{- $last := last $cg.path -}}
+{{- if and (hasKey $relays $last) (not (index $relays $last).exit) -}}
+{{- $problems = append $problems (printf "clients.%s.path[%d]: a path must end at an exit group; '%s' has no 'exit: true' (exit groups: %s)" $c (sub (len $cg.path) 1) $last (join ", " $exits | default "none")) -}}
+{{- end -}}
+{{- end -}}
+{{- $wl := $cg.workload -}}
+{{- $server := $wl.server -}}
+{{- if not $server -}}
+{{- if ne (len $servers) 1 -}}
+{{- $problems = append $problems (printf "clients.%s.workload.server: required when there is more than one server group (%s)" $c (join ", " (keys $servers | sortAlpha))) -}}
+{{- else -}}{{- $server = first (keys $servers) -}}{{- end -}}
+{{- end -}}
+{{- if $server -}}
+{{- if not (hasKey $servers $server) -}}
+{{- $problems = append $problems (printf "clients.%s.workload.server: '%s' is not a server group (servers: %s)" $c $server (join ", " (keys $servers | sortAlpha))) -}}
+{{- else if not (hasKey (index $servers $server).files $wl.file) -}}
+{{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys (index $servers $server).files | sortAlpha))) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq $wl.kind "fetch") $wl.think -}}
+{{- if and $wl.pause (ne (toString $wl.pause) "0s") }}{{ $problems = append $problems (printf "clients.%s.workload.think: set either 'pause' or 'think', not both" $c) }}{{ end -}}
+{{- if and (eq ($wl.think.distribution | default "exponential") "uniform") (or (not $wl.think.min) (not $wl.think.max)) -}}
+{{- $problems = append $problems (printf "clients.%s.workload.think: a uniform distribution needs 'min' and 'max'" $c) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Links. */ -}}
+{{- $linkGroups := append (keys $seen) "authority" -}}
+{{- $pairsSeen := dict -}}
+{{- $linkDefault := ($v.links | default dict).default | default dict -}}
+{{- range $i, $pair := ($v.links | default dict).pairs | default list -}}
+{{- range $j, $g := $pair.between -}}
+{{- if not (has $g $linkGroups) }}{{ $problems = append $problems (printf "links.pairs[%d].between[%d]: '%s' is not a group (groups: %s)" $i $j $g (join ", " ($linkGroups | sortAlpha))) }}{{ end -}}
+{{- end -}}
+{{- $key := join "|" ($pair.between | sortAlpha) -}}
+{{- if hasKey $pairsSeen $key }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v is listed twice" $i $pair.between) }}{{ end -}}
+{{- $_ := set $pairsSeen $key true -}}
+{{- if not (or $pair.rate $pair.delay $pair.jitter $pair.jitter_distribution $pair.loss $pair.loss_burst $pair.queue) -}}
+{{- $problems = append $problems (printf "links.pairs[%d]: an override sets none of rate, delay, jitter, loss, queue" $i) -}}
+{{- end -}}
+{{- if and $pair.jitter (not $pair.delay) }}{{ $problems = append $problems (printf "links.pairs[%d].jitter: jitter needs a delay" $i) }}{{ end -}}
+{{- end -}}
+{{- if and $linkDefault.jitter (not $linkDefault.delay) }}{{ $problems = append $problems "links.default.jitter: jitter needs a delay" }}{{ end -}}
+
+{{- /* Measurement. */ -}}
+{{- $m := $v.measure | default dict -}}
+{{- $duration := float64 (include "torbed.seconds" ($m.duration | default "5m")) -}}
+{{- $warmup := float64 (include "torbed.seconds" ($m.warmup | default "30s")) -}}
+{{- if le $duration 0.0 }}{{ $problems = append $problems "measure.duration: must be longer than 0s" }}{{ end -}}
+{{- if ge $warmup $duration }}{{ $problems = append $problems (printf "measure.warmup: warmup %s is not shorter than duration %s" ($m.warmup | default "30s") ($m.duration | default "5m")) }}{{ end -}}
+
+{{- /* Placement and faults name groups (faults may also name nodes like 'middle0'). */ -}}
+{{- range $g, $_ := $v.placement | default dict -}}
+{{- if not (has $g $linkGroups) }}{{ $problems = append $problems (printf "placement.%s: '%s' is not a group (groups: %s)" $g $g (join ", " ($linkGroups | sortAlpha))) }}{{ end -}}
+{{- end -}}
+{{- range $i, $f := $v.faults | default list -}}
+{{- $base := regexReplaceAll "[0-9]+$" $f.target "" -}}
+{{- if and (not (hasKey $relays $f.target)) (not (hasKey $relays $base)) -}}
+{{- $problems = append $problems (printf "faults[%d].target: '%s' is not a relay group or relay node (relay groups: %s; nodes are <group><index>, e.g. middle0)" $i $f.target (join ", " (keys $relays | sortAlpha))) -}}
+{{- else if not (hasKey $relays $f.target) -}}
+{{- $count := (index $relays $base).count | default 1 -}}
+{{- if ge (atoi (trimPrefix $base $f.target)) (int $count) }}{{ $problems = append $problems (printf "faults[%d].target: '%s': group '%s' has %d node(s)" $i $f.target $base (int $count)) }}{{ end -}}
+{{- end -}}
+{{- if ge (float64 (include "torbed.seconds" $f.at)) $duration }}{{ $problems = append $problems (printf "faults[%d].at: %s is after the end of the workload (%s)" $i $f.at ($m.duration | default "5m")) }}{{ end -}}
+{{- end -}}
+
+{{- if $problems -}}
+{{- fail (printf "\nscenario %s is not valid:\n  %s" ($v.name | default "?") (join "\n  " $problems)) -}}
+{{- end -}}
+{{- end -}}
