@@ -230,3 +230,28 @@ def test_isolation_drops_egress_outside_the_allowed_ranges():
     finally:
         for ns in (pod, peer):
             subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_start_barrier_waits_for_every_client(tmp_path):
+    import urllib.request
+    d = tmp_path / "results"
+    d.mkdir()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=2))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        def post(path):
+            with urllib.request.urlopen(urllib.request.Request(url + path, data=b"", method="POST")) as r:
+                return json.loads(r.read())
+        assert post("/ready/bulk0") == {"ready": 1, "of": 2}
+        assert post("/ready/bulk0")["ready"] == 1          # reporting twice counts once
+        with urllib.request.urlopen(url + "/start") as r:
+            assert r.status == 204
+        body = post("/ready/web0")
+        assert body["ready"] == 2 and body["t_workload"] > body["t_all_ready"]
+        from torbed.k8s.client import wait_start
+        import time as _t
+        assert wait_start(url, "web0", _t.time() + 5) == body["t_workload"]
+    finally:
+        srv.shutdown()
+        srv.server_close()

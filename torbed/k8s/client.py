@@ -8,11 +8,14 @@ its consensus lists every relay of the scenario with Running, Valid, Fast, Stabl
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import stem
@@ -57,6 +60,26 @@ def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: lis
     return None
 
 
+def wait_start(url: str, node: str, deadline: float) -> float | None:
+    """Report readiness to the results service and wait for the common workload start
+    (every client ready); None when the deadline passes first."""
+    reported = False
+    while time.time() < deadline:
+        try:
+            if not reported:
+                req = urllib.request.Request(f"{url}/ready/{node}", data=b"", method="POST")
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    r.read()
+                reported = True
+            with urllib.request.urlopen(f"{url}/start", timeout=5) as r:
+                if r.status == 200:
+                    return float(json.loads(r.read())["t_workload"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     s = load_scenario()
     group = env("TORBED_GROUP")
@@ -84,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         ctl.close()
         t_ready = time.time()
-        log(f"client {node}: network ready after {t_ready - t0:.1f} s")
+        log(f"client {node}: network ready after {t_ready - t0:.1f} s; waiting for the other clients")
+        t_work = wait_start(env("TORBED_RESULTS_URL"), node, deadline)
+        if t_work is None:
+            log(f"client {node}: not every client was ready within {s.measure.ready_timeout}")
+            events.write({"client": node, "event": "not_ready", "why": "start barrier timed out",
+                          "t": time.time(), "variant": variant(), "rep": repetition()})
+            return 1
 
         wl = cg.workload
         server_group = wl.server or next(iter(s.servers))
@@ -95,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
         entry = manifest[wl.file]
         warmup = units.parse_duration(s.measure.warmup)
-        t_work = time.time() + 1.0
         think = None
         if getattr(wl, "think", None):
             think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),

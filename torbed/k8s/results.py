@@ -1,8 +1,14 @@
-"""The results service: measuring pods append JSON lines to files here as they write them.
+"""The results service: measuring pods append JSON lines to files here as they write them,
+and the clients' start barrier.
 
 POST /append/<file>   append the body (whole lines) to <file>, under one lock per service so
                       concurrent writers never interleave within a line
 GET  /files           {file: size}
+GET  /files/<file>    its content
+POST /ready/<client>  a client's network view is ready (torbed.k8s.client's evidence)
+GET  /start           200 {"t_workload": t} once every one of --clients clients is ready
+                      (t = then + START_LEAD_S, so all start their workload together, as on
+                      the local backend), 204 before
 GET  /healthz         readiness
 The directory is fetched with ``kubectl exec ... tar`` (NOTES.txt, torbed run --backend k8s).
 """
@@ -16,13 +22,17 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+START_LEAD_S = 2.0
 
 
-def make_handler(directory: Path):
+def make_handler(directory: Path, clients: int = 0):
     lock = threading.Lock()
+    ready: dict[str, float] = {}
+    start: dict[str, float] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, fmt, *args):
@@ -41,9 +51,37 @@ def make_handler(directory: Path):
                 return self._reply(200, {"ok": True})
             if self.path == "/files":
                 return self._reply(200, {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()})
+            if self.path.startswith("/files/"):
+                name = self.path[len("/files/"):]
+                if not NAME_RE.match(name) or not (directory / name).is_file():
+                    return self._reply(404, {"error": f"no file {name!r}"})
+                with lock:
+                    data = (directory / name).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            if self.path == "/start":
+                with lock:
+                    if "t_workload" in start:
+                        return self._reply(200, {**start, "clients": sorted(ready)})
+                self.send_response(204)
+                self.end_headers()
+                return
             self._reply(404, {"error": "not found"})
 
         def do_POST(self):
+            if self.path.startswith("/ready/"):
+                name = self.path[len("/ready/"):]
+                if not NAME_RE.match(name):
+                    return self._reply(400, {"error": f"bad client name {name!r}"})
+                with lock:
+                    ready.setdefault(name, time.time())
+                    if len(ready) >= clients and "t_workload" not in start:
+                        start.update(t_workload=time.time() + START_LEAD_S, t_all_ready=time.time())
+                    return self._reply(200, {"ready": len(ready), "of": clients, **start})
             prefix = "/append/"
             name = self.path[len(prefix):] if self.path.startswith(prefix) else ""
             if not NAME_RE.match(name):
@@ -64,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--bind", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--clients", type=int, default=1, help="clients the start barrier waits for")
     args = ap.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
-    server = http.server.ThreadingHTTPServer((args.bind, args.port), make_handler(args.dir))
+    server = http.server.ThreadingHTTPServer((args.bind, args.port), make_handler(args.dir, args.clients))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.5)
