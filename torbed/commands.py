@@ -48,6 +48,8 @@ def cmd_run(args) -> int:
         s.repetitions = args.repetitions
     if args.duration:
         s.measure.duration = args.duration
+    if args.backend == "k8s":
+        return _run_k8s(args, s)
     if os.geteuid() != 0 or (os.environ.get("TORBED_USERNS") == "1" and not os.environ.get("TORBED_IN_USERNS")):
         _reexec_in_userns()
     try:
@@ -66,8 +68,26 @@ def cmd_run(args) -> int:
     return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
 
 
+def _run_k8s(args, s) -> int:
+    from .backends import k8s
+    try:
+        run_dir = k8s.run_scenario(s, Path(args.scenario), Path(args.out), console, namespace=args.namespace,
+                                   context=args.context, variants=args.variant, extra_set=args.set or [])
+    except k8s.Interrupted:
+        console.print("[yellow]interrupted[/yellow]: the release was uninstalled; records fetched so far are kept")
+        return EXIT_INTERRUPTED
+    except k8s.RunFailed as e:
+        console.print(f"[red]error[/red] {e}", highlight=False)
+        return EXIT_FAILED
+    import json
+    info = json.loads((run_dir / "run.json").read_text())
+    console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
+                  f"next: torbed report {run_dir}")
+    return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
+
+
 def register_run(sub, fmt) -> None:
-    p = sub.add_parser("run", help="run a scenario on this machine (local backend) -> RUN_DIR", formatter_class=fmt)
+    p = sub.add_parser("run", help="run a scenario (local backend, or --backend k8s) -> RUN_DIR", formatter_class=fmt)
     p.add_argument("scenario", help="scenario YAML file (check it first with `torbed validate`)")
     p.add_argument("--out", default="runs", help="directory in which the run directory is created")
     p.add_argument("--variant", action="append", default=None, help="run only this variant (repeatable)")
@@ -75,6 +95,13 @@ def register_run(sub, fmt) -> None:
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")
     p.add_argument("--system-tor", action="store_true",
                    help="config-only variants use the tor on PATH instead of the cached stock build")
+    p.add_argument("--backend", choices=["local", "k8s"], default="local",
+                   help="local: network namespaces on this machine; k8s: helm install of charts/torbed "
+                        "into the current kubeconfig context, one release per variant and repetition")
+    p.add_argument("--namespace", default="default", help="k8s: namespace of the releases")
+    p.add_argument("--context", default=None, help="k8s: kubeconfig context (default: the current one)")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="k8s: extra chart values, e.g. images.registry=reg:5000 (repeatable)")
     p.set_defaults(func=_guard_shaping(cmd_run))
 
 
