@@ -460,9 +460,24 @@ def load(path: str | Path, variants_dir: Path = constants.VARIANTS_DIR) -> Scena
     return parse(data, str(path), variants_dir)
 
 
+def _close_maps(node: object) -> None:
+    """Maps keyed by a pattern (group names, file names, consensus parameters) come out of
+    pydantic as patternProperties alone, which lets a key outside the pattern (and its
+    value, unchecked) through; close them, as every other object is closed."""
+    if isinstance(node, dict):
+        if "patternProperties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for v in node.values():
+            _close_maps(v)
+    elif isinstance(node, list):
+        for v in node:
+            _close_maps(v)
+
+
 def json_schema() -> dict:
     """JSON Schema (draft 2020-12) of a scenario; unknown keys are rejected everywhere."""
     schema = Scenario.model_json_schema()
+    _close_maps(schema)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "torbed scenario (apiVersion torbed/v1)"
     return schema

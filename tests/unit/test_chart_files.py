@@ -60,3 +60,10 @@ def test_chart_keys_are_dropped_from_the_scenario_the_pods_read():
     text = (chart.CHART_DIR / "templates" / "_helpers.tpl").read_text()
     listed = re.search(r'\$chartKeys := list ((?:"[A-Za-z]+" ?)+)', text).group(1)
     assert sorted(re.findall(r'"([A-Za-z]+)"', listed)) == sorted(chart.ChartValues.model_fields)
+
+
+def test_schema_rejects_a_group_name_outside_the_pattern():
+    v = copy.deepcopy(_values(REPO / "scenarios" / "quickstart.yaml"))
+    v["network"]["relays"]["Guard_1"] = v["network"]["relays"].pop("guard")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(v, chart.values_schema())
