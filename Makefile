@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := .stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench
+.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench tools chart-test
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -33,6 +33,12 @@ integration: setup
 
 demo: setup  ## run scenarios/quickstart.yaml and write its report
 	hack/demo.sh
+
+tools: venv  ## helm, helm-unittest, kubeconform + offline Kubernetes/CRD schemas, cached in ~/.cache/torbed/tools
+	hack/k8s-tools.sh
+
+chart-test: tools  ## lint, render and validate charts/torbed for every scenario x variant; its unit tests
+	$(BIN)/pytest -q tests/chart $(PYTEST_ARGS)
 
 schema: venv  ## regenerate the chart's generated files (values.schema.json, files/torrc, files/variants.yaml)
 	$(BIN)/torbed chart-files

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command behind `make test` (and so .ci/run): linkemu's cargo tests, unit tests,
-# then integration tests with real tor processes and network namespaces. pytest's exit 5
+# chart tests (helm lint/template/unittest, kubeconform), then integration tests with real
+# tor processes and network namespaces. pytest's exit 5
 # ("no tests ran") fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,12 @@ bin=.venv/bin
 cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
 if ! "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml; then
   echo "run-tests: linkemu's cargo tests failed (or cargo is missing: install Rust, https://rustup.rs)" >&2
+  exit 1
+fi
+# The chart's tools (helm, helm-unittest, kubeconform, offline schemas): built once from the
+# Go module proxy, cached; tests/chart uses them.
+if ! hack/k8s-tools.sh; then
+  echo "run-tests: building the chart tools failed (hack/k8s-tools.sh)" >&2
   exit 1
 fi
 if [ "$(id -u)" -ne 0 ]; then

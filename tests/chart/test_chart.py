@@ -1,0 +1,195 @@
+"""The Helm chart (charts/torbed): every scenario x variant lints, renders, and the rendered
+manifests validate offline against Kubernetes 1.33 and the CRDs we use (PodMonitor,
+ServiceMonitor, Chaos Mesh); the chart's helm-unittest suites pass; invalid scenarios are
+refused by the values schema with the offending field named.
+
+Tools and schemas come from `make tools` (hack/k8s-tools.sh), cached under
+${TORBED_CACHE:-~/.cache/torbed}/tools. TORBED_CHART points the suite at another chart.
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = Path(os.environ.get("TORBED_CHART", REPO / "charts" / "torbed"))
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+TIMEOUT = 180
+BUILD_HINT = "run `make tools` (hack/k8s-tools.sh) to build them"
+
+# kubeconform's layouts (see hack/openapi2jsonschema.py).
+K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json"
+CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
+
+
+def scenario_variants():
+    cases = []
+    for path in SCENARIOS:
+        with open(path) as f:
+            variants = (yaml.safe_load(f) or {}).get("variants") or []
+        for v in variants:
+            cases.append(pytest.param(path, v, id=f"{path.stem}-{v}"))
+    return cases
+
+
+def tool_env():
+    """Locations from `hack/k8s-tools.sh --env` (it knows the pinned versions). TORBED_*
+    variables already set win, so a runner can point elsewhere; HELM_PLUGINS is always ours
+    (a user's own HELM_PLUGINS would not hold this helm-unittest)."""
+    out = subprocess.run(["bash", str(REPO / "hack" / "k8s-tools.sh"), "--env"],
+                         check=True, capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r'export (\w+)="(.*)"', line.strip())
+        if m:
+            found[m.group(1)] = m.group(2)
+    bin_dir = found["PATH"].split(":")[0]
+    env = dict(os.environ)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["HELM_PLUGINS"] = found["HELM_PLUGINS"]
+    for key in ("TORBED_KUBE_VERSION", "TORBED_K8S_SCHEMAS", "TORBED_CRD_SCHEMAS"):
+        env[key] = os.environ.get(key) or found[key]
+    # helm must not read or write the user's helm config/cache/repositories.
+    for key in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME"):
+        env.pop(key, None)
+    return bin_dir, env
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory):
+    bin_dir, env = tool_env()
+    home = tmp_path_factory.mktemp("helm-home")
+    env.update(HELM_CONFIG_HOME=str(home / "config"), HELM_CACHE_HOME=str(home / "cache"),
+               HELM_DATA_HOME=str(home / "data"))
+    missing = [p for p in (Path(bin_dir) / "helm", Path(bin_dir) / "kubeconform",
+                           Path(env["HELM_PLUGINS"]) / "unittest" / "plugin.yaml",
+                           Path(env["TORBED_K8S_SCHEMAS"]) / f"v{env['TORBED_KUBE_VERSION']}-standalone-strict",
+                           Path(env["TORBED_CRD_SCHEMAS"]) / "monitoring.coreos.com")
+               if not p.exists()]
+    if missing:
+        pytest.fail("chart tools missing: " + ", ".join(map(str, missing)) + f"; {BUILD_HINT}",
+                    pytrace=False)
+    if not (CHART / "Chart.yaml").is_file():
+        pytest.fail(f"no chart at {CHART} (Chart.yaml missing)", pytrace=False)
+    return {"helm": str(Path(bin_dir) / "helm"), "kubeconform": str(Path(bin_dir) / "kubeconform"),
+            "env": env}
+
+
+def run(tools, *args, stdin=None):
+    return subprocess.run(list(args), input=stdin, capture_output=True, text=True,
+                          env=tools["env"], timeout=TIMEOUT)
+
+
+def show(proc, limit=20000):
+    """The command and its output for an assertion message (a whole rendering can be long)."""
+    out = proc.stdout if len(proc.stdout) <= limit else proc.stdout[:limit] + "\n[... cut]"
+    return f"$ {' '.join(proc.args)}\n--- stdout\n{out}\n--- stderr\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("scenario, variant", scenario_variants())
+def test_lint(tools, scenario, variant):
+    p = run(tools, tools["helm"], "lint", str(CHART), "-f", str(scenario), "--set", f"variant={variant}")
+    assert p.returncode == 0, show(p)
+
+
+# `helm template` has no cluster: resources the chart renders only when the cluster serves
+# their API (PodMonitor, Chaos Mesh) appear only when those APIs are declared, so both ways.
+CRD_APIS = ["monitoring.coreos.com/v1", "monitoring.coreos.com/v1/PodMonitor",
+            "monitoring.coreos.com/v1/ServiceMonitor", "chaos-mesh.org/v1alpha1"]
+
+
+@pytest.mark.parametrize("apis", [pytest.param([], id="no-crds"), pytest.param(CRD_APIS, id="crds")])
+@pytest.mark.parametrize("scenario, variant", scenario_variants())
+def test_template_validates(tools, scenario, variant, apis):
+    api_args = [a for api in apis for a in ("--api-versions", api)]
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(scenario),
+            "--set", f"variant={variant}", *api_args)
+    assert t.returncode == 0, show(t)
+    env = tools["env"]
+    # No -ignore-missing-schemas: a kind without a schema is an error, not a pass.
+    k = run(tools, tools["kubeconform"], "-strict", "-summary",
+            "-kubernetes-version", env["TORBED_KUBE_VERSION"],
+            "-schema-location", f"{env['TORBED_K8S_SCHEMAS']}/{K8S_TEMPLATE}",
+            "-schema-location", f"{env['TORBED_CRD_SCHEMAS']}/{CRD_TEMPLATE}",
+            "-", stdin=t.stdout)
+    assert k.returncode == 0, show(k)
+    m = re.search(r"(\d+) resources found.*Valid: (\d+), Invalid: (\d+), Errors: (\d+), Skipped: (\d+)",
+                  k.stdout + k.stderr)
+    assert m, show(k)
+    found, valid = int(m.group(1)), int(m.group(2))
+    assert found > 0 and valid == found, show(k)
+
+
+def test_unittest(tools):
+    # helm-unittest's default pattern, tests/*_test.yaml, skips suites in subdirectories of
+    # tests/; name them all, and check that every suite file ran.
+    suites = sorted((CHART / "tests").rglob("*_test.yaml"))
+    assert suites, f"no helm-unittest suites in {CHART / 'tests'} (*_test.yaml)"
+    # --strict: a misspelt key in a test suite is an error instead of a silently skipped assert.
+    p = run(tools, tools["helm"], "unittest", "--strict", "-f", "tests/**/*_test.yaml", str(CHART))
+    assert p.returncode == 0, show(p)
+    m = re.search(r"Test Suites:\s+(\d+) passed, (\d+) total", p.stdout)
+    assert m and int(m.group(1)) == int(m.group(2)) == len(suites), \
+        f"expected all {len(suites)} suites to run and pass\n" + show(p)
+
+
+# ------------------------------------------------------------------ schema rejection
+
+def _set(doc, path, value):
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+def _rename_group(doc, old, new):
+    """Rename a relay group everywhere it is named, so only the name itself is wrong."""
+    doc["network"]["relays"][new] = doc["network"]["relays"].pop(old)
+    for c in doc["clients"].values():
+        c["path"] = [new if g == old else g for g in c.get("path") or []]
+    for pair in doc.get("links", {}).get("pairs", []):
+        pair["between"] = [new if g == old else g for g in pair["between"]]
+
+
+# (id, mutation of quickstart, strings of which at least one must be in helm's stderr)
+INVALID = [
+    ("unknown-top-level-key", lambda d: _set(d, ["bogus_top"], 1), ["bogus_top"]),
+    ("unknown-nested-key", lambda d: _set(d, ["network", "relays", "guard", "bogus_nested"], True),
+     ["bogus_nested"]),
+    ("bad-rate-unit", lambda d: _set(d, ["links", "pairs", 0, "rate"], "4 megabits"),
+     ["/links/pairs/0/rate", "links.pairs[0].rate", "links.pairs.0.rate"]),
+    ("count-zero", lambda d: _set(d, ["network", "relays", "middle", "count"], 0),
+     ["/network/relays/middle/count", "network.relays.middle.count"]),
+    ("unknown-workload-kind", lambda d: _set(d, ["clients", "bulk", "workload", "kind"], "stream"),
+     ["/clients/bulk/workload/kind", "clients.bulk.workload.kind"]),
+    ("wrong-apiversion", lambda d: _set(d, ["apiVersion"], "torbed/v2"), ["/apiVersion", "apiVersion:"]),
+    ("bad-group-name", lambda d: _rename_group(d, "guard", "Guard_1"), ["Guard_1"]),
+]
+
+
+def render_mutated(tools, tmp_path, mutate):
+    with open(REPO / "scenarios" / "quickstart.yaml") as f:
+        doc = yaml.safe_load(f)
+    mutate(doc)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(path),
+               "--set", f"variant={doc['variants'][0]}")
+
+
+def test_unmutated_quickstart_renders(tools, tmp_path):
+    # The control for test_schema_rejects: the same round trip without a mutation passes, so
+    # a rejection there is the mutation's doing.
+    p = render_mutated(tools, tmp_path, lambda d: None)
+    assert p.returncode == 0, show(p)
+
+
+@pytest.mark.parametrize("mutate, expected", [pytest.param(m, e, id=i) for i, m, e in INVALID])
+def test_schema_rejects(tools, tmp_path, mutate, expected):
+    p = render_mutated(tools, tmp_path, mutate)
+    assert p.returncode != 0, "helm template accepted an invalid scenario\n" + show(p, limit=1500)
+    assert any(e in p.stderr for e in expected), \
+        f"helm's error does not name the field (expected one of {expected})\n" + show(p, limit=1500)
