@@ -18,6 +18,7 @@ relay (policy accept *:*) cannot reach outside the testbed whatever a client ask
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -138,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             specs[g] = spec
     dev = default_dev()
     cmds, ids = classes(dev, specs)
-    cmds += isolation(dev, args.allow or DEFAULT_ALLOW)
+    allow = list(args.allow or DEFAULT_ALLOW)
+    # The pod's own node: kubelet probes and the API server's proxy reach pods from it, and
+    # the replies must get back (the node is not "outside" in any sense that matters here).
+    host_ip = os.environ.get("HOST_IP")
+    if host_ip:
+        allow.append(f"{host_ip}/32")
+    cmds += isolation(dev, allow)
     try:
         tc_batch(cmds)
     except TcError as e:
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     args.ready_file.parent.mkdir(parents=True, exist_ok=True)
     args.ready_file.write_text("htb and isolation installed\n")
-    log(f"shaper: egress outside {', '.join(args.allow or DEFAULT_ALLOW)} is dropped")
+    log(f"shaper: egress outside {', '.join(allow)} is dropped")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     current: dict[str, str] = {}

@@ -191,6 +191,8 @@ Args: (list $root $group).
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_IP
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
+- name: HOST_IP
+  valueFrom: {fieldRef: {fieldPath: status.hostIP}}
 {{- end -}}
 
 {{/* Rate string ("4mbit", "1MB/s") -> bits per second, an integer (as torbed.units). */}}
