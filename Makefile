@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := .stamp
 PYTEST_ARGS ?=
+IMAGES_ARGS ?=
 
-.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench tools chart-test
+.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench tools chart-test images images-arm64 images-test
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -42,6 +43,15 @@ chart-test: tools  ## lint, render and validate charts/torbed for every scenario
 
 schema: venv  ## regenerate the chart's generated files (values.schema.json, files/torrc, files/variants.yaml)
 	$(BIN)/torbed chart-files
+
+images: venv  ## container images (dirauth, client, relay per variant family) for this machine; PLATFORM=linux/arm64 for arm64
+	$(BIN)/python -m torbed.images $(if $(PLATFORM),--platform $(PLATFORM)) $(IMAGES_ARGS)
+
+images-arm64: venv  ## the same for linux/arm64 (tor cross-compiled, the rest under qemu); tags end in -arm64
+	$(BIN)/python -m torbed.images --platform linux/arm64 $(IMAGES_ARGS)
+
+images-test: images  ## tests/images against the built images
+	$(BIN)/pytest -q tests/images $(PYTEST_ARGS)
 
 bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh

@@ -4,6 +4,7 @@
 #
 # Usage:
 #   build-tor.sh --out DIR [--patch FILE]... [--check] [--jobs N]
+#   build-tor.sh --list-patches VARIANT_DIR
 #
 #   --out DIR     install prefix of the result: DIR/bin/{tor,tor-gencert} and
 #                 DIR/build.json.  DIR must not exist yet or is replaced.
@@ -12,6 +13,10 @@
 #   --check       also build tor's unit tests (with -Werror) and run the
 #                 circuitmux test groups; the build fails if they fail.
 #   --jobs N      parallel make jobs (default: number of CPUs).
+#   --list-patches VARIANT_DIR
+#                 print the patches of VARIANT_DIR/variant.yaml, one path a line,
+#                 in the order they apply, and exit (the images' build stage has
+#                 no Python; tests compare this with torbed.variants).
 #
 # Environment:
 #   TORBED_CACHE        cache root (default $HOME/.cache/torbed); the source
@@ -23,11 +28,14 @@
 #                       no longer find the pinned version (e.g. a snapshot.debian.org
 #                       URL).  The pinned checksum is verified either way.
 #   CC, CFLAGS, LDFLAGS passed to configure as usual.
-#   HOST                GNU triplet to cross-compile for (configure --host);
-#                       the cross compiler ($HOST-gcc or $CC) must already be
-#                       installed.  Not exercised yet.
+#   HOST                GNU triplet to cross-compile for (configure --host), e.g.
+#                       aarch64-linux-gnu; gcc-$HOST is installed if missing (or
+#                       set CC).  Used by the images' build stage for arm64.
 #   DEB_HOST_ARCH       Debian arch whose -dev libraries to check/install when
-#                       cross-compiling (e.g. arm64 -> libssl-dev:arm64).
+#                       cross-compiling (e.g. arm64 -> libssl-dev:arm64); that
+#                       architecture must have been added (dpkg --add-architecture).
+#   PKG_CONFIG_LIBDIR   when cross-compiling, defaults to the target's multiarch
+#                       pkg-config dirs (/usr/lib/$HOST/pkgconfig:/usr/share/pkgconfig).
 #
 # The script is used both by torbed's local backend (binaries cached per
 # variant) and inside a `FROM debian:bookworm-slim` Docker build stage, so it
@@ -73,6 +81,35 @@ usage() {
   exit "${1:-0}"
 }
 
+# The `patches:` key of a variant.yaml: a flow list (`patches: [a.patch, b.patch]`)
+# or a block list (`- a.patch` lines); quotes and comments are allowed.
+list_patches() {
+  local dir=${1%/} yaml
+  yaml="$dir/variant.yaml"
+  [ -f "$yaml" ] || die "no variant.yaml in $dir"
+  awk -v q="'" '
+    function clean(x) {
+      sub(/[ \t]+#.*$/, "", x); gsub(/^[ \t]+|[ \t]+$/, "", x)
+      gsub("^[\"" q "]|[\"" q "]$", "", x); return x
+    }
+    /^patches:/ {
+      rest = $0; sub(/^patches:[ \t]*/, "", rest); sub(/[ \t]*#.*$/, "", rest)
+      if (rest ~ /^\[/) {
+        gsub(/[][]/, "", rest); n = split(rest, a, ",")
+        for (i = 1; i <= n; i++) { x = clean(a[i]); if (x != "") print x }
+        exit
+      }
+      block = 1; next
+    }
+    block && /^[ \t]*-/ { x = $0; sub(/^[ \t]*-[ \t]*/, "", x); x = clean(x); if (x != "") print x; next }
+    block && /^[ \t]*(#.*)?$/ { next }
+    block { exit }
+  ' "$yaml" | while IFS= read -r p; do
+    [ -f "$dir/$p" ] || die "$yaml lists patch '$p', which is missing"
+    printf '%s\n' "$dir/$p"
+  done
+}
+
 # ---------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------
@@ -90,6 +127,7 @@ while [ $# -gt 0 ]; do
     --check)  CHECK=1; shift ;;
     --jobs)   [ $# -ge 2 ] || die "--jobs needs a number"; JOBS=$2; shift 2 ;;
     --jobs=*) JOBS=${1#--jobs=}; shift ;;
+    --list-patches) [ $# -ge 2 ] || die "--list-patches needs a variant directory"; list_patches "$2"; exit 0 ;;
     -h|--help) usage 0 ;;
     *) printf 'unknown argument: %s\n\n' "$1" >&2; usage 2 ;;
   esac
@@ -149,12 +187,15 @@ ensure_packages() {
   fi
   log "installing missing build dependencies: ${missing[*]}"
   # No `apt-get update` unless the install fails: a Docker stage or this
-  # machine normally has fresh lists, and update is slow.
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2; then
+  # machine normally has fresh lists, and update is slow.  --no-remove: a
+  # cross build's :arch -dev packages can conflict with the native ones
+  # (libevent-dev); apt must fail then rather than remove the machine's packages.
+  local apt=(apt-get install -y -q --no-install-recommends --no-remove)
+  if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" "${missing[@]}" >&2; then
     log "apt-get install failed; refreshing package lists and retrying"
     apt-get update >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 \
-      || die "could not install: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" "${missing[@]}" >&2 \
+      || die "could not install: ${missing[*]} (cross-compiling? the target's -dev packages may conflict with this machine's: build in a container, e.g. the relay image's build stage)"
   fi
 }
 
@@ -174,6 +215,11 @@ NEED_AUTORECONF=0
 if patches_touch_build_system; then NEED_AUTORECONF=1; fi
 
 DEPS=("${TOOL_DEPS[@]}")
+if [ -n "${HOST:-}" ] && [ -z "${CC:-}" ]; then DEPS+=("gcc-$HOST"); fi
+if [ -n "${DEB_HOST_ARCH:-}" ] && [ "$DEB_HOST_ARCH" != "$(dpkg --print-architecture)" ] \
+   && ! dpkg --print-foreign-architectures | grep -qx "$DEB_HOST_ARCH"; then
+  die "DEB_HOST_ARCH=$DEB_HOST_ARCH is not a configured architecture: dpkg --add-architecture $DEB_HOST_ARCH && apt-get update (best in a container: see below)"
+fi
 for p in "${LIB_DEPS[@]}"; do
   DEPS+=("$p${DEB_HOST_ARCH:+:$DEB_HOST_ARCH}")
 done
@@ -312,7 +358,12 @@ else
 fi
 # Cross-compilation: let configure pick $HOST-gcc (or $CC) and the target's
 # pkg-config files; nothing below assumes the build machine's architecture.
-if [ -n "${HOST:-}" ]; then CONFIGURE_FLAGS+=("--host=$HOST"); fi
+if [ -n "${HOST:-}" ]; then
+  CONFIGURE_FLAGS+=("--host=$HOST")
+  # Without a $HOST-pkg-config wrapper configure would run the build machine's
+  # pkg-config and find the native libraries' flags.
+  export PKG_CONFIG_LIBDIR=${PKG_CONFIG_LIBDIR:-/usr/lib/$HOST/pkgconfig:/usr/share/pkgconfig}
+fi
 
 # The build dir has a random name; map it to a fixed one in debug info and
 # __FILE__ strings so identical inputs give identical binaries (the binaries'

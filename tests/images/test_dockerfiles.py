@@ -1,0 +1,114 @@
+"""The Dockerfiles and the image build plan, checked without Docker (fast, every run)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+import pytest
+
+from torbed import __version__, constants, images
+from torbed.variants import list_families, load_variant
+
+REPO = constants.REPO_ROOT
+DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.IMAGES}
+
+
+def shared_stages(text: str) -> str:
+    """From the global BASE_IMAGE arg to the last stage shared by all images (tor)."""
+    start = text.index("ARG BASE_IMAGE=debian:bookworm-slim")
+    end = text.index("\n# --- ", text.index("AS tor\n"))
+    return text[start:end]
+
+
+def test_shared_stages_are_identical():
+    # Identical text = identical BuildKit cache keys: the unpatched tor is compiled once for
+    # dirauth, client and every config-only relay family.
+    texts = {k: shared_stages(p.read_text()) for k, p in DOCKERFILES.items()}
+    assert texts["dirauth"] == texts["relay"]
+    assert texts["client"] == texts["relay"]
+
+
+@pytest.mark.parametrize("kind", images.IMAGES)
+def test_dockerfile_conventions(kind):
+    text = DOCKERFILES[kind].read_text()
+    assert "FROM --platform=$BUILDPLATFORM debian:bookworm-slim AS tor" in text
+    # The runtime stage's base defaults to the standard image (another name only for cross
+    # builds on dockerd 20.10, which keeps one architecture per tag).
+    assert text.startswith("#") and "ARG BASE_IMAGE=debian:bookworm-slim" in text
+    runtime = text[text.rindex("\nFROM "):]
+    assert runtime.startswith("\nFROM ${BASE_IMAGE}\n")
+    assert "USER 10000:10000" in runtime
+    assert 'ENTRYPOINT ["/usr/local/bin/torbed-node"]' in runtime
+    for label in ("org.opencontainers.image.title", "org.opencontainers.image.description",
+                  "org.opencontainers.image.source", "org.opencontainers.image.version",
+                  "io.torbed.tor-version", "io.torbed.variant"):
+        assert label + "=" in runtime, label
+    assert f"ARG TOR_VERSION={constants.TOR_VERSION}" in runtime
+    assert f"ARG TORBED_VERSION={__version__}" in runtime
+    # Every apt install in a final image cleans its lists.
+    for run in re.findall(r"RUN (?:[^\n]*\\\n)*[^\n]*", runtime):
+        if "apt-get install" in run:
+            assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run
+
+
+def test_build_tor_lists_the_patches_torbed_variants_lists():
+    for family in list_families():
+        out = subprocess.run(["bash", str(constants.BUILD_SCRIPT), "--list-patches",
+                              str(constants.VARIANTS_DIR / family)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out == [str(p) for p in load_variant(family).patches], family
+
+
+def test_build_tor_list_patches_forms(tmp_path):
+    (tmp_path / "a.patch").write_text("")
+    (tmp_path / "b.patch").write_text("")
+    forms = [
+        "name: x\npatches: [a.patch, 'b.patch']  # two\ntorrc: |\n  X 1\n",
+        'name: x\npatches:\n  - "a.patch"   # first\n\n  - b.patch\ntorrc: |\n  - not a patch\n',
+    ]
+    for form in forms:
+        (tmp_path / "variant.yaml").write_text(form)
+        out = subprocess.run(["bash", str(constants.BUILD_SCRIPT), "--list-patches", str(tmp_path)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out == [str(tmp_path / "a.patch"), str(tmp_path / "b.patch")], form
+    (tmp_path / "variant.yaml").write_text("patches: [missing.patch]\n")
+    proc = subprocess.run(["bash", str(constants.BUILD_SCRIPT), "--list-patches", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "missing.patch" in proc.stderr
+
+
+def test_client_requirements_follow_pyproject():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    by_name = {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower(): d.replace(" ", "") for d in deps}
+    text = DOCKERFILES["client"].read_text()
+    line = re.search(r"pip install --no-cache-dir -q \\\n([^\n]*)\n", text).group(1)
+    installed = re.findall(r'"([A-Za-z0-9_.-]+[=<>!~][^"]*)"', line)
+    names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower(): r for r in installed}
+    assert set(names) == {"stem", "python-socks", "pydantic", "pyyaml", "rich"}
+    for name, req in names.items():
+        assert by_name[name] == req, f"client Dockerfile has {req}, pyproject.toml {by_name[name]}"
+    assert "--no-deps" in text
+
+
+def test_plan_tags_and_args():
+    plan = images.plan("linux/amd64" if images.host_arch() == "amd64" else "linux/arm64")
+    tags = [i.tag for i in plan]
+    assert tags[:2] == [f"torbed/dirauth:{__version__}", f"torbed/client:{__version__}"]
+    assert sorted(tags[2:]) == sorted(f"torbed/relay:{f}-{__version__}" for f in list_families())
+    relays = {i.family: i for i in plan if i.kind == "relay"}
+    assert relays["vanilla"].build_args["PATCHES"] == "0001-circuitmux-round-robin-policy.patch"
+    assert relays["kist"].build_args["PATCHES"] == ""
+    assert all(i.build_args["TOR_VERSION"] == constants.TOR_VERSION for i in plan)
+    foreign = "linux/arm64" if images.host_arch() == "amd64" else "linux/amd64"
+    assert all(i.tag.endswith(foreign.rsplit("/", 1)[1]) for i in images.plan(foreign))
+
+
+def test_plan_rejects_bad_input():
+    with pytest.raises(images.ImageInputError, match="platform"):
+        images.plan("linux/s390x")
+    with pytest.raises(images.ImageInputError, match="family"):
+        images.plan(None, families=["nope"])
+    with pytest.raises(images.ImageInputError, match="kind"):
+        images.plan(None, kinds=["relay", "bridge"])

@@ -1,0 +1,291 @@
+"""Container images of the Kubernetes backend: build them with the local Docker engine.
+
+``make images`` (``python -m torbed.images``) builds, for one platform, ``torbed/dirauth``,
+``torbed/client`` and one ``torbed/relay`` per variant family, from images/*/Dockerfile with
+the repository root as the build context, and prints their tags and sizes. Docker's layer
+cache makes a rebuild without changes take seconds; the unpatched tor is compiled once per
+architecture and shared by dirauth, client and the config-only families.
+
+Public API:
+
+- ``IMAGES`` the image kinds; ``Image`` one image to build (kind, tag, Dockerfile, build args)
+- ``plan(platform=None, kinds=IMAGES, families=None) -> list[Image]``
+- ``build(images, verbose=False, console=None) -> list[Result]`` raises
+  ``ImageError`` (the message names the image and its log)
+- ``ensure_engine() -> str`` the docker client to build with (runs hack/docker.sh)
+- ``ensure_base(arch) -> str`` the runtime base image for ``arch`` (runs hack/base-image.sh)
+- ``tag(kind, family=None, arch=None) -> str``
+
+Tags: ``torbed/relay:<family>-<version>``, ``torbed/dirauth:<version>``,
+``torbed/client:<version>`` (version: pyproject's). dockerd 20.10 keeps one architecture per
+tag, so images for a foreign architecture get ``-<arch>`` appended (``vanilla-0.1.0-arm64``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform as _platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, constants
+from .variants import VariantError, list_families, load_variant
+
+REPO = constants.REPO_ROOT
+IMAGES = ("dirauth", "client", "relay")
+REGISTRY_PREFIX = "torbed"
+ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "amd64": "amd64", "arm64": "arm64"}
+LOG_DIR = constants.CACHE_DIR / "logs"
+
+
+class ImageError(RuntimeError):
+    """An image could not be built (exit code 1)."""
+
+
+class ImageInputError(ImageError):
+    """Bad input: an unknown platform, image kind or variant family (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Image:
+    kind: str
+    tag: str
+    dockerfile: Path
+    arch: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    family: str | None = None
+    patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Result:
+    image: Image
+    seconds: float
+    size_bytes: int
+    image_id: str
+    cached: bool     # the tag already pointed at this image before the build
+
+
+def host_arch() -> str:
+    machine = _platform.machine()
+    if machine not in ARCHES:
+        raise ImageError(f"unsupported host architecture {machine}")
+    return ARCHES[machine]
+
+
+def parse_platform(platform: str | None) -> str:
+    """'linux/arm64' (or 'arm64') -> 'arm64'; None -> the host's architecture."""
+    if not platform:
+        return host_arch()
+    os_, _, arch = platform.rpartition("/")
+    if os_ not in ("", "linux") or arch not in ("amd64", "arm64"):
+        raise ImageInputError(f"unsupported platform '{platform}' (linux/amd64 or linux/arm64)")
+    return arch
+
+
+def tag(kind: str, family: str | None = None, arch: str | None = None) -> str:
+    version = __version__ if kind != "relay" else f"{family}-{__version__}"
+    if arch and arch != host_arch():
+        version += f"-{arch}"
+    return f"{REGISTRY_PREFIX}/{kind}:{version}"
+
+
+def _source_url() -> str:
+    if os.environ.get("TORBED_IMAGE_SOURCE"):
+        return os.environ["TORBED_IMAGE_SOURCE"]
+    try:
+        url = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        url = ""
+    return url or f"file://{REPO}"
+
+
+def plan(platform: str | None = None, kinds: tuple[str, ...] | list[str] = IMAGES,
+         families: list[str] | None = None) -> list[Image]:
+    """The images to build, in build order (dirauth first: it compiles the unpatched tor)."""
+    arch = parse_platform(platform)
+    unknown = set(kinds) - set(IMAGES)
+    if unknown:
+        raise ImageInputError(f"unknown image kind(s) {sorted(unknown)} (known: {', '.join(IMAGES)})")
+    known = list_families()
+    families = known if families is None else families
+    for f in families:
+        if f not in known:
+            raise ImageInputError(f"unknown variant family '{f}' (known: {', '.join(known)})")
+    common = {"TORBED_VERSION": __version__, "TOR_VERSION": constants.TOR_VERSION,
+              "TORBED_SOURCE": _source_url()}
+    out = []
+    for kind in IMAGES:
+        if kind not in kinds:
+            continue
+        dockerfile = REPO / "images" / kind / "Dockerfile"
+        if kind != "relay":
+            out.append(Image(kind, tag(kind, arch=arch), dockerfile, arch, dict(common)))
+            continue
+        # Patched families first: they are the ones that compile anything.
+        loaded = []
+        for family in families:
+            try:
+                loaded.append(load_variant(family))
+            except VariantError as e:
+                raise ImageInputError(str(e)) from e
+        loaded.sort(key=lambda v: (not v.patches, v.family))
+        for v in loaded:
+            patches = tuple(p.name for p in v.patches)
+            args = dict(common, VARIANT=v.family, PATCHES=" ".join(patches))
+            out.append(Image(kind, tag(kind, v.family, arch), dockerfile, arch, args, v.family, patches))
+    return out
+
+
+def _run_hack(script: str, *args: str, env: dict | None = None) -> str:
+    proc = subprocess.run([str(REPO / "hack" / script), *args], stdout=subprocess.PIPE, text=True, env=env)
+    if proc.returncode != 0:
+        raise ImageError(f"hack/{script} {' '.join(args)} failed (exit {proc.returncode}; see its messages above)")
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+
+
+def ensure_engine() -> str:
+    """Start or install the Docker engine if needed; return the client to build with."""
+    if os.environ.get("TORBED_DOCKER"):
+        return os.environ["TORBED_DOCKER"]
+    return _run_hack("docker.sh", "--client")
+
+
+def ensure_base(arch: str, docker: str) -> str:
+    """Make the base image for ``arch`` exist; return its reference (for BASE_IMAGE)."""
+    return _run_hack("base-image.sh", "--arch", arch, env=dict(os.environ, DOCKER=docker))
+
+
+def _ca_bundle() -> str | None:
+    # For PyPI behind a TLS-inspecting proxy: the bundle this machine's pip trusts.
+    for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(name) and Path(os.environ[name]).is_file():
+            return os.environ[name]
+    default = Path("/etc/ssl/certs/ca-certificates.crt")
+    return str(default) if default.is_file() else None
+
+
+def _inspect(docker: str, ref: str) -> tuple[str, int] | None:
+    proc = subprocess.run([docker, "image", "inspect", "-f", "{{.Id}} {{.Size}}", ref],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    image_id, size = proc.stdout.split()
+    return image_id, int(size)
+
+
+def build(images: list[Image], verbose: bool = False, console=None) -> list[Result]:
+    """Build ``images`` (from ``plan``) in order; stop at the first failure."""
+    say = console.print if console else print
+    docker = ensure_engine()
+    bases = {arch: ensure_base(arch, docker) for arch in sorted({i.arch for i in images})}
+    ca = _ca_bundle()
+    env = dict(os.environ, DOCKER_BUILDKIT="1")
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    results = []
+    for img in images:
+        before = _inspect(docker, img.tag)
+        args = dict(img.build_args)
+        if bases[img.arch] != "debian:bookworm-slim":
+            args["BASE_IMAGE"] = bases[img.arch]
+        cmd = [docker, "build", "--progress=plain", "--platform", f"linux/{img.arch}",
+               "-f", str(img.dockerfile.relative_to(REPO)), "-t", img.tag]
+        for k, v in args.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        if img.kind == "client" and ca:
+            cmd += ["--secret", f"id=ca-certificates,src={ca}"]
+        cmd.append(".")
+        log = LOG_DIR / f"image-{img.tag.replace('/', '_').replace(':', '_')}.log"
+        say(f"building {img.tag} (linux/{img.arch}{', patches: ' + ' '.join(img.patches) if img.patches else ''}); log {log}")
+        t0 = time.monotonic()
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            if verbose:
+                proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                for line in proc.stdout:
+                    f.write(line)
+                    sys.stdout.write(line)
+                rc = proc.wait()
+            else:
+                rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        seconds = time.monotonic() - t0
+        if rc != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            raise ImageError(f"building {img.tag} failed (exit {rc}) after {seconds:.0f} s; log: {log}\n{tail}")
+        after = _inspect(docker, img.tag)
+        if after is None:
+            raise ImageError(f"docker build succeeded but {img.tag} does not exist; log: {log}")
+        results.append(Result(img, seconds, after[1], after[0], cached=before is not None and before[0] == after[0]))
+        if before is not None and before[0] != after[0]:
+            # The previous build of this tag is now untagged: drop it unless something uses it.
+            subprocess.run([docker, "rmi", before[0]], capture_output=True)
+        say(f"  {img.tag}: {after[1] / 1e6:.1f} MB, {seconds:.1f} s{' (unchanged)' if results[-1].cached else ''}")
+    return results
+
+
+def _table(results: list[Result], console=None) -> None:
+    rows = [(r.image.tag, f"linux/{r.image.arch}", f"{r.size_bytes / 1e6:.1f} MB", f"{r.seconds:.1f} s",
+             "unchanged" if r.cached else "built", r.image_id.removeprefix("sha256:")[:12]) for r in results]
+    try:
+        from rich.table import Table
+    except ImportError:
+        Table = None
+    if console is not None and Table is not None:
+        table = Table("image", "platform", "size", "time", "", "id")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    for row in rows:
+        print("  ".join(row))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m torbed.images",
+        description="Build torbed's container images (dirauth, client, relay per variant family) "
+                    "with the local Docker engine, starting it if needed.")
+    ap.add_argument("--platform", default=os.environ.get("PLATFORM") or None,
+                    help="linux/amd64 or linux/arm64 (default: this machine's; env PLATFORM)")
+    ap.add_argument("--images", default=",".join(IMAGES),
+                    help=f"comma-separated image kinds to build (default: {','.join(IMAGES)})")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated relay variant families (default: all under images/relay/variants)")
+    ap.add_argument("--list", action="store_true", help="print the plan (tags, build args) and exit")
+    ap.add_argument("-v", "--verbose", action="store_true", help="stream docker build's output")
+    a = ap.parse_args(argv)
+    try:
+        from rich.console import Console
+        # Not a terminal (make, CI logs): wide enough that tags are not cut.
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    except ImportError:
+        console = None
+    try:
+        images = plan(a.platform, [k for k in a.images.split(",") if k],
+                      a.variants.split(",") if a.variants else None)
+        if a.list:
+            for img in images:
+                print(img.tag, img.dockerfile.relative_to(REPO),
+                      " ".join(f"{k}={v}" for k, v in img.build_args.items()))
+            return 0
+        t0 = time.monotonic()
+        results = build(images, a.verbose, console)
+    except ImageError as e:
+        print(f"images: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ImageInputError) else 1
+    except KeyboardInterrupt:
+        return 130
+    _table(results, console)
+    print(f"{len(results)} images in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
