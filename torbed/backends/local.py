@@ -537,8 +537,10 @@ def _path_relays(plan: Plan, client: str) -> list[Node]:
 
 
 def _knows(ctl: stem.control.Controller, fpr: str) -> bool:
+    """The client can extend a circuit to this relay: it has its consensus entry and its
+    microdescriptor (with only the former, EXTENDCIRCUIT fails with "No descriptor")."""
     try:
-        return bool(ctl.get_info(f"ns/id/{fpr}", ""))
+        return bool(ctl.get_info(f"ns/id/{fpr}", "")) and bool(ctl.get_info(f"md/id/{fpr}", ""))
     except stem.ControllerError:
         return False
 

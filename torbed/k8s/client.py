@@ -55,8 +55,15 @@ def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: lis
         if not want <= have:
             return f"{n.name} has flags {sorted(have)}, waiting for {sorted(want)}"
     for name in path_nodes:
+        # A consensus entry is not enough to extend a circuit: tor also needs the relay's
+        # microdescriptor ("No descriptor for ..." otherwise).
         if fprs[name] not in flags:
             return f"path relay {name} unknown"
+        try:
+            if not ctl.get_info(f"md/id/{fprs[name]}", ""):
+                return f"no microdescriptor of path relay {name} yet"
+        except stem.ControllerError:
+            return f"no microdescriptor of path relay {name} yet"
     return None
 
 
@@ -98,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         ctl = _connect(deadline)
         path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
         why = "?"
+        last_hup = 0.0
         while (why := ready(ctl, p, fprs, path_nodes)) is not None:
+            if why.startswith("no microdescriptor") and time.time() - last_hup > 5:
+                # tor backs off after failed directory fetches (early on, its caches had
+                # nothing to give); a HUP resets the back-off, as the local backend does.
+                ctl.signal(stem.Signal.RELOAD)
+                last_hup = time.time()
             if time.time() > deadline:
                 log(f"client {node}: network not ready after {s.measure.ready_timeout}: {why}")
                 events.write({"client": node, "event": "not_ready", "why": why, "t": time.time(),

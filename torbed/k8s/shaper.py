@@ -68,7 +68,7 @@ def resolve(name: str) -> set[str]:
 
 def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, str]]:
     """tc commands for the htb tree, and the class id of each shaped peer group."""
-    cmds = [f"qdisc replace dev {dev} root handle 1: htb default 1",
+    cmds = [f"qdisc add dev {dev} root handle 1: htb default 1",
             f"class add dev {dev} parent 1: classid 1:1 htb rate {shaping.UNLIMITED}"]
     ids: dict[str, str] = {}
     for minor, (group, spec) in enumerate(sorted(specs.items()), start=2):
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if host_ip:
         allow.append(f"{host_ip}/32")
     cmds += isolation(dev, allow)
+    # A restarted sidecar finds its previous tree: start from a clean interface.
+    subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
     try:
         tc_batch(cmds)
     except TcError as e:
