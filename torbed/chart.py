@@ -57,6 +57,12 @@ class Isolation(Strict):
                     "everything else is dropped at each pod's interface by its shaper container, on any CNI")
 
 
+class ChaosMeshValues(Strict):
+    enabled: bool = Field(False, description="Render the scenario's faults as Chaos Mesh PodChaos objects "
+                                             "(paused; torbed run --backend k8s resumes each at its time); "
+                                             "needs Chaos Mesh in the cluster")
+
+
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
         "auto", description="PodMonitor for the relays' MetricsPort: auto renders it when the cluster serves "
@@ -81,6 +87,7 @@ class ChartValues(Strict):
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
+    chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
 

@@ -105,9 +105,24 @@ CRD_APIS = ["monitoring.coreos.com/v1", "monitoring.coreos.com/v1/PodMonitor",
 @pytest.mark.parametrize("apis", [pytest.param([], id="no-crds"), pytest.param(CRD_APIS, id="crds")])
 @pytest.mark.parametrize("scenario, variant", scenario_variants())
 def test_template_validates(tools, scenario, variant, apis):
+    kubeconform_ok(tools, scenario, ["--set", f"variant={variant}"], apis)
+
+
+def test_chaos_mesh_faults_validate(tools, tmp_path):
+    """The scenario's faults as PodChaos (chaosMesh.enabled), against Chaos Mesh's CRD schema."""
+    data = yaml.safe_load((REPO / "scenarios" / "quickstart.yaml").read_text())
+    data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"},
+                      {"at": "40s", "kind": "kill", "target": "guard"}]
+    f = tmp_path / "faults.yaml"
+    f.write_text(yaml.safe_dump(data))
+    found = kubeconform_ok(tools, f, ["--set", "chaosMesh.enabled=true"], CRD_APIS)
+    assert found == 2 + kubeconform_ok(tools, f, [], CRD_APIS)   # two PodChaos more
+
+
+def kubeconform_ok(tools, scenario, extra, apis) -> int:
+    """Render and validate; returns the number of resources."""
     api_args = [a for api in apis for a in ("--api-versions", api)]
-    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(scenario),
-            "--set", f"variant={variant}", *api_args)
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(scenario), *extra, *api_args)
     assert t.returncode == 0, show(t)
     env = tools["env"]
     # No -ignore-missing-schemas: a kind without a schema is an error, not a pass.
@@ -122,6 +137,7 @@ def test_template_validates(tools, scenario, variant, apis):
     assert m, show(k)
     found, valid = int(m.group(1)), int(m.group(2))
     assert found > 0 and valid == found, show(k)
+    return found
 
 
 def test_unittest(tools):

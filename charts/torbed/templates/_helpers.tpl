@@ -167,7 +167,7 @@ Args: (list $root $group).
 {{- end -}}
 
 {{- define "torbed.scenarioJson" -}}
-{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "resources" "clusterDomain" -}}
+{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "clusterDomain" -}}
 {{- $s := dict -}}
 {{- range $k, $v := .Values -}}
 {{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
