@@ -100,6 +100,7 @@ class Cluster:
         self.ns = namespace
         self.core = client.CoreV1Api()
         self.batch = client.BatchV1Api()
+        self.custom = client.CustomObjectsApi()
         self.version = client.VersionApi()
         self.ApiException = client.exceptions.ApiException
 
@@ -138,6 +139,11 @@ class Cluster:
 
     def delete_pod(self, pod: str) -> None:
         self.core.delete_namespaced_pod(pod, self.ns)
+
+    def resume_podchaos(self, name: str) -> None:
+        self.custom.patch_namespaced_custom_object(
+            "chaos-mesh.org", "v1alpha1", self.ns, "podchaos", name,
+            {"metadata": {"annotations": {"experiment.chaos-mesh.org/pause": "false"}}})
 
 
 def _pod_problem(pod) -> str | None:
@@ -297,23 +303,27 @@ def run_repetition(cluster: Cluster, helm: str, s: Scenario, values: Path, run_d
         # Measure: faults on schedule; pods that fail or restart are recorded.
         t_work, duration = start["t_workload"], units.parse_duration(s.measure.duration)
         hard_end = t_work + duration + 300
-        faults = sorted(((units.parse_duration(f.at), f) for f in s.faults), key=lambda x: x[0])
+        # Fault i of the scenario is PodChaos <release>-fault-i when the chart renders them.
+        faults = sorted((units.parse_duration(f.at), i, f) for i, f in enumerate(s.faults))
+        chaos_mesh = "chaosMesh.enabled=true" in extra_set
         with console.status("measuring") as st:
             while True:
                 now = time.time()
                 while faults and now >= t_work + faults[0][0]:
-                    _, f = faults.pop(0)
+                    _, i, f = faults.pop(0)
                     targets = [n.name for n in plan.group_nodes(f.target)] or [f.target]
-                    pods = []
-                    for t in targets:
-                        node = plan.node(t)
-                        pod = f"{fn}-{node.group}-{node.index}"
-                        cluster.delete_pod(pod)
-                        pods.append(pod)
+                    pods = [f"{fn}-{plan.node(t).group}-{plan.node(t).index}" for t in targets]
+                    if chaos_mesh:
+                        cluster.resume_podchaos(f"{fn}-fault-{i}")
+                        how = f"Chaos Mesh PodChaos {fn}-fault-{i} resumed"
+                    else:
+                        for pod in pods:
+                            cluster.delete_pod(pod)
+                        how = "pod deleted"
                     meta["faults"].append({"at": f.at, "kind": f.kind, "target": f.target, "nodes": targets,
-                                           "pods": pods, "t": now,
-                                           "note": "pod deleted; its StatefulSet recreates it with the same keys"})
-                    console.log(f"fault: deleted {', '.join(pods)}")
+                                           "pods": pods, "t": now, "how": how,
+                                           "note": "the StatefulSet recreates the pod with the same keys"})
+                    console.log(f"fault: {how}: {', '.join(pods)}")
                 jobs = cluster.jobs(name)
                 done = [j for j in jobs if (j.status.succeeded or 0) + (j.status.failed or 0) >= (j.spec.completions or 1)]
                 pods = cluster.pods(name)
