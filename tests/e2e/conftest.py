@@ -1,0 +1,99 @@
+"""End-to-end tests on a real Kubernetes cluster (`make e2e`).
+
+The cluster: the one KUBECONFIG points to when it is reachable (kind, k3s, a real cluster:
+the images must be available to its nodes), else the local single-node cluster that
+hack/cluster.sh builds and starts (and stops again at the end of the session). The images
+are built (`python -m torbed.images`, cached) and loaded into the local cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "chart"))
+
+
+def _reachable(kubeconfig: str) -> bool:
+    from kubernetes import client, config
+    try:
+        config.load_kube_config(config_file=kubeconfig)
+        client.VersionApi().get_code(_request_timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """{'kubeconfig': path, 'local': bool}; the local cluster is torn down afterwards."""
+    existing = os.environ.get("KUBECONFIG")
+    if existing and _reachable(existing):
+        yield {"kubeconfig": existing, "local": False}
+        return
+    up = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "up"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.fail(f"hack/cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}", pytrace=False)
+    m = re.search(r"export KUBECONFIG=(\S+)", up.stdout + up.stderr)
+    assert m, up.stdout
+    kubeconfig = m.group(1).strip("'\"")
+    os.environ["KUBECONFIG"] = kubeconfig
+    try:
+        yield {"kubeconfig": kubeconfig, "local": True, "bringup": up.stdout}
+    finally:
+        subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "down"], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def images(cluster):
+    """Build the images (cached) and, on the local cluster, load them into its runtime."""
+    b = subprocess.run([sys.executable, "-m", "torbed.images"], capture_output=True, text=True, cwd=REPO)
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    tags = re.findall(r"(torbed/[a-z]+:[a-z0-9.-]+)", b.stdout)
+    tags = sorted({t for t in tags if not t.endswith("-arm64")})
+    assert tags, b.stdout
+    if cluster["local"]:
+        t0 = time.time()
+        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "load-image", *tags],
+                            capture_output=True, text=True)
+        assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
+        print(f"loaded {len(tags)} images into the cluster in {time.time() - t0:.1f} s")
+    return tags
+
+
+@pytest.fixture(scope="session")
+def kube(cluster, images):
+    from kubernetes import client, config
+    config.load_kube_config(config_file=cluster["kubeconfig"])
+    return client
+
+
+@pytest.fixture(scope="session")
+def helm():
+    from test_chart import tool_env
+    bin_dir, env = tool_env()
+    return {"bin": str(Path(bin_dir) / "helm"), "env": env}
+
+
+def leftovers(kube, release: str, namespace: str = "default") -> list[str]:
+    """Everything labelled with the release that still exists."""
+    sel = f"app.kubernetes.io/instance={release}"
+    core, apps, batch = kube.CoreV1Api(), kube.AppsV1Api(), kube.BatchV1Api()
+    net, rbac = kube.NetworkingV1Api(), kube.RbacAuthorizationV1Api()
+    found = []
+    for kind, lister in (("pod", core.list_namespaced_pod), ("service", core.list_namespaced_service),
+                         ("secret", core.list_namespaced_secret), ("configmap", core.list_namespaced_config_map),
+                         ("serviceaccount", core.list_namespaced_service_account),
+                         ("statefulset", apps.list_namespaced_stateful_set),
+                         ("deployment", apps.list_namespaced_deployment), ("job", batch.list_namespaced_job),
+                         ("networkpolicy", net.list_namespaced_network_policy),
+                         ("role", rbac.list_namespaced_role), ("rolebinding", rbac.list_namespaced_role_binding)):
+        found += [f"{kind}/{o.metadata.name}" for o in lister(namespace, label_selector=sel).items]
+    return found

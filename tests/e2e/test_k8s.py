@@ -1,0 +1,226 @@
+"""The chart and the k8s backend on a real cluster: API server, kubelet, container runtime,
+CNI, DNS (see conftest.py for which cluster)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, leftovers
+
+pytestmark = pytest.mark.e2e
+TORBED = [sys.executable, "-m", "torbed.cli"]
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+# The local cluster's pod and Service ranges: the shapers drop everything else.
+ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
+
+
+def torbed_run(tmp_path, scenario: Path, *extra) -> tuple[subprocess.CompletedProcess, Path | None]:
+    p = subprocess.run([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(tmp_path / "runs"),
+                        "--set", ISOLATE, *extra], capture_output=True, text=True, cwd=REPO, timeout=1200)
+    runs = sorted((tmp_path / "runs").glob("*/run.json"))
+    return p, (runs[-1].parent if runs else None)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def test_quickstart_runs_and_reports(kube, tmp_path):
+    t0 = time.time()
+    p, run_dir = torbed_run(tmp_path, QUICKSTART, "--variant", "ewma-66", "--duration", "45s")
+    assert p.returncode == 0 and run_dir, p.stdout[-4000:] + p.stderr[-4000:]
+    rep = run_dir / "ewma-66" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["status"] == "ok", meta
+    print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; helm install "
+          f"{meta['install_s']:.1f} s, network ready {meta['ready_s']:.1f} s after install began")
+    transfers = records(rep / "transfers.jsonl")
+    ok = [t for t in transfers if t["status"] == "ok"]
+    # The driver checks every body's sha256 against the seeded file: ok means it matched.
+    assert len(ok) >= 5 and {t["client"] for t in ok} == {"bulk0", "bulk1", "web0"}, transfers[:3]
+    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
+    assert any(t["size"] == 5242880 for t in ok)
+    for name in ("cellstats.jsonl", "relay_bw.jsonl", "metrics.jsonl", "clients.jsonl"):
+        assert records(rep / name), f"{name} is empty"
+    assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
+    assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
+    r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (run_dir / "report" / "report.html").exists()
+    assert leftovers(kube, meta["release"]) == []
+
+
+def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube, tmp_path):
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["faults"] = [{"at": "15s", "kind": "kill", "target": "middle0"}]
+    scenario = tmp_path / "fault.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "60s")
+    assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = run_dir / "ewma-66" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["faults"] and meta["faults"][0]["pods"] == [f"{meta['release']}-middle-0"], meta["faults"]
+    t_fault = meta["faults"][0]["t"]
+    # The recreated pod's tor announces the identity the keygen hook made for middle0.
+    fpr = next(n["fingerprint"] for n in meta["nodes"] if n["name"] == "middle0")
+    log = (rep / "logs" / f"{meta['release']}-middle-0.tor.log").read_text()
+    assert f"identity key fingerprint is 'middle0 {fpr}'" in log, log[-2000:]
+    # ...and it is the recreated pod's log: its first line (kubelet timestamps) is after the fault.
+    import datetime as dt
+    first = log.split(" ", 1)[0][:26].rstrip("Z")
+    assert dt.datetime.fromisoformat(first).replace(tzinfo=dt.timezone.utc).timestamp() > t_fault - 1, log[:300]
+    transfers = records(rep / "transfers.jsonl")
+    hit = [t for t in transfers if t["status"] != "ok" and t["t_start"] < t_fault + 30
+           and (t.get("t_last_byte") or t_fault + 1) > t_fault - 60]
+    assert hit, "no transfer failed or was cut when middle0 was deleted"
+    after = [t for t in transfers if t["status"] == "ok" and t["t_start"] > t_fault]
+    assert after, "no transfer succeeded after middle0 came back"
+    assert leftovers(kube, meta["release"]) == []
+
+
+@pytest.fixture
+def outside_listener():
+    """A TCP listener on an address outside every allowed range (TEST-NET-1 on a dummy
+    interface of this node): reachable from the pod network unless something blocks it."""
+    subprocess.run(["ip", "link", "add", "tbe2e0", "type", "dummy"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "tbe2e0"], check=True)
+        subprocess.run(["ip", "link", "set", "tbe2e0", "up"], check=True)
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("192.0.2.1", 8099))
+        srv.listen(16)
+        accepted = []
+
+        def serve():
+            while True:
+                try:
+                    c, a = srv.accept()
+                except OSError:
+                    return
+                accepted.append(a)
+                c.close()
+        threading.Thread(target=serve, daemon=True).start()
+        yield ("192.0.2.1", 8099, accepted)
+        srv.close()
+    finally:
+        subprocess.run(["ip", "link", "del", "tbe2e0"], check=False)
+
+
+def _exec(kube, pod: str, container: str, script: str) -> str:
+    from kubernetes.stream import stream
+    return stream(kube.CoreV1Api().connect_get_namespaced_pod_exec, pod, "default", container=container,
+                  command=["bash", "-c", script], stderr=True, stdin=False, stdout=True, tty=False)
+
+
+def _wait_running(kube, pod: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            p = kube.CoreV1Api().read_namespaced_pod(pod, "default")
+            if p.status.phase == "Running" and all(c.ready for c in p.status.container_statuses or []):
+                return
+        except Exception:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{pod} not running after {timeout} s")
+
+
+def test_helm_install_refuses_an_invalid_scenario(kube, helm):
+    p = subprocess.run([helm["bin"], "install", "bad", str(REPO / "charts" / "torbed"), "-f", str(QUICKSTART),
+                        "--set", "clients.web.path={guard,middle}", "--set", "network.relays.middle.count=0"],
+                       capture_output=True, text=True, env=helm["env"])
+    assert p.returncode != 0
+    assert "/network/relays/middle/count" in p.stderr
+    p = subprocess.run([helm["bin"], "install", "bad", str(REPO / "charts" / "torbed"), "-f", str(QUICKSTART),
+                        "--set", "clients.web.path={guard,middle}"], capture_output=True, text=True, env=helm["env"])
+    assert p.returncode != 0 and "clients.web.path[1]: a path must end at an exit group" in p.stderr
+    assert leftovers(kube, "bad") == []
+
+
+def test_egress_outside_the_release_is_blocked_and_chaos_resources_pass_a_server_dry_run(
+        kube, helm, outside_listener, tmp_path):
+    host, port, accepted = outside_listener
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"}]
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(data))
+    rel = "egress"
+    p = subprocess.run([helm["bin"], "install", rel, str(REPO / "charts" / "torbed"), "-f", str(values),
+                        "--set", ISOLATE, "--timeout", "300s"], capture_output=True, text=True, env=helm["env"])
+    try:
+        assert p.returncode == 0, p.stderr
+        _wait_running(kube, f"{rel}-exit-0")
+        probe = f'timeout 5 bash -c "exec 3<>/dev/tcp/{host}/{port}" && echo CONNECTED || echo BLOCKED'
+        # Control: the results pod has no shaper and this cluster's CNI does not enforce
+        # NetworkPolicy, so the address is reachable from the pod network...
+        results_pod = kube.CoreV1Api().list_namespaced_pod(
+            "default", label_selector=f"app.kubernetes.io/instance={rel},app.kubernetes.io/component=results").items[0]
+        _wait_running(kube, results_pod.metadata.name)
+        assert "CONNECTED" in _exec(kube, results_pod.metadata.name, "results", probe)
+        n = len(accepted)
+        # ...but not from an exit relay (whose exit policy accepts everything).
+        out = _exec(kube, f"{rel}-exit-0", "tor", probe)
+        assert "BLOCKED" in out and len(accepted) == n, out
+        # While we are here: the release's own authorities are reachable from the relay.
+        auth = kube.CoreV1Api().read_namespaced_service(f"{rel}-auth-0", "default").spec.cluster_ip
+        assert "CONNECTED" in _exec(kube, f"{rel}-exit-0", "tor",
+                                    f'timeout 5 bash -c "exec 3<>/dev/tcp/{auth}/7000" && echo CONNECTED || echo BLOCKED')
+        _chaos_dry_run(kube, helm, values, tmp_path)
+    finally:
+        subprocess.run([helm["bin"], "uninstall", rel, "--wait"], capture_output=True, text=True, env=helm["env"])
+    deadline = time.time() + 120
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
+
+
+def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
+    """Chaos Mesh's CRDs from its Go module (not committed), applied for the test; the
+    chart's PodChaos objects must pass the API server's validation (server-side dry run)."""
+    import re
+    ver = re.search(r"^CHAOS_MESH_VERSION=(\S+)", (REPO / "hack" / "k8s-tools.sh").read_text(), re.M).group(1)
+    d = subprocess.run(["go", "mod", "download", "-json", f"github.com/chaos-mesh/chaos-mesh@{ver}"],
+                       capture_output=True, text=True, check=True)
+    crd_dir = Path(json.loads(d.stdout)["Dir"]) / "helm" / "chaos-mesh" / "crds"
+    ext = kube.ApiextensionsV1Api()
+    crd = yaml.safe_load((crd_dir / "chaos-mesh.org_podchaos.yaml").read_text())
+    name = crd["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(crd)
+    except kube.exceptions.ApiException as e:
+        if e.status != 409:
+            raise
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            conds = ext.read_custom_resource_definition(name).status.conditions or []
+            if any(c.type == "Established" and c.status == "True" for c in conds):
+                break
+            time.sleep(1)
+        t = subprocess.run([helm["bin"], "template", "egress", str(REPO / "charts" / "torbed"), "-f", str(values),
+                            "--set", "chaosMesh.enabled=true", "--api-versions", "chaos-mesh.org/v1alpha1"],
+                           capture_output=True, text=True, env=helm["env"], check=True).stdout
+        chaos = [o for o in yaml.safe_load_all(t) if o and o["kind"] == "PodChaos"]
+        assert len(chaos) == 1
+        custom = kube.CustomObjectsApi()
+        for obj in chaos:
+            custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", obj,
+                                                   dry_run="All")
+        bad = json.loads(json.dumps(chaos[0]))
+        bad["spec"]["action"] = "pod-explode"
+        with pytest.raises(kube.exceptions.ApiException) as e:
+            custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", bad,
+                                                   dry_run="All")
+        assert e.value.status == 422
+    finally:
+        ext.delete_custom_resource_definition(name)
