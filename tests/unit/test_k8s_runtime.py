@@ -243,7 +243,7 @@ def test_start_barrier_waits_for_every_client(tmp_path):
         def post(path):
             with urllib.request.urlopen(urllib.request.Request(url + path, data=b"", method="POST")) as r:
                 return json.loads(r.read())
-        assert post("/ready/bulk0") == {"ready": 1, "of": 2}
+        assert post("/ready/bulk0") == {"ready": 1, "of": 2, "shaped": 0, "shapers": 0}
         assert post("/ready/bulk0")["ready"] == 1          # reporting twice counts once
         with urllib.request.urlopen(url + "/start") as r:
             assert r.status == 204
@@ -255,3 +255,30 @@ def test_start_barrier_waits_for_every_client(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_start_barrier_also_waits_for_the_shapers(tmp_path):
+    import urllib.request
+    d = tmp_path / "results"
+    d.mkdir()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=1, shapers=2))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        assert shaper.report_complete(url, "tb-guard-0")
+        with urllib.request.urlopen(urllib.request.Request(url + "/ready/web0", data=b"", method="POST")) as r:
+            assert "t_workload" not in json.loads(r.read())     # one shaper still missing
+        assert shaper.report_complete(url, "tb-middle-0")
+        with urllib.request.urlopen(url + "/start") as r:
+            assert r.status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_shaper_knows_how_many_addresses_each_peer_group_has():
+    s = scenario_mod.load(QUICKSTART)
+    assert shaper.expected_addresses(s, "authority", "middle") == 6     # 3 pods + 3 ClusterIPs
+    assert shaper.expected_addresses(s, "www", "middle") == 2           # 1 pod + its ClusterIP
+    assert shaper.expected_addresses(s, "bulk", "middle") == 2
+    assert shaper.expected_addresses(s, "bulk", "bulk") == 1            # not itself

@@ -200,6 +200,12 @@ class Release:
         self.installed = False
         if proc.returncode != 0 and "not found" not in proc.stderr:
             return proc.stderr.strip()
+        # helm returns once the owners are deleted; their pods terminate afterwards.
+        deadline = time.time() + 120
+        while self.cluster.pods(self.name):
+            if time.time() > deadline:
+                return f"pods of {self.name} still terminating after 120 s"
+            time.sleep(1)
         return None
 
 

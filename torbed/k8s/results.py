@@ -6,7 +6,9 @@ POST /append/<file>   append the body (whole lines) to <file>, under one lock pe
 GET  /files           {file: size}
 GET  /files/<file>    its content
 POST /ready/<client>  a client's network view is ready (torbed.k8s.client's evidence)
+POST /shaped/<pod>    a pod's shaper has classified every shaped peer (torbed.k8s.shaper)
 GET  /start           200 {"t_workload": t} once every one of --clients clients is ready
+                      and every one of --shapers shapers has reported
                       (t = then + START_LEAD_S, so all start their workload together, as on
                       the local backend), 204 before
 GET  /healthz         readiness
@@ -29,9 +31,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 START_LEAD_S = 2.0
 
 
-def make_handler(directory: Path, clients: int = 0):
+def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
     lock = threading.Lock()
     ready: dict[str, float] = {}
+    shaped: dict[str, float] = {}
     start: dict[str, float] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -73,15 +76,18 @@ def make_handler(directory: Path, clients: int = 0):
             self._reply(404, {"error": "not found"})
 
         def do_POST(self):
-            if self.path.startswith("/ready/"):
-                name = self.path[len("/ready/"):]
+            for prefix, seen in (("/ready/", ready), ("/shaped/", shaped)):
+                if not self.path.startswith(prefix):
+                    continue
+                name = self.path[len(prefix):]
                 if not NAME_RE.match(name):
-                    return self._reply(400, {"error": f"bad client name {name!r}"})
+                    return self._reply(400, {"error": f"bad name {name!r}"})
                 with lock:
-                    ready.setdefault(name, time.time())
-                    if len(ready) >= clients and "t_workload" not in start:
+                    seen.setdefault(name, time.time())
+                    if len(ready) >= clients and len(shaped) >= shapers and "t_workload" not in start:
                         start.update(t_workload=time.time() + START_LEAD_S, t_all_ready=time.time())
-                    return self._reply(200, {"ready": len(ready), "of": clients, **start})
+                    return self._reply(200, {"ready": len(ready), "of": clients, "shaped": len(shaped),
+                                             "shapers": shapers, **start})
             prefix = "/append/"
             name = self.path[len(prefix):] if self.path.startswith(prefix) else ""
             if not NAME_RE.match(name):
@@ -103,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bind", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--clients", type=int, default=1, help="clients the start barrier waits for")
+    ap.add_argument("--shapers", type=int, default=0, help="shapers the start barrier waits for")
     args = ap.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
-    server = http.server.ThreadingHTTPServer((args.bind, args.port), make_handler(args.dir, args.clients))
+    server = http.server.ThreadingHTTPServer((args.bind, args.port), make_handler(args.dir, args.clients, args.shapers))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.5)

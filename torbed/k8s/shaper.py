@@ -59,6 +59,32 @@ def peer_names(release: str, ns: str, domain: str, s, group: str) -> list[str]:
     return [fq(group)]
 
 
+def expected_addresses(s, group: str, me_group: str) -> int:
+    """How many addresses the peer group's names resolve to once every pod of it exists:
+    its pods (but this one), plus the virtual IPs of ClusterIP Services."""
+    if group == "authority":
+        pods, virtual = s.network.authorities, s.network.authorities
+    elif group in s.servers:
+        pods, virtual = s.servers[group].count, 1
+    elif group in s.network.relays:
+        pods, virtual = s.network.relays[group].count, 0
+    else:
+        pods, virtual = s.clients[group].count, 0
+    return pods - (1 if group == me_group else 0) + virtual
+
+
+def report_complete(url: str, pod: str) -> bool:
+    import urllib.error
+    import urllib.request
+    try:
+        req = urllib.request.Request(f"{url.rstrip('/')}/shaped/{pod}", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            r.read()
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def resolve(name: str) -> set[str]:
     try:
         return {ai[4][0] for ai in socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)}
@@ -168,12 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     current: dict[str, str] = {}
+    # The workload must not start before every shaped peer is classified: the results
+    # service's start barrier waits for each shaper's report. (Cluster DNS caches answers,
+    # typically 30 s, so a pod's record can show up that much after the pod.)
+    url, pod = os.environ.get("TORBED_RESULTS_URL"), os.environ.get("POD_NAME", "")
+    reported = not url
     while not stop:
         want: dict[str, str] = {}
+        complete = True
         for g, cid in ids.items():
+            found: set[str] = set()
             for name in peer_names(args.release, args.namespace, args.cluster_domain, s, g):
-                for ip in resolve(name) - own:
-                    want.setdefault(ip, cid)
+                found |= resolve(name) - own
+            for ip in found:
+                want.setdefault(ip, cid)
+            complete &= len(found) >= expected_addresses(s, g, args.group)
         if want != current:
             try:
                 tc_batch(filters(dev, want, current))
@@ -184,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                 current = want
             except TcError as e:
                 log(f"shaper: updating filters failed: {e}")
+        if complete and want == current and not reported:
+            reported = report_complete(url, pod)
+            if reported:
+                log(f"shaper: every shaped peer classified ({len(current)} addresses); reported")
         time.sleep(args.interval)
     return 0
 

@@ -146,6 +146,7 @@ Args: (list $root $group).
          {{- range $root.Values.isolation.allowedCIDRs }}, "--allow", {{ . | quote }}{{ end }}]
   env:
     {{- include "torbed.env" $root | nindent 4 }}
+    - {name: TORBED_RESULTS_URL, value: "http://{{ include "torbed.fullname" $root }}-results:8080"}
   securityContext:
     runAsNonRoot: false
     runAsUser: 0
