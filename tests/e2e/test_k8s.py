@@ -89,12 +89,11 @@ def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube,
 
 @pytest.fixture
 def outside_listener():
-    """A TCP listener on an address outside every allowed range (TEST-NET-1 on a dummy
-    interface of this node): reachable from the pod network unless something blocks it."""
-    subprocess.run(["ip", "link", "add", "tbe2e0", "type", "dummy"], check=True)
+    """A TCP listener on an address outside every allowed range (TEST-NET-1, an address of
+    this node): reachable from the pod network unless something blocks it."""
+    # On lo: a local address of the node, whatever interface (this kernel has no dummy links).
+    subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"], check=True)
     try:
-        subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "tbe2e0"], check=True)
-        subprocess.run(["ip", "link", "set", "tbe2e0", "up"], check=True)
         srv = socket.socket()
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind(("192.0.2.1", 8099))
@@ -113,7 +112,7 @@ def outside_listener():
         yield ("192.0.2.1", 8099, accepted)
         srv.close()
     finally:
-        subprocess.run(["ip", "link", "del", "tbe2e0"], check=False)
+        subprocess.run(["ip", "addr", "del", "192.0.2.1/32", "dev", "lo"], check=False)
 
 
 def _exec(kube, pod: str, container: str, script: str) -> str:
