@@ -58,3 +58,26 @@ bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean
+
+# Local single-node Kubernetes cluster for e2e tests (hack/cluster.sh; root). The binaries are
+# built from the Go module proxy once and cached under ~/.cache/torbed/k8s (TORBED_CACHE).
+.PHONY: cluster-build cluster-up cluster-down cluster-status e2e-cluster
+
+cluster-build:  ## build/cache Kubernetes v1.33.13, CoreDNS and the cluster's images (about 15 min the first time)
+	hack/cluster.sh build
+
+cluster-up:  ## start the local cluster; prints the KUBECONFIG to export
+	hack/cluster.sh up
+
+cluster-down:  ## stop the local cluster and remove its processes, mounts, bridge and iptables rules
+	hack/cluster.sh down
+
+cluster-status:
+	hack/cluster.sh status
+
+# The cluster stays up afterwards (tests/e2e uses the reachable KUBECONFIG and leaves it be):
+# rerun quickly, then `make cluster-down`.
+e2e-cluster: venv  ## bring the cluster up, check pod/Service/DNS networking, then run tests/e2e against it
+	hack/cluster.sh up
+	hack/cluster.sh smoke
+	KUBECONFIG=$${TORBED_K8S_STATE:-/var/lib/torbed-k8s}/kubeconfig $(BIN)/pytest -q -m e2e tests/e2e $(PYTEST_ARGS)

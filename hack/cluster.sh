@@ -1,0 +1,793 @@
+#!/usr/bin/env bash
+# cluster.sh - a single-node Kubernetes cluster on this machine, for torbed's e2e tests.
+#
+# Usage (as root):
+#   hack/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
+#   hack/cluster.sh up                  build if needed, start the cluster, wait until the node is
+#                                       Ready and cluster DNS answers from a pod
+#   hack/cluster.sh down [--purge]      stop everything `up` started and remove its leftovers
+#                                       (--purge: also the certificates and the image store)
+#   hack/cluster.sh status              what runs, API/node/DNS health, resident memory
+#   hack/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
+#                                       cluster's containerd
+#   hack/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
+#   hack/cluster.sh env                 print `export KUBECONFIG=...`
+#
+# The cluster is upstream Kubernetes built from source (kind, k3s and friends are not
+# obtainable here): etcd, a containerd of its own with CRI, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy (iptables), bridge CNI and
+# CoreDNS. Docker, if running, is left alone (its containerd has CRI off).
+#
+# Environment:
+#   TORBED_CACHE          build cache (default ~/.cache/torbed; binaries under k8s/<version>)
+#   TORBED_K8S_STATE      state: certs, kubeconfigs, etcd, kubelet, images, logs
+#                         (default /var/lib/torbed-k8s)
+#   TORBED_K8S_TIMEOUT    seconds each wait of `up` may take (default 180)
+#   TORBED_K8S_NODE_IP    the node's IP (default: the source address of the default route)
+#
+# NetworkPolicy is NOT enforced: the bridge CNI plugin has no policy support.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/cluster/common.sh
+. "$HERE/cluster/common.sh"
+
+STATE=${TORBED_K8S_STATE:-/var/lib/torbed-k8s}
+RUN=/run/torbed-k8s
+TIMEOUT=${TORBED_K8S_TIMEOUT:-180}
+PKI=$STATE/pki
+CONF=$STATE/config
+LOGS=$STATE/logs
+PIDS=$RUN/pids
+KUBECONFIG_PATH=$STATE/kubeconfig
+CTRD_SOCK=$RUN/containerd/containerd.sock
+CNI_NET=torbed-k8s
+
+# Network layout (the usual kubeadm defaults, so charts and docs read familiar).
+SERVICE_CIDR=10.96.0.0/12
+API_SERVICE_IP=10.96.0.1
+DNS_IP=10.96.0.10
+CLUSTER_CIDR=10.244.0.0/16
+POD_CIDR=10.244.0.0/24        # the first /24 the controller-manager hands the only node
+API_PORT=6443
+# etcd on non-default ports: a Debian etcd service on 2379/2380 may exist on the machine.
+ETCD_CLIENT=127.0.0.1:23790
+ETCD_PEER=127.0.0.1:23800
+
+# Start order; `down` stops in reverse, kubelet first.
+COMPONENTS="etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
+APT_PACKAGES="etcd-server containerd runc containernetworking-plugins iptables conntrack socat ebtables openssl curl"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
+kc() { "${KUBECTL[@]}" "$@"; }
+ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts a kubelet, containerd and changes iptables)"; }
+
+# One up/down at a time (a second `up` racing the first would start everything twice).
+lock() {
+  [ -z "${LOCKED:-}" ] || return 0   # `up` runs `down` while holding it
+  LOCKED=1
+  exec 8>/run/lock/torbed-k8s.lock
+  flock -w 300 8 || die "another hack/cluster.sh up/down still runs after 300 s (/run/lock/torbed-k8s.lock)"
+}
+
+# ---------------------------------------------------------------- host preparation
+
+install_packages() {
+  local missing=() p
+  for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
+  done
+  [ ${#missing[@]} = 0 ] && return
+  log "installing ${missing[*]} (apt)"
+  # Debian's etcd-server and containerd packages would start system services; we run our own
+  # instances, so keep the package scripts from starting theirs.
+  local policy=/usr/sbin/policy-rc.d created=0
+  if [ ! -e $policy ]; then printf '#!/bin/sh\nexit 101\n' >$policy; chmod +x $policy; created=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" \
+    >"$STATE/apt.log" 2>&1 || { [ $created = 1 ] && rm -f $policy; die "apt-get install failed; see $STATE/apt.log"; }
+  [ $created = 1 ] && rm -f $policy
+  return 0
+}
+
+node_ip() {
+  if [ -n "${TORBED_K8S_NODE_IP:-}" ]; then echo "$TORBED_K8S_NODE_IP"; return; fi
+  local ip=""
+  # The first global address of the default route's interface (not `ip route get X`: X may
+  # happen to be local); any global address otherwise, but never a Docker or cluster bridge's.
+  local dev
+  dev=$(ip -4 route show default 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+  [ -z "$dev" ] || ip=$(ip -4 -o addr show dev "$dev" scope global | awk '{ sub("/.*", "", $4); print $4; exit }')
+  if [ -z "$ip" ]; then
+    ip=$(ip -4 -o addr show scope global | awk '$2 !~ /^(docker|cni|br-|veth)/ { sub("/.*", "", $4); print $4; exit }')
+  fi
+  [ -n "$ip" ] || die "cannot find the host's primary IPv4 address; set TORBED_K8S_NODE_IP"
+  echo "$ip"
+}
+
+node_name() {
+  local n
+  n=$(hostname -s 2>/dev/null | tr 'A-Z_' 'a-z-')
+  [[ $n =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || n=torbed-node
+  echo "$n"
+}
+
+sysctls() {
+  # Pods route through the host, and pod -> Service -> pod on the same bridge only works when
+  # bridged frames pass iptables (kube-proxy's DNAT and the reply's un-NAT).
+  [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] || modprobe br_netfilter 2>/dev/null || true
+  [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] \
+    || die "net.bridge.bridge-nf-call-iptables is missing (br_netfilter not available)"
+  sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 \
+    || die "cannot set net.ipv4.ip_forward / net.bridge.bridge-nf-call-iptables"
+}
+
+# The CNI firewall plugin inserts its FORWARD jump (accepting all pod traffic) at the top
+# unless it already exists. Created here first and appended, it comes after kube-proxy's
+# jumps (which kube-proxy prepends later), so a Service without ready endpoints is REJECTed
+# by kube-proxy instead of being routed out of the host as ordinary traffic.
+forward_chain() {
+  iptables -w -N CNI-FORWARD 2>/dev/null || true
+  iptables -w -C FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD 2>/dev/null \
+    || iptables -w -A FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD \
+    || die "cannot add the CNI-FORWARD jump to the FORWARD chain (iptables)"
+}
+
+check_ports() {
+  local p busy=()
+  for p in ${ETCD_CLIENT##*:} ${ETCD_PEER##*:} $API_PORT 10250 10256 10257 10259; do
+    ss -Hltn "sport = :$p" | grep . >/dev/null && busy+=("$p")
+  done
+  [ ${#busy[@]} = 0 ] || die "TCP port(s) ${busy[*]} already in use (another cluster or a stale process: ss -ltnp)"
+}
+
+# ---------------------------------------------------------------- certificates, configs
+
+# mkcert NAME SUBJECT [SANS]: a key and a certificate signed by the cluster CA (or by $CA).
+# EC keys: fast to make, and every component accepts them.
+mkcert() {
+  local name=$1 subj=$2 sans=${3:-} ca=${CA:-ca}
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [ -z "$sans" ] || echo "subjectAltName=$sans"
+  } >"$PKI/$name.ext"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" 2>/dev/null \
+    | openssl x509 -req -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" -CAcreateserial -days 3650 \
+        -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null \
+    || die "openssl failed to sign $name"
+  rm -f "$PKI/$name.ext"
+}
+
+# kubeconfig FILE CERTNAME: a kubeconfig authenticating with PKI/CERTNAME.{crt,key}.
+kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: torbed-k8s
+    cluster:
+      server: https://127.0.0.1:$API_PORT
+      certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+  - name: $2
+    user:
+      client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
+      client-key-data: $(base64 -w0 "$PKI/$2.key")
+contexts:
+  - name: torbed-k8s
+    context: {cluster: torbed-k8s, user: $2}
+current-context: torbed-k8s
+EOF
+  chmod 600 "$1"
+}
+
+make_pki() {
+  local node=$1 ip=$2 id="$1 $2"
+  # Certificates name the node and its IP: remake them when either changed.
+  if [ -f "$PKI/.identity" ] && [ "$(cat "$PKI/.identity")" = "$id" ] && [ -f "$PKI/sa.pub" ] \
+    && [ -f "$PKI/front-proxy-client.crt" ]; then
+    return
+  fi
+  log "generating certificates for node $node ($ip)"
+  rm -rf "$PKI"
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=torbed-k8s-ca" -days 3650 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$PKI/ca.crt" 2>/dev/null || die "openssl failed to make the cluster CA"
+  mkcert apiserver "/CN=kube-apiserver" \
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$node,IP:$API_SERVICE_IP,IP:127.0.0.1,IP:$ip"
+  mkcert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  mkcert admin "/O=system:masters/CN=torbed-admin"
+  mkcert controller-manager "/CN=system:kube-controller-manager"
+  mkcert scheduler "/CN=system:kube-scheduler"
+  mkcert kube-proxy "/CN=system:kube-proxy"
+  mkcert kubelet-client "/O=system:nodes/CN=system:node:$node"
+  mkcert kubelet-serving "/O=system:nodes/CN=system:node:$node" "DNS:$node,DNS:localhost,IP:$ip,IP:127.0.0.1"
+  # The request-header (front proxy) CA: the controller-manager and scheduler look it up to
+  # authenticate requests, and it enables the aggregation layer (metrics APIs and the like).
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/front-proxy-ca.key" 2>/dev/null
+  openssl req -x509 -new -key "$PKI/front-proxy-ca.key" -subj "/CN=torbed-k8s-front-proxy-ca" -days 3650 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$PKI/front-proxy-ca.crt" 2>/dev/null || die "openssl failed to make the front-proxy CA"
+  CA=front-proxy-ca mkcert front-proxy-client "/CN=front-proxy-client"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/sa.key" 2>/dev/null
+  openssl ec -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  mkdir -p "$STATE/kubeconfigs"
+  kubeconfig "$KUBECONFIG_PATH" admin
+  kubeconfig "$STATE/kubeconfigs/controller-manager" controller-manager
+  kubeconfig "$STATE/kubeconfigs/scheduler" scheduler
+  kubeconfig "$STATE/kubeconfigs/kube-proxy" kube-proxy
+  kubeconfig "$STATE/kubeconfigs/kubelet" kubelet-client
+  echo "$id" >"$PKI/.identity"
+}
+
+write_configs() {
+  local node=$1 ip=$2
+  mkdir -p "$CONF" "$STATE/cni/net.d" "$STATE/containerd/root"
+  cat >"$CONF/containerd.toml" <<EOF
+# The cluster's own containerd: separate root, state and socket from Docker's.
+version = 2
+root = "$STATE/containerd/root"
+state = "$RUN/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "$CTRD_SOCK"
+[ttrpc]
+  address = "$CTRD_SOCK.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$STATE/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # No CAP_SYS_RESOURCE here: containers may not lower their oom_score_adj below ours.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        # cgroup v1 without a systemd manager: the kubelet uses cgroupfs too.
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+EOF
+
+  # bridge: pods on cni0, masqueraded when leaving the pod network. firewall: Docker sets the
+  # FORWARD policy to DROP; this accepts pod traffic. portmap: hostPort support.
+  cat >"$STATE/cni/net.d/10-torbed.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "$CNI_NET",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "$STATE/cni/ipam"
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "firewall"}
+  ]
+}
+EOF
+
+  # Pods with dnsPolicy Default (CoreDNS) get this: a nameserver nothing answers on, so a
+  # stray lookup fails at once (the machine has no upstream DNS).
+  echo "nameserver 127.0.0.1" >"$CONF/resolv.conf"
+
+  cat >"$CONF/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$PKI/kubelet-serving.crt"
+tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
+containerRuntimeEndpoint: "unix://$CTRD_SOCK"
+# cgroup v1 host without systemd as cgroup manager.
+cgroupDriver: cgroupfs
+failCgroupV1: false
+clusterDomain: cluster.local
+clusterDNS: ["$DNS_IP"]
+resolvConf: "$CONF/resolv.conf"
+failSwapOn: false
+# A shared build machine's disk is often fairly full: do not let disk pressure taint the node
+# or garbage-collect the pause/CoreDNS images (they cannot be pulled back).
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+registerNode: true
+maxPods: 250
+EOF
+
+  cat >"$CONF/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$STATE/kubeconfigs/kube-proxy"}
+mode: iptables
+clusterCIDR: "$CLUSTER_CIDR"
+hostnameOverride: "$node"
+healthzBindAddress: "127.0.0.1:10256"
+metricsBindAddress: "127.0.0.1:10249"
+# Leave the host's conntrack sysctls alone (not writable here, and not ours to change).
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+# NodePorts on the node IP only; on 127.0.0.1 they would need route_localnet=1 on the host.
+nodePortAddresses: [primary]
+iptables: {localhostNodePorts: false}
+EOF
+}
+
+# ---------------------------------------------------------------- processes
+
+pid_of() {
+  local f=$PIDS/$1.pid pid
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f")
+  # Guard against a recycled pid: it must still be the binary we started.
+  [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -F -- "$(bin_of "$1")" >/dev/null || return 1
+  echo "$pid"
+}
+
+bin_of() {
+  case $1 in
+    etcd) echo etcd ;;
+    containerd) echo "containerd --config $CONF/containerd.toml" ;;
+    *) echo "$K8S_BIN/$1" ;;
+  esac
+}
+
+# start NAME CMD...: run CMD detached, output to LOGS/NAME.log, pid to PIDS/NAME.pid.
+start() {
+  local name=$1
+  shift
+  mkdir -p "$LOGS" "$PIDS"
+  echo "=== $(date -u +%FT%TZ) $*" >>"$LOGS/$name.log"
+  # fd 8 is the up/down lock: the daemons must not inherit (and hold) it.
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- &
+  echo $! >"$PIDS/$name.pid"
+}
+
+# stop NAME... : TERM them all (they take a second or two each to exit), then KILL what is
+# still alive after STOP_WAIT seconds.
+stop() {
+  local name pid i alive pids=() names=()
+  for name in "$@"; do
+    if pid=$(pid_of "$name"); then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+      names+=("$name")
+    fi
+  done
+  for ((i = 0; i < ${STOP_WAIT:-15} * 10; i++)); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive = 1 ] || break
+    sleep 0.1
+  done
+  for i in "${!pids[@]}"; do
+    if kill -0 "${pids[$i]}" 2>/dev/null; then
+      log "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for ${STOP_WAIT:-15}s; killing it"
+      kill -KILL "${pids[$i]}" 2>/dev/null || true
+    fi
+  done
+  for name in "$@"; do rm -f "$PIDS/$name.pid"; done
+}
+
+# wait_for WHAT LOG CMD...: poll CMD until it succeeds, at most TIMEOUT seconds; the component
+# must also stay alive. LOG is what the error message points at.
+wait_for() {
+  local what=$1 logf=$2 component=$3 t0 deadline
+  shift 3
+  t0=$(now)
+  deadline=$(($(date +%s) + TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    if [ -n "$component" ] && ! pid_of "$component" >/dev/null; then
+      die "$component exited while waiting for $what; see $logf"
+    fi
+    [ "$(date +%s)" -lt "$deadline" ] || die "timed out after ${TIMEOUT}s waiting for $what; see $logf"
+    sleep 0.3
+  done
+  log "$what ($(elapsed "$t0") s)"
+}
+
+api_ready() { curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT/readyz" | grep ok >/dev/null; }
+node_ready() { [ "$(kc get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
+sa_ready() { kc -n default get serviceaccount default; }
+coredns_ready() { [ "$(kc -n kube-system get deploy coredns -o 'jsonpath={.status.readyReplicas}' 2>/dev/null)" = 1 ]; }
+pod_done() {
+  local phase
+  phase=$(kc -n "$1" get pod "$2" -o 'jsonpath={.status.phase}' 2>/dev/null) || return 1
+  [ "$phase" = Failed ] && { DNS_CHECK_FAILED=1; return 0; }
+  [ "$phase" = Succeeded ]
+}
+
+import_image() {
+  ctr_ images import "$1" >>"$LOGS/images.log" 2>&1 \
+    || die "importing $1 into the cluster's containerd failed; see $LOGS/images.log"
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_build() { "$HERE/cluster/build.sh" all; }
+
+cmd_up() {
+  need_root
+  lock
+  local t0 node ip
+  if all_running && api_ready; then
+    log "already running"
+    cmd_env
+    return
+  fi
+  mkdir -p "$STATE" "$LOGS"
+  install_packages
+  "$HERE/cluster/build.sh" all
+  t0=$(now)  # bring-up time excludes the (cached) build
+  # Anything half-started or left by a killed run goes first.
+  cmd_down --quiet
+  # On failure the processes stay up for inspection; say how to get rid of them.
+  trap 'up_failed $?' EXIT
+  node=$(node_name)
+  ip=$(node_ip)
+  log "bringing up node $node ($ip); state in $STATE, logs in $LOGS"
+  sysctls
+  forward_chain
+  check_ports
+  make_pki "$node" "$ip"
+  write_configs "$node" "$ip"
+  mkdir -p "$RUN/containerd" "$STATE/etcd"
+
+  start etcd etcd --name torbed-k8s --data-dir "$STATE/etcd" \
+    --listen-client-urls "http://$ETCD_CLIENT" --advertise-client-urls "http://$ETCD_CLIENT" \
+    --listen-peer-urls "http://$ETCD_PEER" --initial-advertise-peer-urls "http://$ETCD_PEER" \
+    --initial-cluster "torbed-k8s=http://$ETCD_PEER" --listen-metrics-urls "" \
+    --snapshot-count 10000 --logger zap --log-outputs stderr
+  start containerd containerd --config "$CONF/containerd.toml"
+
+  wait_for "etcd healthy" "$LOGS/etcd.log" etcd curl -fsS --max-time 2 "http://$ETCD_CLIENT/health"
+  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers "http://$ETCD_CLIENT" \
+    --advertise-address "$ip" --secure-port "$API_PORT" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --client-ca-file "$PKI/ca.crt" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" \
+    --service-account-signing-key-file "$PKI/sa.key" \
+    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" \
+    --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User \
+    --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$PKI/front-proxy-client.crt" \
+    --proxy-client-key-file "$PKI/front-proxy-client.key" \
+    --authorization-mode Node,RBAC \
+    --allow-privileged=true \
+    --profiling=false
+  wait_for "containerd serving" "$LOGS/containerd.log" containerd ctr_ version
+  import_image "$PAUSE_DIR/pause.tar"
+  import_image "$COREDNS_DIR/coredns.tar"
+  import_image "$TOOLBOX_DIR/toolbox.tar"
+  wait_for "kube-apiserver ready" "$LOGS/kube-apiserver.log" kube-apiserver api_ready
+
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig "$STATE/kubeconfigs/controller-manager" \
+    --authentication-kubeconfig "$STATE/kubeconfigs/controller-manager" \
+    --authorization-kubeconfig "$STATE/kubeconfigs/controller-manager" \
+    --bind-address 127.0.0.1 --leader-elect=false \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+    --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
+    --use-service-account-credentials=true \
+    --allocate-node-cidrs=true --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --profiling=false
+  start kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig "$STATE/kubeconfigs/scheduler" \
+    --authentication-kubeconfig "$STATE/kubeconfigs/scheduler" \
+    --authorization-kubeconfig "$STATE/kubeconfigs/scheduler" \
+    --bind-address 127.0.0.1 --leader-elect=false --profiling=false
+  start kubelet "$K8S_BIN/kubelet" \
+    --config "$CONF/kubelet.yaml" \
+    --kubeconfig "$STATE/kubeconfigs/kubelet" \
+    --root-dir "$STATE/kubelet" \
+    --hostname-override "$node" \
+    --node-ip "$ip"
+  start kube-proxy "$K8S_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
+
+  wait_for "node $node Ready" "$LOGS/kubelet.log" kubelet node_ready "$node"
+  wait_for "default service account" "$LOGS/kube-controller-manager.log" kube-controller-manager sa_ready
+  sed -e "s#__COREDNS_IMAGE__#$COREDNS_IMAGE#" -e "s#__DNS_IP__#$DNS_IP#" "$HERE/cluster/coredns.yaml" \
+    | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "deploying CoreDNS failed; see $LOGS/kubectl.log"
+  wait_for "CoreDNS ready" "$LOGS/kubelet.log" kubelet coredns_ready
+  dns_check
+  trap - EXIT
+  log "cluster up in $(elapsed "$t0") s"
+  cmd_env
+}
+
+up_failed() {
+  [ "$1" = 0 ] || log "bring-up failed: components may still run (hack/cluster.sh status); logs in $LOGS; hack/cluster.sh down removes it all"
+}
+
+# A pod resolves the API server's Service by its short name (the pod's search list) through
+# CoreDNS: proves pod networking, the DNS Service (kube-proxy) and CoreDNS at once. netcheck
+# retries for up to 30 s (kube-proxy may still be programming the Service) and reports
+# through its exit status.
+dns_check() {
+  kc -n kube-system delete pod torbed-dns-check --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the DNS check pod failed; see $LOGS/kubectl.log"
+apiVersion: v1
+kind: Pod
+metadata: {name: torbed-dns-check, namespace: kube-system}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: check
+      image: $TOOLBOX_IMAGE
+      imagePullPolicy: Never
+      command: [netcheck, resolve, kubernetes.default, "30"]
+EOF
+  DNS_CHECK_FAILED=0
+  wait_for "DNS check pod finished" "$LOGS/kubelet.log" kubelet pod_done kube-system torbed-dns-check
+  if [ "$DNS_CHECK_FAILED" = 1 ]; then
+    kc -n kube-system logs torbed-dns-check >"$LOGS/dns-check.log" 2>&1 || true
+    die "a pod could not resolve kubernetes.default; see $LOGS/dns-check.log and $LOGS/kube-proxy.log"
+  fi
+  log "cluster DNS answers pods: $(kc -n kube-system logs torbed-dns-check 2>/dev/null | tr '\n' ' ')"
+  kc -n kube-system delete pod torbed-dns-check --wait=false >/dev/null 2>&1 || true
+}
+
+all_running() {
+  local c
+  for c in $COMPONENTS; do pid_of "$c" >/dev/null || return 1; done
+}
+
+# Processes of our containerd's shims and of the pods (cgroups under kubepods/).
+pod_pids() {
+  local f
+  for f in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/memory/kubepods; do
+    [ -d "$f" ] && { find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null; break; }
+  done
+  grep -l -s -F -- "$CTRD_SOCK" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 || true
+}
+
+# Delete the pods through the API while the kubelet still runs, so it tears each sandbox down
+# through CRI and CNI (veths, IPs, portmap rules). The controller-manager and scheduler go
+# first so nothing is recreated.
+drain_pods() {
+  api_ready 2>/dev/null && pid_of kubelet >/dev/null || return 0
+  stop kube-controller-manager kube-scheduler
+  kc delete pods --all --all-namespaces --grace-period=1 --wait=false >>"$LOGS/kubectl.log" 2>&1 || return 0
+  local deadline=$(($(date +%s) + 60))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    [ -z "$(kc get pods -A --no-headers 2>/dev/null)" ] && [ -z "$(ctr_ tasks ls -q 2>/dev/null)" ] && return 0
+    sleep 0.5
+  done
+  log "pods did not all terminate within 60 s; removing their containers directly"
+}
+
+# Containers the kubelet did not remove: kill and delete them through containerd.
+remove_containers() {
+  pid_of containerd >/dev/null || return 0
+  local id
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do
+    ctr_ tasks kill --signal SIGKILL "$id" >/dev/null 2>&1 || true
+  done
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do
+    ctr_ tasks delete --force "$id" >/dev/null 2>&1 || true
+  done
+  for id in $(ctr_ containers ls -q 2>/dev/null); do
+    ctr_ containers delete "$id" >/dev/null 2>&1 || true
+  done
+}
+
+unmount_under() {
+  local prefix m
+  for prefix in "$@"; do
+    # Deepest first.
+    for m in $(findmnt -rn -o TARGET | grep -E "^$prefix(/|\$)" | awk '{ print length, $0 }' | sort -rn | cut -d' ' -f2-); do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "cannot unmount $m"
+    done
+  done
+}
+
+# Rules and chains of kube-proxy, the kubelet and the CNI plugins (KUBE-*, CNI-*); Docker's
+# (DOCKER*) and everybody else's stay.
+clean_iptables() {
+  local ipt table rules line chain
+  for ipt in iptables ip6tables; do
+    command -v $ipt >/dev/null || continue
+    for table in filter nat mangle raw; do
+      rules=$($ipt -w -t $table -S 2>/dev/null) || continue
+      # Jumps into our chains from chains that are not ours (built-ins, Docker's).
+      while IFS= read -r line; do
+        [ -n "$line" ] || continue
+        eval "$ipt -w -t $table -D ${line#-A }" 2>/dev/null || true
+      done < <(grep -E -- '^-A ' <<<"$rules" | grep -vE -- '^-A (KUBE|CNI)-' | grep -E -- '-j (KUBE|CNI)-' || true)
+      for chain in $(grep -oE -- '^-N (KUBE|CNI)-[^ ]+' <<<"$rules" | cut -d' ' -f2); do
+        $ipt -w -t $table -F "$chain" 2>/dev/null || true
+      done
+      for chain in $(grep -oE -- '^-N (KUBE|CNI)-[^ ]+' <<<"$rules" | cut -d' ' -f2); do
+        $ipt -w -t $table -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
+}
+
+clean_network() {
+  local l ns
+  for l in $(ip -o link show master cni0 2>/dev/null | awk -F': ' '{ sub("@.*", "", $2); print $2 }'); do
+    ip link del "$l" 2>/dev/null || true
+  done
+  ip link del cni0 2>/dev/null || true
+  # Sandbox network namespaces containerd's CRI left (named cni-<uuid> by containerd).
+  for ns in /var/run/netns/cni-*; do
+    [ -e "$ns" ] || continue
+    ip netns del "${ns##*/}" 2>/dev/null || { umount "$ns" 2>/dev/null; rm -f "$ns"; } || true
+  done
+  rm -f /var/lib/cni/results/"$CNI_NET"-* 2>/dev/null || true
+  # Not `kube-proxy --cleanup`: it also resets IPVS and nftables state that may not be ours.
+  clean_iptables
+}
+
+# kubelet's cgroups (cgroupfs driver: kubepods/... in each v1 hierarchy).
+clean_cgroups() {
+  local h
+  for h in /sys/fs/cgroup/*/kubepods; do
+    [ -d "$h" ] || continue
+    find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+}
+
+cmd_down() {
+  need_root
+  lock
+  local quiet=0 purge=0 a c pids p t0
+  t0=$(now)
+  for a in "$@"; do
+    case $a in
+      --quiet) quiet=1 ;;
+      --purge) purge=1 ;;
+      *) die "down: unknown option $a" ;;
+    esac
+  done
+  mkdir -p "$LOGS"
+  [ $quiet = 1 ] || log "stopping the cluster"
+  drain_pods
+  stop kubelet
+  stop kube-proxy kube-scheduler kube-controller-manager kube-apiserver
+  remove_containers
+  STOP_WAIT=20 stop containerd
+  # Anything still alive in the pods' cgroups or attached to our containerd (shims).
+  pids=$(pod_pids | sort -u)
+  if [ -n "$pids" ]; then
+    for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
+    sleep 0.5
+  fi
+  stop etcd
+  unmount_under "$STATE/kubelet" "$RUN" "$STATE/containerd"
+  clean_network
+  clean_cgroups
+  if findmnt -rn -o TARGET | grep -E "^($STATE|$RUN)(/|\$)" >/dev/null; then
+    die "mounts under $STATE or $RUN remain (findmnt); not deleting state"
+  fi
+  # Each `up` starts from an empty cluster; the certificates and the image store are kept.
+  rm -rf "$RUN" "$STATE/etcd" "$STATE/kubelet" "$STATE/cni/ipam"
+  if [ $purge = 1 ]; then
+    rm -rf "$STATE"
+    [ $quiet = 1 ] || log "purged $STATE"
+  fi
+  [ $quiet = 1 ] || log "stopped in $(elapsed "$t0") s"
+}
+
+rss_mb() {
+  local total=0 p kb
+  for p in "$@"; do
+    kb=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
+    total=$((total + ${kb:-0}))
+  done
+  echo $((total / 1024))
+}
+
+cmd_status() {
+  local c pid ok=1 cp_pids=() node
+  for c in $COMPONENTS; do
+    if pid=$(pid_of "$c"); then
+      printf '%-24s running (pid %s, %s MB)\n' "$c" "$pid" "$(rss_mb "$pid")"
+      cp_pids+=("$pid")
+    else
+      printf '%-24s stopped\n' "$c"
+      ok=0
+    fi
+  done
+  if [ $ok = 1 ]; then
+    node=$(node_name)
+    local extra
+    extra=$(pod_pids | sort -u)
+    # shellcheck disable=SC2086
+    printf '%-24s %s MB (components) + %s MB (shims and pods)\n' "resident memory" \
+      "$(rss_mb "${cp_pids[@]}")" "$(rss_mb $extra)"
+    if api_ready; then echo "api server               ready"; else echo "api server               NOT ready"; ok=0; fi
+    if node_ready "$node"; then printf '%-24s Ready\n' "node $node"; else printf '%-24s NOT Ready\n' "node $node"; ok=0; fi
+    if coredns_ready; then echo "coredns                  ready"; else echo "coredns                  NOT ready"; ok=0; fi
+    echo "export KUBECONFIG=$KUBECONFIG_PATH"
+  fi
+  [ $ok = 1 ]
+}
+
+cmd_env() { echo "export KUBECONFIG=$KUBECONFIG_PATH"; }
+
+cmd_load_image() {
+  need_root
+  [ $# -gt 0 ] || die "load-image: name at least one image (or docker-save tarball)"
+  pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster.sh up)"
+  local refs=() a t0
+  t0=$(now)
+  for a in "$@"; do
+    if [ -f "$a" ]; then
+      import_image "$a"
+      log "imported $a"
+    else
+      refs+=("$a")
+    fi
+  done
+  if [ ${#refs[@]} -gt 0 ]; then
+    command -v docker >/dev/null || die "load-image: docker is not installed (hack/docker.sh)"
+    timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/docker.sh)"
+    for a in "${refs[@]}"; do
+      docker image inspect "$a" >/dev/null 2>&1 || die "load-image: Docker has no image $a"
+    done
+    docker save "${refs[@]}" | ctr_ images import - >>"$LOGS/images.log" 2>&1 \
+      || die "load-image: docker save | ctr images import failed; see $LOGS/images.log"
+    log "imported ${refs[*]} ($(elapsed "$t0") s)"
+  fi
+}
+
+cmd_smoke() { "$HERE/cluster/smoke.sh"; }
+
+# In a function so bash has read the whole file before anything runs (safe to edit meanwhile).
+main() {
+  case "${1:-}" in
+    build) cmd_build ;;
+    up) cmd_up ;;
+    down) shift; cmd_down "$@" ;;
+    status) cmd_status ;;
+    load-image) shift; cmd_load_image "$@" ;;
+    smoke) cmd_smoke ;;
+    env) cmd_env ;;
+    -h | --help | help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" ;;
+    *) echo "usage: $0 build|up|down [--purge]|status|load-image IMAGE...|smoke|env" >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

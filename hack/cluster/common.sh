@@ -1,0 +1,29 @@
+# shellcheck shell=bash disable=SC2034  # variables for the scripts that source this
+# Shared settings of hack/cluster.sh and hack/cluster/build.sh (sourced, not run).
+# Everything version-dependent lives here so a version bump is one edit and a new cache key.
+
+K8S_VERSION=v1.33.13
+K8S_STAGING_VERSION=v0.33.13          # the staging modules (k8s.io/api, client-go, ...) of K8S_VERSION
+K8S_SAMPLE_APISERVER_VERSION=v0.33.3  # k8s.io/sample-apiserver has no v0.33.13 on the proxy
+COREDNS_VERSION=v1.14.7
+K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
+
+CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
+K8S_DIR=$CACHE/k8s/$K8S_VERSION
+K8S_BIN=$K8S_DIR/bin
+COREDNS_DIR=$CACHE/k8s/coredns-$COREDNS_VERSION
+# The pause image is keyed by its source so an edit rebuilds it.
+PAUSE_KEY=$(sha256sum "$(dirname "${BASH_SOURCE[0]}")/../pause/pause.c" | cut -c1-12)
+PAUSE_DIR=$CACHE/k8s/pause-$PAUSE_KEY
+# The toolbox image (static busybox + hack/cluster/netcheck) is keyed by netcheck's source.
+TOOLBOX_KEY=$(cat "$(dirname "${BASH_SOURCE[0]}")"/netcheck/* | sha256sum | cut -c1-12)
+TOOLBOX_DIR=$CACHE/k8s/toolbox-$TOOLBOX_KEY
+
+# Image names inside the cluster's containerd. "localhost/" keeps them from ever looking like
+# something pullable; pods use imagePullPolicy: Never/IfNotPresent anyway.
+PAUSE_IMAGE=localhost/torbed/pause:1.0
+COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
+TOOLBOX_IMAGE=localhost/torbed/toolbox:1
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }

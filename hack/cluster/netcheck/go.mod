@@ -1,0 +1,3 @@
+module torbed.local/netcheck
+
+go 1.22
