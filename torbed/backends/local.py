@@ -574,13 +574,14 @@ class ResourceSampler:
         self.next_t = time.time() + RESOURCE_INTERVAL
         self.ticks = os.sysconf("SC_CLK_TCK")
 
-    def _proc(self, pid: int) -> tuple[int, float] | None:
+    def _proc(self, pid: int) -> tuple[int, int, float] | None:
+        """(RSS, peak RSS since start (VmHWM), CPU seconds) of a process."""
         try:
-            rss = next(int(line.split()[1]) * 1024 for line in open(f"/proc/{pid}/status")
-                       if line.startswith("VmRSS:"))
+            status = {k: int(v.split()[0]) * 1024 for k, _, v in
+                      (line.partition(":") for line in open(f"/proc/{pid}/status")) if k in ("VmRSS", "VmHWM")}
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            return rss, (int(fields[11]) + int(fields[12])) / self.ticks
-        except (OSError, StopIteration, IndexError, ValueError):
+            return status["VmRSS"], status["VmHWM"], (int(fields[11]) + int(fields[12])) / self.ticks
+        except (OSError, KeyError, IndexError, ValueError):
             return None
 
     def sample(self, label: str) -> None:
@@ -591,7 +592,7 @@ class ResourceSampler:
             if got:
                 self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": n.name,
                                    "role": n.role, "group": n.group, "t": now, "label": label,
-                                   "rss_bytes": got[0], "cpu_s": got[1]})
+                                   "rss_bytes": got[0], "rss_peak_bytes": got[1], "cpu_s": got[2]})
 
     def maybe_sample(self, now: float) -> None:
         if now >= self.next_t:
