@@ -430,8 +430,8 @@ TOR_MALLOC_ENV = {"MALLOC_ARENA_MAX": ("TORBED_MALLOC_ARENA_MAX", "1"),
 def _tor_env() -> dict:
     """tor's environment, with two glibc malloc settings (each overridable by its TORBED_
     variable; empty leaves glibc's default). Directory caches (guards) and authorities
-    compress every new consensus and each consensus diff with lzma (preset 6: 13 + 17 + 64 MiB
-    of encoder state) and zstd (level 9: ~17 MiB) in worker threads, several times per
+    compress every new consensus and each consensus diff with lzma (preset 6: 12.5 + 16.3 + 64 MiB
+    of encoder state) and zstd (level 9: 16.7 MiB) in worker threads, several times per
     consensus; tor's own data is ~3 MiB.
 
     - MALLOC_MMAP_THRESHOLD_=131072 (128 KiB, glibc's initial value, now fixed): glibc
