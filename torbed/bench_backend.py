@@ -6,7 +6,7 @@ For each benchmark network (quickstart; 3 authorities + 100 relays + 4 clients) 
 - seconds from `torbed run` start to network ready, and to the first successful transfer
 - seconds from network setup (keys, namespaces) to ready, as recorded in meta.json
 - per-node RSS (MiB) and CPU (% of one core) of the tor processes once ready and after the
-  soak time (default 5 minutes), by role
+  soak time (default 5 minutes), by role, and each tor's peak RSS (VmHWM) at the end
 
 Results are printed and written to <out>/backend-<stamp>.json. A network that never becomes
 ready fails the benchmark (exit 1). Usage: python -m torbed.bench_backend [--runs 3]
@@ -74,6 +74,7 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
         "keys": meta.get("keys"),
         "rss_ready_mib": {n: r["rss_bytes"] / 2**20 for n, r in out_res["ready"].items()},
         "rss_end_mib": {n: r["rss_bytes"] / 2**20 for n, r in out_res["end"].items()},
+        "rss_peak_mib": {n: r["rss_peak_bytes"] / 2**20 for n, r in out_res["end"].items() if "rss_peak_bytes" in r},
         "cpu_pct_ready_to_end": cpu,
         "roles": {n: r["role"] for n, r in out_res["ready"].items()},
         "soak_s": soak, "variant": variant,
@@ -92,7 +93,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
     for key in ("cmd_to_ready_s", "setup_to_ready_s", "cmd_to_first_transfer_s"):
         out[key] = _stats([r[key] for r in runs])
     for role in ("authority", "relay", "client"):
-        for metric in ("rss_ready_mib", "rss_end_mib", "cpu_pct_ready_to_end"):
+        for metric in ("rss_ready_mib", "rss_end_mib", "rss_peak_mib", "cpu_pct_ready_to_end"):
             vals = [v for r in runs for n, v in r[metric].items() if r["roles"].get(n) == role]
             out[f"{role}_{metric}"] = _stats(vals)
     return out
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             t.add_row("", f"{role} RSS ready / after soak",
                       f"{fmt(s[f'{role}_rss_ready_mib'], ' MiB')} / {fmt(s[f'{role}_rss_end_mib'], ' MiB')}",
                       f"<= {tg['rss_mib']:.0f} MiB" if role == "relay" and "rss_mib" in tg else "")
+            t.add_row("", f"{role} peak RSS (VmHWM at end)", fmt(s[f"{role}_rss_peak_mib"], " MiB"), "")
             t.add_row("", f"{role} CPU ready->end", fmt(s[f"{role}_cpu_pct_ready_to_end"], " %"), "")
     console.print(t)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
