@@ -61,7 +61,7 @@ clean:  ## remove leftovers of killed runs (namespaces, processes)
 
 # Local single-node Kubernetes cluster for e2e tests (hack/cluster.sh; root). The binaries are
 # built from the Go module proxy once and cached under ~/.cache/torbed/k8s (TORBED_CACHE).
-.PHONY: cluster-build cluster-up cluster-down cluster-status e2e-cluster
+.PHONY: cluster-build cluster-up cluster-down cluster-status e2e-cluster e2e
 
 cluster-build:  ## build/cache Kubernetes v1.33.13, CoreDNS and the cluster's images (about 15 min the first time)
 	hack/cluster.sh build
@@ -81,3 +81,6 @@ e2e-cluster: venv  ## bring the cluster up, check pod/Service/DNS networking, th
 	hack/cluster.sh up
 	hack/cluster.sh smoke
 	KUBECONFIG=$${TORBED_K8S_STATE:-/var/lib/torbed-k8s}/kubeconfig $(BIN)/pytest -q -m e2e tests/e2e $(PYTEST_ARGS)
+
+e2e: tools  ## e2e tests on a real cluster: KUBECONFIG's when reachable, else the local one (brought up and down again)
+	$(BIN)/pytest -ra -m e2e tests/e2e $(PYTEST_ARGS)

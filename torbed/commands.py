@@ -61,6 +61,10 @@ def cmd_run(args) -> int:
     except (local.RunFailed, builds.BuildError) as e:
         console.print(f"[red]error[/red] {e}", highlight=False)
         return EXIT_FAILED
+    return _finished(run_dir)
+
+
+def _finished(run_dir: Path) -> int:
     import json
     info = json.loads((run_dir / "run.json").read_text())
     console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
@@ -79,11 +83,7 @@ def _run_k8s(args, s) -> int:
     except k8s.RunFailed as e:
         console.print(f"[red]error[/red] {e}", highlight=False)
         return EXIT_FAILED
-    import json
-    info = json.loads((run_dir / "run.json").read_text())
-    console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
-                  f"next: torbed report {run_dir}")
-    return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
+    return _finished(run_dir)
 
 
 def register_run(sub, fmt) -> None:
