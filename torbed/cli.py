@@ -69,7 +69,10 @@ def cmd_plan(args) -> int:
         t.add_column(col)
     for g, cg in s.clients.items():
         wl = cg.workload
-        desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
+        if wl.kind == "replay":
+            desc = f"replay {wl.trace}" + (f" ({len(wl.flows)} flows)" if wl.flows else "") + f", {wl.distribute}"
+        else:
+            desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
         t.add_row(g, str(cg.count), " -> ".join(cg.path) if cg.path else "(tor chooses)", desc)
     out.print(t)
     t = Table(title="links (symmetric; per group pair)")
