@@ -14,7 +14,7 @@ Public API:
   ``variants``, ``baseline``, ``repetitions``, ``seed``, ``reps`` (variant-major order),
   ``rep(variant, k)``, ``reps_of(variant)``
 - ``Rep``: ``variant``, ``index``, ``path``, ``meta``, ``status``, ``error``, ``transfers``,
-  ``cellstats``, ``relay_bw``, ``notes``, ``t0`` (workload start), ``warmup_s``,
+  ``cellstats``, ``relay_bw``, ``cells`` (replayed chunks, cells.jsonl; optional), ``notes``, ``t0`` (workload start), ``warmup_s``,
   ``measured_transfers`` (warmup and cancelled excluded), ``node(name)``
 - ``FILES``: the record files read, with their record type and required keys
 """
@@ -34,7 +34,10 @@ FILES: dict[str, tuple[str, tuple[str, ...]]] = {
     "transfers.jsonl": ("transfer", ("status", "warmup")),
     "cellstats.jsonl": ("cellstats", ("relay", "t")),
     "relay_bw.jsonl": ("relay_bw", ("relay", "t", "written")),
+    "cells.jsonl": ("cell", ("direction", "t_sent", "t_recv")),
 }
+# Files only some runs have (replay workloads write cells.jsonl): no note when absent.
+OPTIONAL = {"cells.jsonl"}
 
 # Statuses a repetition can have here: meta.json's, plus the two we infer.
 NOT_RUN = "not run"          # no rep-<k> directory at all
@@ -54,6 +57,7 @@ class Rep:
     transfers: list[dict] = field(default_factory=list)
     cellstats: list[dict] = field(default_factory=list)
     relay_bw: list[dict] = field(default_factory=list)
+    cells: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
 
@@ -219,7 +223,8 @@ def _load_rep(run_dir: Path, variant: str, k: int) -> Rep:
     for kind in FILES:
         p = rep.path / kind
         if not p.is_file():
-            rep.notes.append(f"no {kind}")
+            if kind not in OPTIONAL:
+                rep.notes.append(f"no {kind}")
             continue
         rep.files.add(kind)
         records, notes = read_jsonl(p, kind)

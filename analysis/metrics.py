@@ -93,6 +93,18 @@ METRICS: dict[str, MetricInfo] = {
         "(excluded from both, kept in 'all') below 1% or 50 cells: directory, test and "
         "preemptive circuits. CELL_STATS measures the "
         "circuit queue only, not connection output buffers or the kernel."),
+    "cell_delay_ms": MetricInfo(
+        "Per-cell delay", "One-way delay per cell (ms)", "ms",
+        "Replay workloads (cells.jsonl): for every replayed chunk (at most 498 bytes, one relay "
+        "cell's payload), receive time - send time, both on the host clock (the local backend's "
+        "namespaces share it); per client group and direction (down = replay server -> client "
+        "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
+        "cell'. Chunks scheduled inside the warm-up are excluded."),
+    "sched_error_ms": MetricInfo(
+        "Replay scheduling error", "Send time - recorded time (ms)", "ms",
+        "How late the replayer sent each chunk relative to the trace's time (actual - intended "
+        "send time, same clock); large values mean the sender was blocked (TCP back-pressure "
+        "through Tor) or starved of CPU, and the replay was not faithful there."),
 }
 
 DEFINITIONS: list[tuple[str, str]] = [(m.title, m.definition) for m in METRICS.values()] + [
@@ -137,6 +149,8 @@ class MetricSamples:
         p = self.params
         if "group" in p:
             return f"{p['group']}: {p['file']} ({fmt_size(p.get('size'))})"
+        if "client_group" in p:
+            return f"{p['client_group']}, {'downstream' if p['direction'] == 'down' else 'upstream'}"
         if "direction" in p:
             return f"{p['relay']}, {p['direction']}, {p['class']} circuits"
         if "relay" in p:
@@ -340,7 +354,34 @@ def extract(run: Run) -> Extracted:
                 m.values[r.variant][r.index] = np.array(vals)
                 m.totals[r.variant][r.index] = (sums[(d, c)][0], sums[(d, c)][1])
 
+    _cell_delays(run, out)
     return Extracted(metrics=out, notes=notes)
+
+
+CELL_DIRECTIONS = {"d": "down", "u": "up"}
+
+
+def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
+    """Per-cell one-way delay and scheduling error of replayed chunks, per client group and
+    direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``)."""
+    keys = sorted({(str(c.get("group")), CELL_DIRECTIONS.get(c["direction"], str(c["direction"])))
+                   for r in run.reps for c in r.cells})
+    for g, d in keys:
+        for metric in ("cell_delay_ms", "sched_error_ms"):
+            mid = f"{metric}/{g}/{d}"
+            out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
+    for r in run.reps:
+        per: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+        for c in r.cells:
+            if c.get("warmup") is True or not (_num(c.get("t_recv")) and _num(c.get("t_sent"))):
+                continue
+            sched = c["t_sent"] - c["t_sched"] if _num(c.get("t_sched")) else math.nan
+            per[(str(c.get("group")), CELL_DIRECTIONS.get(c["direction"], str(c["direction"])))].append(
+                (c["t_recv"] - c["t_sent"], sched))
+        for (g, d), vals in per.items():
+            a = np.array(vals, dtype=float) * 1e3
+            out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 0]
+            out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 1][np.isfinite(a[:, 1])]
 
 
 def _cause(t: dict) -> str:

@@ -96,7 +96,15 @@ class Driver:
 
     @property
     def circuit(self) -> Circuit | None:
+        """The client's (only) circuit of bulk and fetch workloads."""
         return self.circuits.get("")
+
+    @circuit.setter
+    def circuit(self, circ: Circuit | None) -> None:
+        if circ is None:
+            self.circuits.pop("", None)
+        else:
+            self.circuits[""] = circ
 
     def _on_circ(self, event) -> None:
         if event.status not in ("FAILED", "CLOSED"):
