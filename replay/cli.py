@@ -129,38 +129,51 @@ def cmd_convert(args) -> int:
     return EXIT_OK
 
 
+class Tcpdump:
+    """tcpdump on ``iface`` (inside ``netns`` if given), headers only (snap length 128), as a
+    context manager: started and listening on enter, stopped (SIGINT, so it flushes) on exit."""
+
+    def __init__(self, iface: str, out_pcap: Path, netns: str | None = None, bpf: str = "tcp"):
+        self.iface, self.out, self.netns, self.bpf = iface, Path(out_pcap), netns, bpf
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        tcpdump = shutil.which("tcpdump")
+        if not tcpdump:
+            raise OSError("tcpdump not found: run `make setup` (hack/install-deps.sh installs it)")
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        err = self.out.with_suffix(".tcpdump.log")
+        with open(err, "w") as ef:
+            self.proc = subprocess.Popen(prefix + [tcpdump, "-i", self.iface, "-U", "-s", "128", "-w", str(self.out),
+                                                   self.bpf], stderr=ef, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while "listening on" not in err.read_text():
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.proc.kill()
+                raise OSError(f"tcpdump did not start: {err.read_text().strip()}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.2)   # the last packets' way through the capture buffer
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.out.with_suffix(".tcpdump.log").unlink(missing_ok=True)
+
+
 def capture(iface: str, out_pcap: Path, command: list[str] | None, duration: float | None,
             netns: str | None = None, bpf: str = "tcp") -> int:
-    """Run tcpdump (headers only) on ``iface`` while ``command`` runs or for ``duration``.
+    """Capture while ``command`` runs (inside ``netns`` too) or for ``duration`` seconds.
     Returns the command's exit code (0 for a duration)."""
-    tcpdump = shutil.which("tcpdump")
-    if not tcpdump:
-        raise OSError("tcpdump not found: run `make setup` (hack/install-deps.sh installs it)")
-    prefix = ["ip", "netns", "exec", netns] if netns else []
-    err = out_pcap.with_suffix(".tcpdump.log")
-    with open(err, "w") as ef:
-        td = subprocess.Popen(prefix + [tcpdump, "-i", iface, "-U", "-s", "128", "-w", str(out_pcap), bpf],
-                              stderr=ef, stdout=subprocess.DEVNULL)
-    deadline = time.time() + 10
-    while "listening on" not in err.read_text():
-        if td.poll() is not None or time.time() > deadline:
-            td.kill()
-            raise OSError(f"tcpdump did not start: {err.read_text().strip()}")
-        time.sleep(0.05)
-    rc = 0
-    try:
+    with Tcpdump(iface, out_pcap, netns, bpf):
         if command:
-            rc = subprocess.run(prefix + command).returncode
-        else:
-            time.sleep(duration or 0)
-    finally:
-        time.sleep(0.2)   # the last packets' way through the capture buffer
-        td.send_signal(signal.SIGINT)
-        try:
-            td.wait(10)
-        except subprocess.TimeoutExpired:
-            td.kill()
-    return rc
+            prefix = ["ip", "netns", "exec", netns] if netns else []
+            return subprocess.run(prefix + command).returncode
+        time.sleep(duration or 0)
+        return 0
 
 
 def cmd_capture(args) -> int:
@@ -190,7 +203,6 @@ def cmd_capture(args) -> int:
     write(t, out)
     if not args.keep_pcap:
         pcap.unlink(missing_ok=True)
-        pcap.with_suffix(".tcpdump.log").unlink(missing_ok=True)
     console.print(f"wrote {out}: {len(t.flows)} flows, {t.duration:.3f} s (command exit {rc})")
     return EXIT_OK if rc == 0 else EXIT_FAILED
 

@@ -20,8 +20,9 @@ experiment 3 (section 5.4): one line per cell, ``time,connection,circuit,directi
 replay (``"busiest"``: the one with the most cells, as the paper chose).
 
 torbed's own cellstats.jsonl -> cell log (``cell_log_from_cellstats``): CELL_STATS counts the
-cells added to each circuit queue per second, not each cell's time, so the cells of one
-event are spread evenly over the second before it (documented approximation, 1 s grain).
+relay cells leaving each circuit queue per second (tor fills the "removed" counts only), not
+each cell's time, so the cells of one event are spread evenly over the second before it
+(documented approximation, 1 s grain; it is the relay's departure, not arrival, timing).
 
 Public API: ``from_pcap(path, filter="", circuit_by="server", min_bytes=1, meta=None)``,
 ``parse_filter(text)``, ``from_cell_log(path, connection="busiest", meta=None)``,
@@ -185,7 +186,7 @@ def from_cell_log(path: str | Path, connection: str = "busiest", meta: dict | No
 
 def cell_log_from_cellstats(path: str | Path, relay: str) -> list[tuple[float, str, str, str]]:
     """Per-cell rows from torbed's cellstats.jsonl records of ``relay`` (cells spread evenly
-    over each event's second; cell counts from ``added``)."""
+    over each event's second; cell counts from ``removed``)."""
     rows = []
     for line in Path(path).read_text().splitlines():
         if not line.strip():
@@ -199,7 +200,9 @@ def cell_log_from_cellstats(path: str | Path, relay: str) -> list[tuple[float, s
             if not isinstance(s, dict):
                 continue
             conn = conn or str((rec.get("inbound") or {}).get("conn") or s.get("conn"))
-            n = sum(v for k, v in (s.get("added") or {}).items() if k in ("relay", "relay_early"))
+            # tor fills only the 'removed' counts (cells leaving the circuit queue, per
+            # command); every relay cell that crossed the relay was removed once.
+            n = sum(v for k, v in (s.get("removed") or {}).items() if k in ("relay", "relay_early"))
             for i in range(n):
                 rows.append((rec["t"] - 1.0 + (i + 0.5) / n, conn, str(rec["circuit"]), d))
     rows.sort()

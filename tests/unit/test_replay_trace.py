@@ -185,9 +185,10 @@ def test_cell_log_conversion_picks_the_busiest_connection(tmp_path):
 def test_cell_log_from_cellstats(tmp_path):
     p = tmp_path / "cellstats.jsonl"
     recs = [{"type": "cellstats", "relay": "middle0", "t": 100.0, "circuit": "7:3",
-             "inbound": {"conn": 7, "added": {"relay": 4}}, "outbound": {"conn": 8, "added": {"relay": 2}}},
+             "inbound": {"conn": 7, "added": {}, "removed": {"relay": 4, "created2": 1}},
+             "outbound": {"conn": 8, "added": {}, "removed": {"relay": 2}}},
             {"type": "cellstats", "relay": "guard0", "t": 100.0, "circuit": "1:1",
-             "inbound": {"conn": 1, "added": {"relay": 9}}, "outbound": None}]
+             "inbound": {"conn": 1, "removed": {"relay": 9}}, "outbound": None}]
     p.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rows = convert.cell_log_from_cellstats(p, "middle0")
     assert len(rows) == 6
