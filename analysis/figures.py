@@ -349,7 +349,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
             figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
                                + reps_note, "Relays"))
     delay = sorted({(m.params["client_group"], m.params["direction"]) for m in ms.values()
-                    if m.metric == "cell_delay_ms"})
+                    if m.metric == "cell_delay_ms" and not m.params.get("class")})
     if delay:
         panels = [(f"{g}, {d}stream", ms[f"cell_delay_ms/{g}/{d}"]) for g, d in delay]
         p = out_dir / "cdf-cell-delay.png"

@@ -99,7 +99,9 @@ METRICS: dict[str, MetricInfo] = {
         "cell's payload), receive time - send time, both on the host clock (the local backend's "
         "namespaces share it); per client group and direction (down = replay server -> client "
         "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
-        "cell'. Chunks scheduled inside the warm-up are excluded."),
+        "cell'. Chunks scheduled inside the warm-up are excluded. Groups whose flows differ in "
+        "size are also split by flow: 'heavy' flows carried at least 50% of the busiest flow's "
+        "chunks in that repetition, the others are 'light' (Torchestra reports light circuits)."),
     "sched_error_ms": MetricInfo(
         "Replay scheduling error", "Send time - recorded time (ms)", "ms",
         "How late the replayer sent each chunk relative to the trace's time (actual - intended "
@@ -150,7 +152,8 @@ class MetricSamples:
         if "group" in p:
             return f"{p['group']}: {p['file']} ({fmt_size(p.get('size'))})"
         if "client_group" in p:
-            return f"{p['client_group']}, {'downstream' if p['direction'] == 'down' else 'upstream'}"
+            cls = f", {p['class']} flows" if p.get("class") else ""
+            return f"{p['client_group']}, {'downstream' if p['direction'] == 'down' else 'upstream'}{cls}"
         if "direction" in p:
             return f"{p['relay']}, {p['direction']}, {p['class']} circuits"
         if "relay" in p:
@@ -361,25 +364,63 @@ def extract(run: Run) -> Extracted:
 CELL_DIRECTIONS = {"d": "down", "u": "up"}
 
 
+def classify_flows(cells: list[dict], heavy_fraction: float = HEAVY_FRACTION) -> dict[tuple, str]:
+    """Class of each replayed flow of ONE client group in one repetition, by its chunks (both
+    directions, warm-up included) per (client, flow, iteration): 'heavy' from
+    ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for CELL_STATS
+    circuits). Returns {(trace, flow): class}: a flow's class is its largest replay's."""
+    n: Counter = Counter()
+    for c in cells:
+        n[(c.get("client"), c.get("trace"), c.get("flow"), c.get("iteration"))] += 1
+    per_flow: dict[tuple, int] = {}
+    for (_, trace, flow, _), k in n.items():
+        per_flow[(trace, flow)] = max(per_flow.get((trace, flow), 0), k)
+    busiest = max(per_flow.values(), default=0)
+    return {f: ("heavy" if k >= heavy_fraction * busiest else "light") for f, k in per_flow.items()}
+
+
 def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
     """Per-cell one-way delay and scheduling error of replayed chunks, per client group and
-    direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``)."""
-    keys = sorted({(str(c.get("group")), CELL_DIRECTIONS.get(c["direction"], str(c["direction"])))
-                   for r in run.reps for c in r.cells})
+    direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``); for
+    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/light``
+    and ``/heavy``, see ``classify_flows``)."""
+    def direction(c: dict) -> str:
+        return CELL_DIRECTIONS.get(c["direction"], str(c["direction"]))
+
+    classes: dict[tuple, dict[tuple, str]] = {}   # (rep variant, index, group) -> flow -> class
+    by_group: dict[tuple, list[dict]] = defaultdict(list)
+    for r in run.reps:
+        for c in r.cells:
+            by_group[(r.variant, r.index, str(c.get("group")))].append(c)
+    for key, cells in by_group.items():
+        classes[key] = classify_flows(cells)
+    mixed = {g for (_, _, g), cl in classes.items() if len(set(cl.values())) > 1}
+    keys = sorted({(str(c.get("group")), direction(c)) for r in run.reps for c in r.cells})
     for g, d in keys:
         for metric in ("cell_delay_ms", "sched_error_ms"):
             mid = f"{metric}/{g}/{d}"
             out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
+        if g in mixed:
+            for cls in ("light", "heavy"):
+                mid = f"cell_delay_ms/{g}/{d}/{cls}"
+                out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
     for r in run.reps:
-        per: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+        per: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
         for c in r.cells:
             if c.get("warmup") is True or not (_num(c.get("t_recv")) and _num(c.get("t_sent"))):
                 continue
+            g = str(c.get("group"))
             sched = c["t_sent"] - c["t_sched"] if _num(c.get("t_sched")) else math.nan
-            per[(str(c.get("group")), CELL_DIRECTIONS.get(c["direction"], str(c["direction"])))].append(
-                (c["t_recv"] - c["t_sent"], sched))
-        for (g, d), vals in per.items():
+            row = (c["t_recv"] - c["t_sent"], sched)
+            per[(g, direction(c), None)].append(row)
+            if g in mixed:
+                cls = classes[(r.variant, r.index, g)].get((c.get("trace"), c.get("flow")), "light")
+                per[(g, direction(c), cls)].append(row)
+        for (g, d, cls), vals in per.items():
             a = np.array(vals, dtype=float) * 1e3
+            if cls is not None:
+                out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = a[:, 0]
+                continue
             out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 0]
             out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 1][np.isfinite(a[:, 1])]
 

@@ -195,7 +195,8 @@ class ReplayWorkload(Strict):
     flows: list[str] | None = Field(None, min_length=1, description="Flow ids to replay (default: all)")
     distribute: Literal["split", "each"] = Field(
         "split", description="split: the group's clients share the flows (flows of one circuit key stay on "
-                             "one client); each: every client replays every flow")
+                             "one client); each: every client replays every flow, client i starting i/count "
+                             "of the trace's period later")
     loop: bool = Field(True, description="Start the trace again when it ends, until the measurement ends")
     gap: Duration = Field("1s", description="Pause between the end of the trace and its next loop")
     timeout: Duration = Field("60s", description="How long a flow may run past its recorded duration")

@@ -680,7 +680,10 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
             workload = {"kind": "replay", "server": server.name, "address": server.address,
                         "port": server.ports["replay"], "trace": str(rep_dir / "traces" / src.name),
                         "trace_name": trace_name(src), "flows": assignments[c.group][c.name],
-                        "loop": wl.loop, "period_s": period, "slack_s": units.parse_duration(wl.timeout),
+                        "loop": wl.loop, "period_s": period,
+                        # 'each': client i starts i/count of a period later, so the clients'
+                        # copies of the trace do not burst in lockstep.
+                        "offset_s": c.index * period / cg.count if wl.distribute == "each" else 0.0, "slack_s": units.parse_duration(wl.timeout),
                         "timeout_s": units.parse_duration(wl.timeout), "concurrency": 1,
                         "cells_output": str(rep_dir / "cells.jsonl")}
         else:
