@@ -1,6 +1,6 @@
 """``torbed capture`` and ``torbed trace info|slice|merge|convert``.
 
-    capture -i IFACE [--netns NS] [--filter F] (--duration D | -- COMMAND ...) OUT
+    capture OUT [-i IFACE] [--netns NS] [--filter F] (--duration D | -- COMMAND ...)
         tcpdump headers only (snap length 128: no payload is kept) while a command runs
         (or for a duration), then convert the capture to a trace
     trace info TRACE [--json]              flows, circuits, packets, bytes, duration, metadata
@@ -144,7 +144,7 @@ class Tcpdump:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         err = self.out.with_suffix(".tcpdump.log")
         with open(err, "w") as ef:
-            self.proc = subprocess.Popen(prefix + [tcpdump, "-i", self.iface, "-U", "-s", "128", "-w", str(self.out),
+            self.proc = subprocess.Popen(prefix + [tcpdump, "-i", self.iface, "-U", "--immediate-mode", "-s", "128", "-w", str(self.out),
                                                    self.bpf], stderr=ef, stdout=subprocess.DEVNULL)
         deadline = time.time() + 10
         while "listening on" not in err.read_text():
@@ -180,7 +180,7 @@ def cmd_capture(args) -> int:
     if os.geteuid() != 0:
         console.print("[red]error[/red] capturing needs root (tcpdump on an interface)")
         return EXIT_FAILED
-    command = [c for c in args.command if c != "--"] if args.command else None
+    command = getattr(args, "argv_after_dashdash", None) or None
     if not command and not args.duration:
         console.print("[red]error[/red] give --duration or a command after --")
         return EXIT_BAD_INPUT
@@ -235,7 +235,7 @@ def register(sub, fmt) -> None:
     p.add_argument("--keep-pcap", default=None, metavar="FILE", help="keep the raw capture here")
     _pcap_args(p)
     _meta_args(p)
-    p.add_argument("command", nargs="*", help="command to run while capturing (after --)")
+    # The command after `--` is split off by torbed.cli.main (args.argv_after_dashdash).
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("trace", formatter_class=fmt, help="inspect, slice, merge and convert replay traces")

@@ -122,7 +122,13 @@ def _extra_commands():
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest = None
+    if "--" in argv:   # `torbed capture OUT ... -- COMMAND ARGS`: the command is not ours to parse
+        i = argv.index("--")
+        argv, rest = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    args.argv_after_dashdash = rest
     try:
         return args.func(args)
     except scenario_mod.ScenarioError as e:
