@@ -361,22 +361,31 @@ def extract(run: Run) -> Extracted:
     return Extracted(metrics=out, notes=notes)
 
 
-CELL_DIRECTIONS = {"d": "down", "u": "up"}
+CELL_DIRECTIONS = ("down", "up")   # CellTable.direction codes 0, 1
 
 
-def classify_flows(cells: list[dict], heavy_fraction: float = HEAVY_FRACTION) -> dict[tuple, str]:
-    """Class of each replayed flow of ONE client group in one repetition, by its chunks (both
-    directions, warm-up included) per (client, flow, iteration): 'heavy' from
-    ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for CELL_STATS
-    circuits). Returns {(trace, flow): class}: a flow's class is its largest replay's."""
-    n: Counter = Counter()
-    for c in cells:
-        n[(c.get("client"), c.get("trace"), c.get("flow"), c.get("iteration"))] += 1
-    per_flow: dict[tuple, int] = {}
-    for (_, trace, flow, _), k in n.items():
-        per_flow[(trace, flow)] = max(per_flow.get((trace, flow), 0), k)
-    busiest = max(per_flow.values(), default=0)
-    return {f: ("heavy" if k >= heavy_fraction * busiest else "light") for f, k in per_flow.items()}
+def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, dict[int, str]]:
+    """Class of each replayed flow per client group of one repetition's CellTable, by its
+    chunks (both directions, warm-up included) in its largest replay (client, iteration):
+    'heavy' from ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for
+    CELL_STATS circuits). Returns {group code: {flow code: class}}."""
+    out: dict[int, dict[int, str]] = {}
+    if table is None or len(table) == 0:
+        return out
+    replays, counts = np.unique(table.replay, return_counts=True)
+    first = {}
+    for rp, i in zip(*np.unique(table.replay, return_index=True)):
+        first[int(rp)] = (int(table.group[i]), int(table.flow[i]))
+    size: dict[tuple[int, int], int] = {}
+    for rp, k in zip(replays, counts):
+        g, f = first[int(rp)]
+        size[(g, f)] = max(size.get((g, f), 0), int(k))
+    busiest: dict[int, int] = {}
+    for (g, _), k in size.items():
+        busiest[g] = max(busiest.get(g, 0), k)
+    for (g, f), k in size.items():
+        out.setdefault(g, {})[f] = "heavy" if k >= heavy_fraction * busiest[g] else "light"
+    return out
 
 
 def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
@@ -384,19 +393,17 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
     direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``); for
     groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/light``
     and ``/heavy``, see ``classify_flows``)."""
-    def direction(c: dict) -> str:
-        return CELL_DIRECTIONS.get(c["direction"], str(c["direction"]))
-
-    classes: dict[tuple, dict[tuple, str]] = {}   # (rep variant, index, group) -> flow -> class
-    by_group: dict[tuple, list[dict]] = defaultdict(list)
-    for r in run.reps:
-        for c in r.cells:
-            by_group[(r.variant, r.index, str(c.get("group")))].append(c)
-    for key, cells in by_group.items():
-        classes[key] = classify_flows(cells)
-    mixed = {g for (_, _, g), cl in classes.items() if len(set(cl.values())) > 1}
-    keys = sorted({(str(c.get("group")), direction(c)) for r in run.reps for c in r.cells})
-    for g, d in keys:
+    tables = [(r, r.cells) for r in run.reps if r.cells is not None and len(r.cells)]
+    classes = {(r.variant, r.index): classify_flows(t) for r, t in tables}
+    keys: set[tuple[str, str]] = set()
+    mixed: set[str] = set()
+    for r, t in tables:
+        for gi, g in enumerate(t.groups):
+            for di in np.unique(t.direction[t.group == gi]):
+                keys.add((g, CELL_DIRECTIONS[int(di)]))
+            if len(set(classes[(r.variant, r.index)].get(gi, {}).values())) > 1:
+                mixed.add(g)
+    for g, d in sorted(keys):
         for metric in ("cell_delay_ms", "sched_error_ms"):
             mid = f"{metric}/{g}/{d}"
             out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
@@ -404,25 +411,23 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
             for cls in ("light", "heavy"):
                 mid = f"cell_delay_ms/{g}/{d}/{cls}"
                 out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
-    for r in run.reps:
-        per: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-        for c in r.cells:
-            if c.get("warmup") is True or not (_num(c.get("t_recv")) and _num(c.get("t_sent"))):
-                continue
-            g = str(c.get("group"))
-            sched = c["t_sent"] - c["t_sched"] if _num(c.get("t_sched")) else math.nan
-            row = (c["t_recv"] - c["t_sent"], sched)
-            per[(g, direction(c), None)].append(row)
-            if g in mixed:
-                cls = classes[(r.variant, r.index, g)].get((c.get("trace"), c.get("flow")), "light")
-                per[(g, direction(c), cls)].append(row)
-        for (g, d, cls), vals in per.items():
-            a = np.array(vals, dtype=float) * 1e3
-            if cls is not None:
-                out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = a[:, 0]
-                continue
-            out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 0]
-            out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = a[:, 1][np.isfinite(a[:, 1])]
+    for r, t in tables:
+        delay = (t.t_recv - t.t_sent) * 1e3
+        sched = (t.t_sent - t.t_sched) * 1e3
+        keep = ~t.warmup
+        cls_of = classes[(r.variant, r.index)]
+        for gi, g in enumerate(t.groups):
+            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "heavy"], dtype=np.int32)
+            for di, d in enumerate(CELL_DIRECTIONS):
+                sel = keep & (t.group == gi) & (t.direction == di)
+                if not sel.any():
+                    continue
+                out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = delay[sel]
+                out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = sched[sel]
+                if g in mixed:
+                    heavy = np.isin(t.flow, heavy_flows)
+                    out[f"cell_delay_ms/{g}/{d}/heavy"].values[r.variant][r.index] = delay[sel & heavy]
+                    out[f"cell_delay_ms/{g}/{d}/light"].values[r.variant][r.index] = delay[sel & ~heavy]
 
 
 def _cause(t: dict) -> str:
