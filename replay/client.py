@@ -49,7 +49,7 @@ def prepare(driver) -> None:
             pass   # retried (and recorded) when a flow needs it
 
 
-def replay_flow(driver, flow: Flow, iteration: int, t_start: float, stop: threading.Event, cells: RecordWriter) -> dict:
+def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:
     from python_socks import ProxyError, ProxyTimeoutError
     from python_socks.sync import Proxy
 
@@ -154,7 +154,7 @@ def run_replay(driver, slot: int, stop: threading.Event) -> int:
             engine._sleep_until(start, stop)
             if stop.is_set():
                 return
-            replay_flow(driver, flow, k, start, stop, cells)
+            replay_flow(driver, flow, k, stop, cells)
             counts[i] += 1
             k += 1
             if not wl["loop"]:

@@ -14,7 +14,6 @@ first party on one circuit).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import shutil
