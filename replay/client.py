@@ -40,13 +40,20 @@ def _flows(driver) -> list[Flow]:
 
 
 def prepare(driver) -> None:
-    """Build every circuit the client's flows need before the workload starts."""
+    """Build every circuit the client's flows need before the workload starts (a few at a
+    time: a relay log's connection has dozens of circuits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..client.driver import TransferError
-    for key in sorted({_key(f) for f in _flows(driver)}):
+
+    def build(key: str) -> None:
         try:
             driver.get_circuit(key)
         except TransferError:
             pass   # retried (and recorded) when a flow needs it
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(build, sorted({_key(f) for f in _flows(driver)})))
 
 
 def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:

@@ -47,7 +47,10 @@ PAGE_MODEL = {
     # type: (share of requests, share of bytes)
     "types": {"img": (0.50, 0.50), "js": (0.30, 0.38), "css": (0.10, 0.05), "font": (0.05, 0.05),
               "other": (0.05, 0.02)},
-    "reading_pause_s": (4.0, 12.0),   # uniform pause between page loads
+    # Uniform pause between page loads: a reader's dwell time (tens of seconds are typical:
+    # Liu, White & Dumais, "Understanding Web Browsing Behaviors through Weibull Analysis of
+    # Dwell Time", SIGIR 2010); set by hand, not fitted.
+    "reading_pause_s": (10.0, 40.0),
 }
 
 
