@@ -252,3 +252,16 @@ def test_server_replays_at_recorded_times_on_loopback(tmp_path):
     med = statistics.median(err)
     print(f"loopback scheduling error: median {med:.3f} ms, max {max(err):.3f} ms over {len(err)} chunks")
     assert 0 <= med < 1.0
+
+
+def test_flows_are_dealt_to_clients_by_circuit_key():
+    from types import SimpleNamespace
+
+    from torbed.backends.local import assign_flows
+    t = Trace([Flow("a", [Packet(0.0, DOWN, 5)], "k1"), Flow("b", [Packet(0.1, DOWN, 5)], None),
+               Flow("c", [Packet(0.2, DOWN, 5)], "k1"), Flow("d", [Packet(0.3, DOWN, 5)], None)])
+    clients = [SimpleNamespace(name="web0"), SimpleNamespace(name="web1")]
+    split = assign_flows(t, SimpleNamespace(flows=None, distribute="split"), clients)
+    assert split == {"web0": ["a", "c", "d"], "web1": ["b"]}   # k1's flows stay together
+    each = assign_flows(t, SimpleNamespace(flows=["b", "d"], distribute="each"), clients)
+    assert each == {"web0": ["b", "d"], "web1": ["b", "d"]}
