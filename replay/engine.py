@@ -1,9 +1,9 @@
 """Both ends of a replayed flow: sending a direction's packets at their recorded times and
 receiving the other direction's chunks, timestamping each (shared by server and client).
 
-Receivers keep per-chunk tuples in memory and write cells.jsonl records (docs/records.md)
-in batches, so JSON encoding and the write happen between receive calls only rarely and
-never sit between a chunk's arrival and its timestamp.
+Receivers keep per-chunk tuples in memory and write the cells.jsonl records (docs/records.md)
+when the flow ends, so JSON encoding never sits between a chunk's arrival and the read
+that timestamps it (other flows' threads finishing can still take the GIL for a few ms).
 
 Public API: ``send_packets(sock, packets, epoch, t0, stop, start_seq=0) -> (chunks, bytes)``,
 ``receive_chunks(sock, recorder, deadline, expected, stop, stop_at_expected=False) -> (chunks, t_first, t_last, eof)``,
@@ -19,7 +19,9 @@ import time
 from . import wire
 from .trace import Packet
 
-BATCH = 2000
+# Records are written when the flow's replay ends; only a flow longer than this many chunks
+# is written (and JSON-encoded, ~20 ms per 1000) mid-flow, which delays the next reads.
+BATCH = 50_000
 
 
 class CellRecorder:
