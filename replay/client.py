@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 
 from ..records import RecordWriter
 from . import engine, wire
 from .trace import DOWN, UP, Flow, read
+
+
+def _transfer_error(driver) -> type:
+    """The driver's TransferError class. The driver runs as ``python -m
+    torbed.client.driver``, i.e. as module ``__main__``: importing torbed.client.driver here
+    would give a second, different class that ``except`` would not match."""
+    return sys.modules[type(driver).__module__].TransferError
 
 
 def _key(flow: Flow) -> str:
@@ -44,7 +52,7 @@ def prepare(driver) -> None:
     time: a relay log's connection has dozens of circuits)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..client.driver import TransferError
+    TransferError = _transfer_error(driver)
 
     def build(key: str) -> None:
         try:
@@ -60,7 +68,7 @@ def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells
     from python_socks import ProxyError, ProxyTimeoutError
     from python_socks.sync import Proxy
 
-    from ..client.driver import TransferError
+    TransferError = _transfer_error(driver)
     cfg, wl = driver.cfg, driver.cfg["workload"]
     down_bytes = flow.bytes(DOWN)
     rec = {"type": "transfer", "variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"],
@@ -124,7 +132,9 @@ def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells
             raise TransferError(cause, f"received {n} of {expected_down} downstream chunks")
         if "error" in up_result:
             raise TransferError("connection_error", f"upstream: {up_result['error']}")
-    except TransferError as e:
+    except (TransferError, wire.WireError) as e:
+        if isinstance(e, wire.WireError):
+            e = TransferError("connection_error", f"replay stream: {e}")
         rec["status"] = "cancelled" if e.cause == "run_ended" else "timeout" if e.cause == "timeout" else "error"
         rec["error"] = {"cause": e.cause, "detail": e.detail}
     finally:

@@ -265,3 +265,38 @@ def test_flows_are_dealt_to_clients_by_circuit_key():
     assert split == {"web0": ["a", "c", "d"], "web1": ["b"]}   # k1's flows stay together
     each = assign_flows(t, SimpleNamespace(flows=["b", "d"], distribute="each"), clients)
     assert each == {"web0": ["b", "d"], "web1": ["b", "d"]}
+
+
+def test_prepare_survives_circuit_failures_of_a_driver_run_as_main(tmp_path):
+    """The driver runs as __main__, so its TransferError is not torbed.client.driver's:
+    replay must catch the class of the driver it is given (a failed build is retried later)."""
+    import sys
+    import types
+
+    from torbed.replay import client
+    fake = types.ModuleType("fake_driver_main")
+
+    class TransferError(Exception):
+        def __init__(self, cause, detail):
+            super().__init__(cause)
+            self.cause, self.detail = cause, detail
+
+    class Driver:
+        def __init__(self):
+            self.cfg = {"workload": {"trace": str(tmp_path / "t.jsonl"), "flows": ["a", "b"]}}
+            self.asked = []
+
+        def get_circuit(self, key):
+            self.asked.append(key)
+            raise TransferError("circuit_failed", "No descriptor")
+
+    fake.TransferError, fake.Driver = TransferError, Driver
+    Driver.__module__ = fake.__name__
+    sys.modules[fake.__name__] = fake
+    try:
+        write(_trace(), tmp_path / "t.jsonl")
+        d = Driver()
+        client.prepare(d)
+        assert sorted(d.asked) == ["c1", "flow:b"]
+    finally:
+        del sys.modules[fake.__name__]
