@@ -348,6 +348,20 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         if plot_cdf(panels, variants, baseline, p, title):
             figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
                                + reps_note, "Relays"))
+    delay = sorted({(m.params["client_group"], m.params["direction"]) for m in ms.values()
+                    if m.metric == "cell_delay_ms" and not m.params.get("class")})
+    if delay:
+        panels = [(f"{g}, {d}stream", ms[f"cell_delay_ms/{g}/{d}"]) for g, d in delay]
+        p = out_dir / "cdf-cell-delay.png"
+        title = "Per-cell one-way delay of replayed traffic"
+        if plot_cdf(panels, variants, baseline, p, title):
+            means = "; ".join(f"{g} {d}: " + ", ".join(
+                f"{v} {summary['metrics'][f'cell_delay_ms/{g}/{d}']['variants'][v].get('mean', float('nan')):.1f} ms"
+                for v in variants if summary["metrics"][f"cell_delay_ms/{g}/{d}"]["variants"][v].get("n"))
+                for g, d in delay)
+            figs.append(Figure(p, title, "CDF of receive - send time of every replayed chunk (one cell's "
+                               f"payload) after the warm-up. Average delay per cell: {means}. " + reps_note,
+                               "Replayed traffic"))
     cws = metrics_mod.cell_wait_series(run)
     p = out_dir / "timeseries-cell-wait.png"
     if plot_cell_wait(cws, variants, p):

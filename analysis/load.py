@@ -10,11 +10,12 @@ Public API:
 
 - ``load_run(run_dir) -> Run``               raises RunDirError, RecordError
 - ``read_jsonl(path, kind) -> (records, notes)``  raises RecordError
+- ``read_cells(path) -> (CellTable, notes)``  cells.jsonl as numpy columns
 - ``Run``: ``path``, ``info`` (run.json), ``name`` (directory name), ``scenario_name``,
   ``variants``, ``baseline``, ``repetitions``, ``seed``, ``reps`` (variant-major order),
   ``rep(variant, k)``, ``reps_of(variant)``
 - ``Rep``: ``variant``, ``index``, ``path``, ``meta``, ``status``, ``error``, ``transfers``,
-  ``cellstats``, ``relay_bw``, ``notes``, ``t0`` (workload start), ``warmup_s``,
+  ``cellstats``, ``relay_bw``, ``cells`` (CellTable of cells.jsonl or None), ``notes``, ``t0`` (workload start), ``warmup_s``,
   ``measured_transfers`` (warmup and cancelled excluded), ``node(name)``
 - ``FILES``: the record files read, with their record type and required keys
 """
@@ -24,8 +25,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .errors import RecordError, RunDirError
 
@@ -35,6 +39,10 @@ FILES: dict[str, tuple[str, tuple[str, ...]]] = {
     "cellstats.jsonl": ("cellstats", ("relay", "t")),
     "relay_bw.jsonl": ("relay_bw", ("relay", "t", "written")),
 }
+# cells.jsonl (replay workloads; absent otherwise, without a note) can hold millions of
+# records: it is read into columns (CellTable), not kept as dicts.
+CELLS_FILE = "cells.jsonl"
+CELL_REQUIRED = ("direction", "t_sched", "t_sent", "t_recv")
 
 # Statuses a repetition can have here: meta.json's, plus the two we infer.
 NOT_RUN = "not run"          # no rep-<k> directory at all
@@ -54,6 +62,7 @@ class Rep:
     transfers: list[dict] = field(default_factory=list)
     cellstats: list[dict] = field(default_factory=list)
     relay_bw: list[dict] = field(default_factory=list)
+    cells: "CellTable | None" = None
     notes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
 
@@ -225,7 +234,76 @@ def _load_rep(run_dir: Path, variant: str, k: int) -> Rep:
         records, notes = read_jsonl(p, kind)
         rep.notes += notes
         setattr(rep, kind.split(".")[0], records)
+    if (rep.path / CELLS_FILE).is_file():
+        rep.files.add(CELLS_FILE)
+        rep.cells, notes = read_cells(rep.path / CELLS_FILE)
+        rep.notes += notes
     return rep
+
+
+@dataclass
+class CellTable:
+    """cells.jsonl of one repetition as columns. ``group``, ``flow`` and ``replay`` are codes
+    into ``groups``, ``flows`` ((trace, flow)) and ``replays`` ((client, trace, flow,
+    iteration)); ``direction`` is 0 for "d" (downstream), 1 for "u"."""
+
+    groups: list[str]
+    flows: list[tuple[str, str]]
+    replays: list[tuple]
+    group: np.ndarray
+    direction: np.ndarray
+    flow: np.ndarray
+    replay: np.ndarray
+    t_sched: np.ndarray
+    t_sent: np.ndarray
+    t_recv: np.ndarray
+    warmup: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.t_sent.size)
+
+
+def read_cells(path: Path) -> tuple[CellTable, list[str]]:
+    """Read cells.jsonl into a CellTable. Raises RecordError (file, line) like read_jsonl;
+    a truncated last line is dropped with a note."""
+    codes: dict[str, dict] = {"group": {}, "flow": {}, "replay": {}}
+    cols = {k: array("i") for k in ("group", "direction", "flow", "replay")}
+    fcols = {k: array("d") for k in ("t_sched", "t_sent", "t_recv")}
+    warm = array("b")
+    notes: list[str] = []
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    unterminated = not data.endswith(b"\n") and data != b""
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if unterminated and i == len(lines):
+                notes.append(f"{CELLS_FILE} line {i}: truncated record (written when the run stopped) ignored")
+                continue
+            raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict) or rec.get("type", "cell") != "cell":
+            raise RecordError(path, i, "expected a cell record (a JSON object with type 'cell')")
+        missing = [k for k in CELL_REQUIRED if k not in rec]
+        if missing:
+            raise RecordError(path, i, f"cell record lacks {', '.join(repr(k) for k in missing)}")
+        if rec["direction"] not in ("d", "u") or not all(_is_num(rec[k]) for k in ("t_sched", "t_sent", "t_recv")):
+            raise RecordError(path, i, "cell record needs direction 'd'|'u' and numeric t_sched/t_sent/t_recv")
+        for col, key in (("group", str(rec.get("group"))), ("flow", (rec.get("trace"), rec.get("flow"))),
+                         ("replay", (rec.get("client"), rec.get("trace"), rec.get("flow"), rec.get("iteration")))):
+            cols[col].append(codes[col].setdefault(key, len(codes[col])))
+        cols["direction"].append(0 if rec["direction"] == "d" else 1)
+        for k in fcols:
+            fcols[k].append(float(rec[k]))
+        warm.append(1 if rec.get("warmup") is True else 0)
+    return CellTable(groups=list(codes["group"]), flows=list(codes["flow"]), replays=list(codes["replay"]),
+                     **{k: np.frombuffer(v, dtype=np.int32) if v.itemsize == 4 else np.array(v, dtype=np.int32)
+                        for k, v in cols.items()},
+                     **{k: np.frombuffer(v, dtype=np.float64) for k, v in fcols.items()},
+                     warmup=np.frombuffer(warm, dtype=np.int8).astype(bool)), notes
 
 
 def load_run(run_dir: str | Path) -> Run:

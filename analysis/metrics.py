@@ -93,6 +93,20 @@ METRICS: dict[str, MetricInfo] = {
         "(excluded from both, kept in 'all') below 1% or 50 cells: directory, test and "
         "preemptive circuits. CELL_STATS measures the "
         "circuit queue only, not connection output buffers or the kernel."),
+    "cell_delay_ms": MetricInfo(
+        "Per-cell delay", "One-way delay per cell (ms)", "ms",
+        "Replay workloads (cells.jsonl): for every replayed chunk (at most 498 bytes, one relay "
+        "cell's payload), receive time - send time, both on the host clock (the local backend's "
+        "namespaces share it); per client group and direction (down = replay server -> client "
+        "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
+        "cell'. Chunks scheduled inside the warm-up are excluded. Groups whose flows differ in "
+        "size are also split by flow: 'heavy' flows carried at least 50% of the busiest flow's "
+        "chunks in that repetition, the others are 'light' (Torchestra reports light circuits)."),
+    "sched_error_ms": MetricInfo(
+        "Replay scheduling error", "Send time - recorded time (ms)", "ms",
+        "How late the replayer sent each chunk relative to the trace's time (actual - intended "
+        "send time, same clock); large values mean the sender was blocked (TCP back-pressure "
+        "through Tor) or starved of CPU, and the replay was not faithful there."),
 }
 
 DEFINITIONS: list[tuple[str, str]] = [(m.title, m.definition) for m in METRICS.values()] + [
@@ -137,6 +151,9 @@ class MetricSamples:
         p = self.params
         if "group" in p:
             return f"{p['group']}: {p['file']} ({fmt_size(p.get('size'))})"
+        if "client_group" in p:
+            cls = f", {p['class']} flows" if p.get("class") else ""
+            return f"{p['client_group']}, {'downstream' if p['direction'] == 'down' else 'upstream'}{cls}"
         if "direction" in p:
             return f"{p['relay']}, {p['direction']}, {p['class']} circuits"
         if "relay" in p:
@@ -340,7 +357,77 @@ def extract(run: Run) -> Extracted:
                 m.values[r.variant][r.index] = np.array(vals)
                 m.totals[r.variant][r.index] = (sums[(d, c)][0], sums[(d, c)][1])
 
+    _cell_delays(run, out)
     return Extracted(metrics=out, notes=notes)
+
+
+CELL_DIRECTIONS = ("down", "up")   # CellTable.direction codes 0, 1
+
+
+def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, dict[int, str]]:
+    """Class of each replayed flow per client group of one repetition's CellTable, by its
+    chunks (both directions, warm-up included) in its largest replay (client, iteration):
+    'heavy' from ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for
+    CELL_STATS circuits). Returns {group code: {flow code: class}}."""
+    out: dict[int, dict[int, str]] = {}
+    if table is None or len(table) == 0:
+        return out
+    replays, counts = np.unique(table.replay, return_counts=True)
+    first = {}
+    for rp, i in zip(*np.unique(table.replay, return_index=True)):
+        first[int(rp)] = (int(table.group[i]), int(table.flow[i]))
+    size: dict[tuple[int, int], int] = {}
+    for rp, k in zip(replays, counts):
+        g, f = first[int(rp)]
+        size[(g, f)] = max(size.get((g, f), 0), int(k))
+    busiest: dict[int, int] = {}
+    for (g, _), k in size.items():
+        busiest[g] = max(busiest.get(g, 0), k)
+    for (g, f), k in size.items():
+        out.setdefault(g, {})[f] = "heavy" if k >= heavy_fraction * busiest[g] else "light"
+    return out
+
+
+def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
+    """Per-cell one-way delay and scheduling error of replayed chunks, per client group and
+    direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``); for
+    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/light``
+    and ``/heavy``, see ``classify_flows``)."""
+    tables = [(r, r.cells) for r in run.reps if r.cells is not None and len(r.cells)]
+    classes = {(r.variant, r.index): classify_flows(t) for r, t in tables}
+    keys: set[tuple[str, str]] = set()
+    mixed: set[str] = set()
+    for r, t in tables:
+        for gi, g in enumerate(t.groups):
+            for di in np.unique(t.direction[t.group == gi]):
+                keys.add((g, CELL_DIRECTIONS[int(di)]))
+            if len(set(classes[(r.variant, r.index)].get(gi, {}).values())) > 1:
+                mixed.add(g)
+    for g, d in sorted(keys):
+        for metric in ("cell_delay_ms", "sched_error_ms"):
+            mid = f"{metric}/{g}/{d}"
+            out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
+        if g in mixed:
+            for cls in ("light", "heavy"):
+                mid = f"cell_delay_ms/{g}/{d}/{cls}"
+                out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
+    for r, t in tables:
+        delay = (t.t_recv - t.t_sent) * 1e3
+        sched = (t.t_sent - t.t_sched) * 1e3
+        keep = ~t.warmup
+        cls_of = classes[(r.variant, r.index)]
+        for gi, g in enumerate(t.groups):
+            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "heavy"], dtype=np.int32)
+            for di, d in enumerate(CELL_DIRECTIONS):
+                sel = keep & (t.group == gi) & (t.direction == di)
+                if not sel.any():
+                    continue
+                out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = delay[sel]
+                out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = sched[sel]
+                if g in mixed:
+                    heavy = np.isin(t.flow, heavy_flows)
+                    out[f"cell_delay_ms/{g}/{d}/heavy"].values[r.variant][r.index] = delay[sel & heavy]
+                    out[f"cell_delay_ms/{g}/{d}/light"].values[r.variant][r.index] = delay[sel & ~heavy]
 
 
 def _cause(t: dict) -> str:

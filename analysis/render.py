@@ -31,6 +31,8 @@ FAMILIES = (
     ("circuit_build_s", "Circuit build time"),
     ("relay_throughput_Bps", "Relay throughput"),
     ("cell_wait_ms", "Circuit-queue wait per cell"),
+    ("cell_delay_ms", "Per-cell delay of replayed traffic (mean = average delay per cell)"),
+    ("sched_error_ms", "Replay scheduling error"),
 )
 DASH = "–"
 

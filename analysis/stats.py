@@ -20,6 +20,8 @@ Public API:
 - ``quantile(values, q) -> float``
 - ``rng_for(seed, *keys) -> numpy.random.Generator``
 - ``bootstrap_median_ci(values, rng, resamples=2000, level=0.95) -> (lo, hi)``
+- ``order_statistic_median_ci(values, level=0.95) -> (lo, hi)`` (describe uses it above
+  ``BOOTSTRAP_MAX_N`` values and says so in ``median_ci_method``)
 - ``describe(values, rng, resamples=2000) -> dict``
 - ``pct_change(value, baseline) -> float | None``
 - ``two_sample_tests(sample, baseline) -> dict``
@@ -37,6 +39,7 @@ from scipy import stats as sps
 
 QUANTILES = {"p25": 0.25, "p75": 0.75, "p90": 0.90, "p99": 0.99}
 BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_MAX_N = 200_000   # above: order-statistic CI of the median (the bootstrap would take minutes)
 CI_LEVEL = 0.95
 # Bootstrap medians are computed this many resamples at a time (bounds memory for big n).
 _CHUNK_CELLS = 4_000_000
@@ -101,8 +104,26 @@ def describe(values, rng: np.random.Generator | None = None,
     for name, q in QUANTILES.items():
         out[name] = float(np.quantile(a, q, method="linear"))
     if rng is not None:
-        out["median_ci95"] = list(bootstrap_median_ci(a, rng, resamples))
+        if a.size > BOOTSTRAP_MAX_N:
+            out["median_ci95"] = list(order_statistic_median_ci(a))
+            out["median_ci_method"] = "order statistics (n too large for the bootstrap)"
+        else:
+            out["median_ci95"] = list(bootstrap_median_ci(a, rng, resamples))
     return out
+
+
+def order_statistic_median_ci(values, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Distribution-free CI of the median from order statistics (normal approximation of
+    the binomial): the sorted values at ranks n/2 -+ z sqrt(n)/2. Used instead of the
+    bootstrap above BOOTSTRAP_MAX_N values (per-cell delays: millions of chunks)."""
+    a = np.sort(_arr(values))
+    n = a.size
+    if n == 0:
+        raise ValueError("CI of an empty sample")
+    z = float(sps.norm.ppf(0.5 + level / 2.0))
+    lo = max(0, int(math.floor(n / 2.0 - z * math.sqrt(n) / 2.0)))
+    hi = min(n - 1, int(math.ceil(n / 2.0 + z * math.sqrt(n) / 2.0)))
+    return float(a[lo]), float(a[hi])
 
 
 def pct_change(value: float | None, baseline: float | None) -> float | None:

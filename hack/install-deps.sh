@@ -12,7 +12,14 @@ packages=(
   # building tor variants from Debian's source package (images/relay/build-tor.sh)
   gcc make pkg-config dpkg-dev libssl-dev libevent-dev zlib1g-dev liblzma-dev libzstd-dev libcap-dev
   autoconf automake
+  tcpdump             # torbed capture (and its integration test)
 )
+# `hack/install-deps.sh --capture`: what hack/capture-traces.sh needs to make the project's
+# own traces (a headless browser, an SSH server and client, ethtool to turn veth offloads
+# off so captures show wire-sized segments); not needed by `make test`.
+if [ "${1:-}" = "--capture" ]; then
+  packages+=(chromium openssh-server openssh-client ethtool)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

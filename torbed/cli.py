@@ -70,7 +70,10 @@ def cmd_plan(args) -> int:
         t.add_column(col)
     for g, cg in s.clients.items():
         wl = cg.workload
-        desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
+        if wl.kind == "replay":
+            desc = f"replay {wl.trace}" + (f" ({len(wl.flows)} flows)" if wl.flows else "") + f", {wl.distribute}"
+        else:
+            desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
         t.add_row(g, str(cg.count), " -> ".join(cg.path) if cg.path else "(tor chooses)", desc)
     out.print(t)
     t = Table(title="links (symmetric; per group pair)")
@@ -136,7 +139,13 @@ def _extra_commands():
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest = None
+    if "--" in argv:   # `torbed capture OUT ... -- COMMAND ARGS`: the command is not ours to parse
+        i = argv.index("--")
+        argv, rest = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    args.argv_after_dashdash = rest
     try:
         return args.func(args)
     except scenario_mod.ScenarioError as e:

@@ -1,4 +1,5 @@
-"""Subcommands beyond validate/plan/schema: run, clean, variants, build, report, compare.
+"""Subcommands beyond validate/plan/schema: run, clean, variants, build, report, compare,
+capture, trace.
 
 Each ``register_*`` adds one subcommand to the argparse subparsers; ``REGISTER`` lists them.
 """
@@ -179,4 +180,9 @@ def register_analysis(sub, fmt) -> None:
     analysis_cli.register(sub, fmt)
 
 
-REGISTER = [register_run, register_clean, register_variants, register_build, register_analysis]
+def register_replay(sub, fmt) -> None:
+    from .replay import cli as replay_cli
+    replay_cli.register(sub, fmt)
+
+
+REGISTER = [register_run, register_clean, register_variants, register_build, register_analysis, register_replay]

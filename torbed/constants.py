@@ -27,6 +27,7 @@ SOCKS_PORT = 9050
 CONTROL_PORT = 9051
 METRICS_PORT = 9035
 HTTP_PORT = 80
+REPLAY_PORT = 8000
 
 # Default private address range of the testbed (RFC 1918). .0.1 is the control plane
 # (the switch namespace / collector), nodes are numbered from FIRST_NODE_HOST.

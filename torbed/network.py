@@ -168,7 +168,10 @@ def plan(scenario: Scenario, variant: str) -> Plan:
                        "metrics": constants.METRICS_PORT})
     for g, sg in scenario.servers.items():
         for i in range(sg.count):
-            add(f"{g}{i}", "server", g, i, ports={"http": sg.port})
+            ports = {"http": sg.port} if sg.files else {}
+            if sg.replay is not None:
+                ports["replay"] = sg.replay.port
+            add(f"{g}{i}", "server", g, i, ports=ports)
     for g, cg in scenario.clients.items():
         for i in range(cg.count):
             add(f"{g}{i}", "client", g, i,

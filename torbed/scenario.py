@@ -149,11 +149,17 @@ class Links(Strict):
 # ---------------------------------------------------------------------------------------
 # Servers, clients, workloads
 
+class ReplayServer(Strict):
+    port: int = Field(constants.REPLAY_PORT, ge=1, le=65535, description="TCP port of the replay server")
+
+
 class ServerGroup(Strict):
     count: int = Field(1, ge=1, le=100)
     port: int = Field(constants.HTTP_PORT, ge=1, le=65535, description="HTTP port")
     files: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], Size] = Field(
-        ..., min_length=1, description="Generated files by name and size (seeded, checksummed)")
+        default_factory=dict, description="Generated files by name and size (seeded, checksummed)")
+    replay: ReplayServer | None = Field(
+        None, description="Also run a trace replay server (the far end of replay workloads), e.g. {port: 8000}")
 
 
 class ThinkTime(Strict):
@@ -181,8 +187,23 @@ class FetchWorkload(_Transfer):
     think: ThinkTime | None = Field(None, description="Random pause distribution (replaces pause)")
 
 
-Workload = Annotated[Union[BulkWorkload, FetchWorkload], Field(discriminator="kind")]
-WORKLOAD_KINDS = ("bulk", "fetch")
+class ReplayWorkload(Strict):
+    kind: Literal["replay"]
+    server: str | None = Field(None, description="Server group with a replay server (default: the only one)")
+    trace: str = Field(..., description="Trace file (torbed-trace JSON lines, .gz allowed); relative paths "
+                                        "are looked up next to the scenario file, then in the repository")
+    flows: list[str] | None = Field(None, min_length=1, description="Flow ids to replay (default: all)")
+    distribute: Literal["split", "each"] = Field(
+        "split", description="split: the group's clients share the flows (flows of one circuit key stay on "
+                             "one client); each: every client replays every flow, client i starting i/count "
+                             "of the trace's period later")
+    loop: bool = Field(True, description="Start the trace again when it ends, until the measurement ends")
+    gap: Duration = Field("1s", description="Pause between the end of the trace and its next loop")
+    timeout: Duration = Field("60s", description="How long a flow may run past its recorded duration")
+
+
+Workload = Annotated[Union[BulkWorkload, FetchWorkload, ReplayWorkload], Field(discriminator="kind")]
+WORKLOAD_KINDS = ("bulk", "fetch", "replay")
 
 
 class ClientGroup(Strict):
@@ -241,6 +262,7 @@ class Scenario(Strict):
     faults: list[Fault] = Field(default_factory=list)
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
+    _base_dir: Path | None = PrivateAttr(default=None)
 
     @property
     def warnings(self) -> list[str]:
@@ -252,6 +274,17 @@ class Scenario(Strict):
 
     def group_names(self) -> list[str]:
         return [*self.network.relays, *self.servers, *self.clients]
+
+    def trace_path(self, trace: str) -> Path:
+        """Where a replay workload's trace file is: absolute, else next to the scenario
+        file, else in the repository (the first that exists; the last tried otherwise)."""
+        p = Path(trace)
+        if p.is_absolute():
+            return p
+        for base in (self._base_dir, constants.REPO_ROOT):
+            if base is not None and (Path(base) / p).exists():
+                return (Path(base) / p).resolve()
+        return constants.REPO_ROOT / p
 
 
 def _loc(loc: tuple) -> str:
@@ -360,6 +393,12 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             problems.append((f"clients.{c}.workload.server",
                              f"'{server}' is not a server group (servers: {', '.join(servers)})"))
             continue
+        if isinstance(wl, ReplayWorkload):
+            problems += _replay_problems(s, c, cg, wl, server)
+            continue
+        if not servers[server].files:
+            problems.append((f"clients.{c}.workload.server", f"server '{server}' has no files to download"))
+            continue
         if wl.file not in servers[server].files:
             problems.append((f"clients.{c}.workload.file",
                              f"'{wl.file}' is not a file of server '{server}' (files: {', '.join(servers[server].files)})"))
@@ -371,6 +410,12 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                     problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
                 elif units.parse_duration(wl.think.min) > units.parse_duration(wl.think.max):
                     problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
+
+    for g, sg in servers.items():
+        if not sg.files and sg.replay is None:
+            problems.append((f"servers.{g}", "a server needs 'files' (HTTP) or 'replay' (replay server), or both"))
+        if sg.replay is not None and sg.files and sg.replay.port == sg.port:
+            problems.append((f"servers.{g}.replay.port", f"port {sg.port} is already the HTTP port"))
 
     # Links.
     link_groups = set(seen) | {"authority"}
@@ -429,12 +474,44 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
     return problems, warnings
 
 
-def parse(data: object, source: str = "<data>", variants_dir: Path = constants.VARIANTS_DIR) -> Scenario:
-    """Decode, default and validate a scenario mapping. Raises ScenarioError."""
+def _replay_problems(s: Scenario, c: str, cg: ClientGroup, wl: ReplayWorkload, server: str) -> list[tuple[str, str]]:
+    """A replay workload needs a replay server and a readable trace holding its flows."""
+    from .replay.trace import TraceError, read as read_trace
+    where = f"clients.{c}.workload"
+    problems = []
+    if s.servers[server].replay is None:
+        problems.append((f"{where}.server", f"server '{server}' has no replay server (add 'replay: {{}}' to it)"))
+    path = s.trace_path(wl.trace)
+    try:
+        trace = read_trace(path)
+    except TraceError as e:
+        return problems + [(f"{where}.trace", str(e))]
+    if not trace.flows:
+        problems.append((f"{where}.trace", f"{path}: the trace has no flows"))
+    ids = {f.id for f in trace.flows}
+    for i, fid in enumerate(wl.flows or []):
+        if fid not in ids:
+            problems.append((f"{where}.flows[{i}]", f"no flow {fid!r} in {path} ({len(ids)} flows; "
+                             f"`torbed trace info {wl.trace}` lists them)"))
+    if wl.distribute == "split":
+        keys = {f.circuit if f.circuit is not None else f"flow:{f.id}" for f in trace.flows
+                if not wl.flows or f.id in wl.flows}
+        if len(keys) < cg.count:
+            problems.append((f"clients.{c}.count", f"{cg.count} clients share {len(keys)} circuit key(s) of the trace "
+                             "(distribute: split gives each client whole circuits): some would be idle; "
+                             "use fewer clients or distribute: each"))
+    return problems
+
+
+def parse(data: object, source: str = "<data>", variants_dir: Path = constants.VARIANTS_DIR,
+          base_dir: Path | None = None) -> Scenario:
+    """Decode, default and validate a scenario mapping. Raises ScenarioError. ``base_dir``:
+    where relative trace paths are looked up first (the scenario file's directory)."""
     if not isinstance(data, dict):
         raise ScenarioError(source, [("", f"a scenario is a mapping, got {type(data).__name__}")])
     try:
         scenario = Scenario.model_validate(data)
+        scenario._base_dir = base_dir
     except ValidationError as e:
         raise ScenarioError(source, [(_loc(err["loc"]), _message(err)) for err in e.errors()]) from None
     problems, warnings = _semantics(scenario, variants_dir)
@@ -457,7 +534,7 @@ def load(path: str | Path, variants_dir: Path = constants.VARIANTS_DIR) -> Scena
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ScenarioError(str(path), [("", f"not valid YAML: {where}{getattr(e, 'problem', e)}")]) from None
-    return parse(data, str(path), variants_dir)
+    return parse(data, str(path), variants_dir, base_dir=path.resolve().parent)
 
 
 def _close_maps(node: object) -> None:

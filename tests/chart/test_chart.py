@@ -26,9 +26,17 @@ K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
 
+def local_only(path: Path) -> bool:
+    """Scenarios the chart refuses on purpose: trace replay runs on the local backend only."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return any((c.get("workload") or {}).get("kind") == "replay" for c in (data.get("clients") or {}).values())
+
+
 def scenario_variants():
     cases = []
     for path in SCENARIOS:
+        if local_only(path):
+            continue
         with open(path) as f:
             variants = (yaml.safe_load(f) or {}).get("variants") or []
         for v in variants:
@@ -138,6 +146,12 @@ def kubeconform_ok(tools, scenario, extra, apis) -> int:
     found, valid = int(m.group(1)), int(m.group(2))
     assert found > 0 and valid == found, show(k)
     return found
+
+
+@pytest.mark.parametrize("scenario", [p for p in SCENARIOS if local_only(p)], ids=lambda p: p.stem)
+def test_local_only_scenarios_are_refused_with_the_reason(tools, scenario):
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(scenario))
+    assert t.returncode != 0 and "replay workloads run on the local backend only" in t.stderr, show(t)
 
 
 def test_unittest(tools):

@@ -30,6 +30,7 @@ BASE = {
 }
 
 DELETE = object()
+TRACE = "tests/data/replay/two-flows.trace.jsonl"   # relative to the repository
 
 
 def patched(changes: dict) -> dict:
@@ -101,6 +102,28 @@ INVALID = [
     ("relay-variant-unknown", {"network.relays.middle.variant": "fifo"}, "network.relays.middle.variant", "unknown variant"),
     ("repetitions-zero", {"repetitions": 0}, "repetitions", "greater than or equal to 1"),
     ("not-a-mapping", {"clients.web": "fast"}, "clients.web", "dictionary"),
+    # Replay workloads and replay servers.
+    ("replay-without-replay-server", {"clients.web.workload": {"kind": "replay", "trace": TRACE}},
+     "clients.web.workload.server", "has no replay server"),
+    ("replay-trace-missing", {"servers.www.replay": {}, "clients.web.workload": {"kind": "replay", "trace": "nope.jsonl"}},
+     "clients.web.workload.trace", "cannot read"),
+    ("replay-trace-required", {"servers.www.replay": {}, "clients.web.workload": {"kind": "replay"}},
+     "clients.web.workload.trace", "required"),
+    ("replay-unknown-flow", {"servers.www.replay": {},
+                             "clients.web.workload": {"kind": "replay", "trace": TRACE, "flows": ["f0", "zz"]}},
+     "clients.web.workload.flows[1]", "no flow 'zz'"),
+    ("replay-unknown-key", {"servers.www.replay": {}, "clients.web.workload": {"kind": "replay", "trace": TRACE,
+                                                                               "loops": True}},
+     "clients.web.workload", "unknown key 'loops'"),
+    ("replay-more-clients-than-circuits", {"servers.www.replay": {}, "clients.web.count": 3,
+                                           "clients.web.workload": {"kind": "replay", "trace": TRACE}},
+     "clients.web.count", "share 2 circuit key(s)"),
+    ("replay-bad-distribute", {"servers.www.replay": {},
+                               "clients.web.workload": {"kind": "replay", "trace": TRACE, "distribute": "some"}},
+     "clients.web.workload.distribute", "'split' or 'each'"),
+    ("replay-port-is-http-port", {"servers.www.replay": {"port": 80}}, "servers.www.replay.port", "already the HTTP port"),
+    ("server-without-files-or-replay", {"servers.www.files": {}}, "servers.www", "needs 'files'"),
+    ("fetch-from-replay-only-server", {"servers.www": {"replay": {}}}, "clients.web.workload.server", "has no files"),
 ]
 
 
@@ -176,3 +199,19 @@ def test_json_schema_accepts_valid_and_rejects_unknown_keys():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(patched({"links.default.rate": "10mbps"}), schema)
     json.dumps(schema)
+
+
+def test_replay_workload_valid_and_trace_found_next_to_the_scenario(tmp_path, repo):
+    data = patched({"servers.www.replay": {}, "clients.web.count": 2,
+                    "clients.web.workload": {"kind": "replay", "trace": TRACE}})
+    s = scenario.parse(data, "ok.yaml")
+    wl = s.clients["web"].workload
+    assert wl.kind == "replay" and wl.loop and wl.distribute == "split" and wl.flows is None
+    assert s.trace_path(wl.trace) == (repo / TRACE).resolve()
+    # A trace next to the scenario file wins over the repository.
+    (tmp_path / "local.jsonl").write_text((repo / TRACE).read_text())
+    f = tmp_path / "s.yaml"
+    data["clients"]["web"]["workload"]["trace"] = "local.jsonl"
+    f.write_text(yaml.safe_dump(data))
+    s = scenario.load(f)
+    assert s.trace_path("local.jsonl") == tmp_path / "local.jsonl"

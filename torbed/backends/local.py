@@ -45,6 +45,7 @@ from ..fileserver import generate_files
 from ..keys import make_authority_keys, make_relay_identity, read_certificate
 from ..network import Node, Plan, plan as make_plan
 from ..records import RecordWriter
+from ..replay.trace import read as read_trace
 from ..scenario import Scenario
 from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
 from ..torrc import Identities, NodePaths, render_fragments, render_node
@@ -172,6 +173,52 @@ def run_scenario(scenario: Scenario, run_root: Path, console, system_tor: bool =
     return run_dir
 
 
+def trace_name(path: Path) -> str:
+    """A trace's name in records: its file name without .gz / .jsonl / .trace."""
+    name = path.name
+    for suffix in (".gz", ".jsonl", ".trace"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    return name
+
+
+def replay_traces(scenario: Scenario, server_group: str, rep_dir: Path) -> dict[str, Path]:
+    """Traces of the replay workloads served by ``server_group``: {name: path}. Each is
+    copied into the repetition's directory (traces/), so a run keeps what it replayed."""
+    out = {}
+    for cg in scenario.clients.values():
+        wl = cg.workload
+        if wl.kind != "replay" or (wl.server or next(iter(scenario.servers))) != server_group:
+            continue
+        src = scenario.trace_path(wl.trace)
+        dst = rep_dir / "traces" / src.name
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+        out[trace_name(src)] = dst
+    return out
+
+
+def assign_flows(trace, wl, clients: list[Node]) -> dict[str, list[str]]:
+    """Which flows each client of a group replays: ``each``: all; ``split``: whole circuit
+    keys (flows sharing a circuit stay on one client) dealt round-robin in order of first
+    appearance, so every client gets a similar share."""
+    flows = [f for f in trace.flows if not wl.flows or f.id in wl.flows]
+    if wl.distribute == "each":
+        return {c.name: [f.id for f in flows] for c in clients}
+    keys: list[str] = []
+    by_key: dict[str, list[str]] = {}
+    for f in sorted(flows, key=lambda f: f.start):
+        k = f.circuit if f.circuit is not None else f"flow:{f.id}"
+        if k not in by_key:
+            keys.append(k)
+            by_key[k] = []
+        by_key[k].append(f.id)
+    out = {c.name: [] for c in clients}
+    for i, k in enumerate(keys):
+        out[clients[i % len(clients)].name] += by_key[k]
+    return out
+
+
 def files_key(group: str, files: dict[str, int], seed: int) -> str:
     import hashlib
     h = hashlib.sha256(json.dumps([seed, sorted(files.items())]).encode()).hexdigest()[:12]
@@ -183,6 +230,8 @@ def prepare_files(scenario: Scenario) -> dict[str, dict]:
     Returns {group: manifest}; files live in CACHE_DIR/files/<files_key>/."""
     manifests = {}
     for g, sg in scenario.servers.items():
+        if not sg.files:
+            continue   # a replay-only server
         files = {name: units.parse_size(size) for name, size in sg.files.items()}
         d = constants.CACHE_DIR / "files" / files_key(g, files, scenario.seed)
         m = d / "manifest.json"
@@ -317,10 +366,19 @@ def run_repetition(ctx: Context, variant: str, rep: int) -> dict:
         # Processes.
         tors = [n for n in plan.nodes if n.role != "server"]
         for n in plan.by_role("server"):
-            sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
-                sys.executable, "-m", "torbed.fileserver", "--dir", ctx.manifest[n.group]["_dir"],
-                "--bind", n.address, "--port", str(n.ports["http"]), "--log", str(logs / f"{n.name}.http.log")],
-                logs / f"{n.name}.stderr.log", env=_child_env())
+            if "http" in n.ports:
+                sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
+                    sys.executable, "-m", "torbed.fileserver", "--dir", ctx.manifest[n.group]["_dir"],
+                    "--bind", n.address, "--port", str(n.ports["http"]), "--log", str(logs / f"{n.name}.http.log")],
+                    logs / f"{n.name}.stderr.log", env=_child_env())
+            if "replay" in n.ports:
+                # The replay server writes upstream chunks' records to the same cells.jsonl
+                # as the clients (O_APPEND, one write per line).
+                traces = [f"--trace={name}={path}" for name, path in replay_traces(s, n.group, rep_dir).items()]
+                sup.start(f"{n.name}.replay", netns.exec_prefix(topo.ns(n.name)) + [
+                    sys.executable, "-m", "torbed.replay.server", "--bind", n.address, "--port", str(n.ports["replay"]),
+                    "--cells", str(rep_dir / "cells.jsonl"), "--log", str(logs / f"{n.name}.replay.log"), *traces],
+                    logs / f"{n.name}.replay.stderr.log", env=_child_env())
         # Every tor starts now. Relays and clients ask for a consensus before it exists and
         # back off (up to ~10 s); once it exists, SIGHUP makes tor reset its download
         # failures and fetch at once (main.c do_hup()), so nobody waits out the back-off.
@@ -629,12 +687,32 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
 
     # Drivers, one per client node, in the client's namespace.
     drivers = []
+    assignments: dict[str, dict[str, list[str]]] = {}
+    periods: dict[str, float] = {}
     for c in plan.by_role("client"):
         cg = s.clients[c.group]
         wl = cg.workload
         server_group = wl.server or next(iter(s.servers))
         server = plan.group_nodes(server_group)[c.index % s.servers[server_group].count]
-        entry = ctx.manifest[server_group][wl.file]
+        if wl.kind == "replay":
+            if c.group not in assignments:
+                trace = read_trace(s.trace_path(wl.trace))
+                assignments[c.group] = assign_flows(trace, wl, plan.group_nodes(c.group))
+                periods[c.group] = trace.duration + units.parse_duration(wl.gap)
+            period = periods[c.group]
+            src = s.trace_path(wl.trace)
+            workload = {"kind": "replay", "server": server.name, "address": server.address,
+                        "port": server.ports["replay"], "trace": str(rep_dir / "traces" / src.name),
+                        "trace_name": trace_name(src), "flows": assignments[c.group][c.name],
+                        "loop": wl.loop, "period_s": period,
+                        # 'each': client i starts i/count of a period later, so the clients'
+                        # copies of the trace do not burst in lockstep.
+                        "offset_s": c.index * period / cg.count if wl.distribute == "each" else 0.0, "slack_s": units.parse_duration(wl.timeout),
+                        "timeout_s": units.parse_duration(wl.timeout), "concurrency": 1,
+                        "cells_output": str(rep_dir / "cells.jsonl")}
+        else:
+            workload = None
+            entry = ctx.manifest[server_group][wl.file]
         think = None
         if getattr(wl, "think", None):
             think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),
@@ -646,13 +724,14 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
             "output": str(rep_dir / "transfers.jsonl"),
             "path": [[{"node": r.name, "fingerprint": ids.fingerprints[r.name]} for r in plan.group_nodes(g)]
                      for g in (cg.path or [])],
-            "workload": {"kind": wl.kind, "server": server.name, "address": server.address,
-                         "port": server.ports["http"], "file": wl.file, "size": entry["size"],
-                         "sha256": entry["sha256"], "concurrency": wl.concurrency,
-                         "repeat": getattr(wl, "repeat", None),
-                         "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
-                         "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
-                         else constants.transfer_timeout(entry["size"])},
+            "workload": workload or {
+                "kind": wl.kind, "server": server.name, "address": server.address,
+                "port": server.ports["http"], "file": wl.file, "size": entry["size"],
+                "sha256": entry["sha256"], "concurrency": wl.concurrency,
+                "repeat": getattr(wl, "repeat", None),
+                "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
+                "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
+                else constants.transfer_timeout(entry["size"])},
             "t_workload": t_work, "t_measure": t_work + warmup, "t_end": t_end,
             "debug": bool(os.environ.get("TORBED_DEBUG")),
         }

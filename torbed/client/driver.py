@@ -12,7 +12,10 @@ detached stream, a SOCKS error, a timeout or a checksum mismatch become records 
 ``error.cause`` and the workload goes on until its end time.
 
 Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
-registered in ``WORKLOADS`` (``bulk``, ``fetch``; ``replay`` plugs in the same way).
+registered in ``WORKLOADS`` (``bulk``, ``fetch``, and ``replay`` from torbed.replay.client,
+which replays trace flows, many per client, each flow's circuit key on a circuit of its own).
+A workload function may have a ``prepare(driver)`` attribute, run before the workload start
+(replay builds its circuits there, so build time is not part of the measurement).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class Driver:
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[str, threading.Event, dict]] = {}  # source port -> (circ, ev, state)
         self.streams: dict[str, int] = {}                                 # stream id -> source port
-        self.circuit: Circuit | None = None
+        self.circuits: dict[str, Circuit] = {}    # circuit key -> circuit ("" = the client's one)
+        self.circ_locks: dict[str, threading.Lock] = {}
         self.circ_lock = threading.Lock()
         self.controller: stem.control.Controller | None = None
 
@@ -90,9 +94,24 @@ class Driver:
             time.sleep(0.2)
         raise TimeoutError(f"{self.cfg['client']}: tor did not bootstrap: {phase}")
 
+    @property
+    def circuit(self) -> Circuit | None:
+        """The client's (only) circuit of bulk and fetch workloads."""
+        return self.circuits.get("")
+
+    @circuit.setter
+    def circuit(self, circ: Circuit | None) -> None:
+        if circ is None:
+            self.circuits.pop("", None)
+        else:
+            self.circuits[""] = circ
+
     def _on_circ(self, event) -> None:
-        circ = self.circuit
-        if circ and event.id == circ.id and event.status in ("FAILED", "CLOSED"):
+        if event.status not in ("FAILED", "CLOSED"):
+            return
+        for circ in list(self.circuits.values()):
+            if circ.id != event.id:
+                continue
             circ.alive = False
             # Streams waiting on this circuit will be DETACHED by tor; fail them fast.
             with self.lock:
@@ -131,28 +150,40 @@ class Driver:
                 pass
 
     # -- circuits -----------------------------------------------------------------------
-    def get_circuit(self) -> Circuit:
-        """The client's circuit, (re)built along the configured path when needed."""
+    def get_circuit(self, key: str = "") -> Circuit:
+        """The circuit called ``key`` ("" = the client's one), (re)built along the configured
+        path when needed. Different keys get different circuits (a replayed trace's flows on
+        circuits of their own); without a fixed path tor chooses, and streams are isolated by
+        SOCKS username = key (see ``socks_url``)."""
         with self.circ_lock:
-            if self.circuit and self.circuit.alive:
-                return self.circuit
+            lock = self.circ_locks.setdefault(key, threading.Lock())
+        with lock:
+            circ = self.circuits.get(key)
+            if circ and circ.alive:
+                return circ
             hops = self.cfg.get("path")
             if not hops:
-                self.circuit = Circuit(id=None, path=[], build_s=None)
-                return self.circuit
+                self.circuits[key] = Circuit(id=None, path=[], build_s=None)
+                return self.circuits[key]
             chosen = [self.rng.choice(candidates) for candidates in hops]
             t0 = time.time()
             try:
                 cid = self.controller.new_circuit([h["fingerprint"] for h in chosen], await_build=True,
                                                   timeout=self.cfg.get("circuit_timeout", 60))
             except stem.CircuitExtensionFailed as e:
-                self.circuit = None
+                self.circuits.pop(key, None)
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {e}")
             except (stem.Timeout, stem.ControllerError) as e:
-                self.circuit = None
+                self.circuits.pop(key, None)
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {type(e).__name__} {e}")
-            self.circuit = Circuit(id=cid, path=chosen, build_s=time.time() - t0)
-            return self.circuit
+            self.circuits[key] = Circuit(id=cid, path=chosen, build_s=time.time() - t0)
+            return self.circuits[key]
+
+    def socks_url(self, key: str = "") -> str:
+        """SOCKS proxy URL; a non-empty key becomes the username, so tor (IsolateSOCKSAuth, on
+        by default) keeps that key's streams on circuits of their own when it chooses paths."""
+        auth = f"{key.replace(':', '_').replace('@', '_') or 'x'}:x@" if key else ""
+        return f"socks5://{auth}127.0.0.1:{self.cfg['socks_port']}"
 
     # -- one transfer ---------------------------------------------------------------------
     def transfer(self, slot: int, seq: int, timeout: float) -> dict:
@@ -317,14 +348,24 @@ WORKLOADS: dict[str, Callable[[Driver, int, threading.Event], int]] = {
 }
 
 
+def _register_replay() -> None:
+    from ..replay.client import run_replay
+    WORKLOADS["replay"] = run_replay
+
+
+_register_replay()
+
+
 def run(cfg: dict, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     driver = Driver(cfg)
     driver.connect()
     try:
         driver.wait_bootstrapped(time.time() + cfg.get("bootstrap_timeout", 120))
-        _sleep_until(cfg.get("t_workload", 0), stop)
         work = WORKLOADS[cfg["workload"]["kind"]]
+        if getattr(work, "prepare", None):
+            work.prepare(driver)
+        _sleep_until(cfg.get("t_workload", 0), stop)
         counts = [0] * cfg["workload"]["concurrency"]
 
         def slot_main(i: int) -> None:

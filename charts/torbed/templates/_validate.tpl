@@ -69,6 +69,9 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 {{- $wl := $cg.workload -}}
+{{- if eq $wl.kind "replay" -}}
+{{- $problems = append $problems (printf "clients.%s.workload.kind: replay workloads run on the local backend only for now (on Kubernetes the replay server and its clients need one clock)" $c) -}}
+{{- else -}}
 {{- $server := $wl.server -}}
 {{- if not $server -}}
 {{- if ne (len $servers) 1 -}}
@@ -82,12 +85,17 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys (index $servers $server).files | sortAlpha))) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 {{- if and (eq $wl.kind "fetch") $wl.think -}}
 {{- if and $wl.pause (ne (toString $wl.pause) "0s") }}{{ $problems = append $problems (printf "clients.%s.workload.think: set either 'pause' or 'think', not both" $c) }}{{ end -}}
 {{- if and (eq ($wl.think.distribution | default "exponential") "uniform") (or (not $wl.think.min) (not $wl.think.max)) -}}
 {{- $problems = append $problems (printf "clients.%s.workload.think: a uniform distribution needs 'min' and 'max'" $c) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{- range $g, $sg := $servers -}}
+{{- if $sg.replay }}{{ $problems = append $problems (printf "servers.%s.replay: replay servers run on the local backend only for now" $g) }}{{ end -}}
 {{- end -}}
 
 {{- /* Links. */ -}}

@@ -151,3 +151,14 @@ def test_rng_for_is_stable_across_processes():
     v = stats.rng_for(7, "ttlb_s/web:small", "vanilla").random()
     assert math.isclose(v, stats.rng_for(7, "ttlb_s/web:small", "vanilla").random())
     assert v != stats.rng_for(7, "ttlb_s/web:small", "ewma-66").random()
+
+
+def test_large_samples_use_the_order_statistic_median_ci():
+    import numpy as np
+    from torbed.analysis import stats as st
+    a = np.random.default_rng(5).exponential(size=st.BOOTSTRAP_MAX_N + 1)
+    d = st.describe(a, st.rng_for(1, "big"))
+    lo, hi = d["median_ci95"]
+    assert "order statistics" in d["median_ci_method"]
+    assert lo < np.log(2) < hi and hi - lo < 0.02
+    assert "median_ci_method" not in st.describe(a[:1000], st.rng_for(1, "small"))

@@ -1,0 +1,1 @@
+"""Scripts that capture the project's own traces (see replay/traces/README.md)."""

@@ -1,0 +1,190 @@
+"""The client side of trace replay: the driver's ``replay`` workload (torbed.client.driver).
+
+A client replays its share of a trace's flows (the backend assigns them: ``workload.flows``),
+one thread per flow as in Torchestra's replayer. Flows with the same circuit key share a
+circuit, each key its own (built before the workload starts, rebuilt if it dies). At the
+flow's recorded start (plus the iteration's offset when the trace loops) the thread opens a
+stream through Tor to the replay server, sends the hello, sends the flow's upstream packets
+at their recorded times and receives the downstream chunks, recording each chunk's one-way
+delay in cells.jsonl (``direction: "d"``) and one ``transfer`` record per flow replay
+(workload ``replay``, file = the trace's name, size = downstream bytes) in transfers.jsonl.
+
+Workload config (made by the local backend): ``trace`` (path), ``trace_name``, ``flows``
+(ids), ``loop``, ``period_s`` (loop period), ``slack_s``, ``address``, ``port``,
+``cells_output``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+
+from ..records import RecordWriter
+from . import engine, wire
+from .trace import DOWN, UP, Flow, read
+
+
+def _transfer_error(driver) -> type:
+    """The driver's TransferError class. The driver runs as ``python -m
+    torbed.client.driver``, i.e. as module ``__main__``: importing torbed.client.driver here
+    would give a second, different class that ``except`` would not match."""
+    return sys.modules[type(driver).__module__].TransferError
+
+
+def _key(flow: Flow) -> str:
+    return flow.circuit if flow.circuit is not None else f"flow:{flow.id}"
+
+
+def _flows(driver) -> list[Flow]:
+    wl = driver.cfg["workload"]
+    if "_flows" not in wl:
+        trace = read(wl["trace"])
+        wl["_flows"] = [trace.flow(f) for f in wl["flows"]]
+        wl["_duration"] = trace.duration
+    return wl["_flows"]
+
+
+def prepare(driver) -> None:
+    """Build every circuit the client's flows need before the workload starts (a few at a
+    time: a relay log's connection has dozens of circuits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    TransferError = _transfer_error(driver)
+
+    def build(key: str) -> None:
+        try:
+            driver.get_circuit(key)
+        except TransferError:
+            pass   # retried (and recorded) when a flow needs it
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(build, sorted({_key(f) for f in _flows(driver)})))
+
+
+def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:
+    from python_socks import ProxyError, ProxyTimeoutError
+    from python_socks.sync import Proxy
+
+    TransferError = _transfer_error(driver)
+    cfg, wl = driver.cfg, driver.cfg["workload"]
+    down_bytes = flow.bytes(DOWN)
+    rec = {"type": "transfer", "variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"],
+           "group": cfg["group"], "workload": "replay", "slot": 0, "seq": iteration, "server": wl["server"],
+           "file": wl["trace_name"], "flow": flow.id, "iteration": iteration, "size": down_bytes,
+           "circuit": None, "t_start": time.time(), "t_socks": None, "t_request": None, "t_first_byte": None,
+           "t_last_byte": None, "bytes": 0, "chunks_down": 0, "chunks_up": 0, "status": "ok", "error": None}
+    expected_down = sum(len(wire.chunk_sizes(p.size)) for p in flow.packets if p.direction == DOWN)
+    duration = flow.end - flow.start
+    hard_end = min(cfg["t_end"] + 5.0, rec["t_start"] + duration + wl["slack_s"])
+    sock = None
+    port = None
+    key = _key(flow)
+    try:
+        circ = driver.get_circuit(key)
+        if circ.id is not None:
+            rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s, "key": key}
+        port, ev, state = driver._reserve_port(circ.id)
+        proxy = Proxy.from_url(driver.socks_url(key))
+        try:
+            sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, hard_end - time.time()),
+                                 local_addr=("127.0.0.1", port))
+        except ProxyTimeoutError as e:
+            raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
+        except (ProxyError, OSError) as e:
+            raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rec["t_socks"] = time.time()
+        hello = {"trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "client": cfg["client"],
+                 "group": cfg["group"], "variant": cfg["variant"], "rep": cfg["rep"],
+                 "circuit": circ.id, "t_measure": cfg["t_measure"], "slack_s": wl["slack_s"]}
+        sock.sendall(json.dumps(hello).encode() + b"\n")
+        epoch = rec["t_request"] = time.time()
+        base = {"variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"], "group": cfg["group"],
+                "trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "circuit": circ.id,
+                "direction": DOWN}
+        recorder = engine.CellRecorder(cells, base, cfg["t_measure"])
+        up = [p for p in flow.packets if p.direction == UP]
+        up_result: dict = {}
+
+        def upstream() -> None:
+            try:
+                up_result["sent"] = engine.send_packets(sock, up, epoch, flow.start, stop)
+            except OSError as e:
+                up_result["error"] = str(e)
+
+        sender = threading.Thread(target=upstream, daemon=True)
+        sender.start()
+        n, first, last, eof = engine.receive_chunks(sock, recorder, hard_end, expected_down, stop)
+        sender.join(max(0.0, hard_end - time.time()))
+        rec["chunks_down"] = n
+        rec["chunks_up"] = (up_result.get("sent") or (0, 0))[0]
+        rec["bytes"] = min(down_bytes, n * wire.CHUNK) if n < expected_down else down_bytes
+        rec["t_first_byte"], rec["t_last_byte"] = first, last
+        if n < expected_down:
+            if state.get("error"):
+                raise TransferError(*state["error"])
+            if time.time() >= cfg["t_end"] or stop.is_set():
+                raise TransferError("run_ended", f"{n} of {expected_down} chunks when the run ended")
+            cause = "connection_error" if eof else "timeout"
+            raise TransferError(cause, f"received {n} of {expected_down} downstream chunks")
+        if "error" in up_result:
+            raise TransferError("connection_error", f"upstream: {up_result['error']}")
+    except (TransferError, wire.WireError) as e:
+        if isinstance(e, wire.WireError):
+            e = TransferError("connection_error", f"replay stream: {e}")
+        rec["status"] = "cancelled" if e.cause == "run_ended" else "timeout" if e.cause == "timeout" else "error"
+        rec["error"] = {"cause": e.cause, "detail": e.detail}
+    finally:
+        if sock is not None:
+            sock.close()
+        if port is not None:
+            with driver.lock:
+                driver.pending.pop(port, None)
+    r = rec
+    r["ttfb_s"] = r["t_first_byte"] - r["t_request"] if r["t_first_byte"] and r["t_request"] else None
+    r["ttlb_s"] = r["t_last_byte"] - r["t_request"] if r["t_last_byte"] and r["t_request"] and r["status"] == "ok" else None
+    r["ttfb_stream_s"] = r["t_first_byte"] - r["t_start"] if r["t_first_byte"] else None
+    r["ttlb_stream_s"] = r["t_last_byte"] - r["t_start"] if r["t_last_byte"] and r["status"] == "ok" else None
+    r["warmup"] = r["t_start"] < cfg["t_measure"]
+    driver.writer.write(r)
+    return r
+
+
+def run_replay(driver, slot: int, stop: threading.Event) -> int:
+    """Replay the client's flows until the end of the measurement (looping when asked)."""
+    cfg, wl = driver.cfg, driver.cfg["workload"]
+    flows = _flows(driver)
+    cells = RecordWriter(wl["cells_output"])
+    t0 = cfg["t_workload"]
+    period = wl["period_s"]
+    counts = [0] * len(flows)
+
+    def one(i: int, flow: Flow) -> None:
+        k = 0
+        while not stop.is_set():
+            start = t0 + wl.get("offset_s", 0.0) + k * period + flow.start
+            if start >= cfg["t_end"]:
+                return
+            engine._sleep_until(start, stop)
+            if stop.is_set():
+                return
+            replay_flow(driver, flow, k, stop, cells)
+            counts[i] += 1
+            k += 1
+            if not wl["loop"]:
+                return
+
+    threads = [threading.Thread(target=one, args=(i, f), daemon=True) for i, f in enumerate(flows)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)
+    cells.close()
+    return sum(counts)
+
+
+run_replay.prepare = prepare   # type: ignore[attr-defined]

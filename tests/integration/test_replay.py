@@ -1,0 +1,96 @@
+"""Trace replay through real tor (needs root): the replayer's timing accuracy on an unshaped
+network, and per-cell delay rising when bulk clients congest the path (the effect
+Torchestra's experiments 2 and 3 measure)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from tests.conftest import require_root
+from tests.integration.helpers import namespaces, only_run_dir, records, run_torbed, small_scenario, write_scenario
+from torbed.replay import synth
+from torbed.replay.trace import write as write_trace
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _root():
+    require_root()
+
+
+def _run(tmp_path, name: str, trace_path, **overrides) -> tuple:
+    data = small_scenario(name, **{
+        "servers.www": {"files": {"bulk": "100MB"}, "replay": {"port": 8000}},
+        "clients.web": {"count": 2, "path": ["guard", "middle", "exit"],
+                        "workload": {"kind": "replay", "trace": str(trace_path)}},
+        "measure.warmup": "3s",
+        "measure.duration": "25s",
+        **overrides,
+    })
+    out = tmp_path / name
+    p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = only_run_dir(out)
+    rep = run / "kist" / "rep-0"
+    assert json.loads((rep / "meta.json").read_text())["status"] == "ok"
+    assert not namespaces(run)
+    return run, rep
+
+
+def test_replay_timing_and_delay_under_congestion(tmp_path):
+    trace_path = tmp_path / "synthetic.jsonl.gz"
+    trace = synth.interactive(flows=4, duration=20.0, mean_gap=0.15, seed=7)
+    write_trace(trace, trace_path)
+
+    # Unshaped network, replay only.
+    run_a, rep_a = _run(tmp_path, "it-replay-idle", trace_path)
+    cells_a = [c for c in records(rep_a / "cells.jsonl") if not c["warmup"]]
+    down_a = [c for c in cells_a if c["direction"] == "d"]
+    up_a = [c for c in cells_a if c["direction"] == "u"]
+    assert len(down_a) > 500 and len(up_a) > 20, (len(down_a), len(up_a))
+    # Every flow of the trace was replayed, each on a circuit of its own.
+    transfers = records(rep_a / "transfers.jsonl")
+    flows = {t["flow"] for t in transfers}
+    assert flows == {f.id for f in trace.flows}
+    assert all(t["status"] in ("ok", "cancelled") for t in transfers), [t["error"] for t in transfers]
+    ok = [t for t in transfers if t["status"] == "ok"]
+    # (circuit ids are per tor: one per client)
+    assert len({(t["client"], t["circuit"]["id"]) for t in ok}) == len({t["flow"] for t in ok})
+    sched = [c["sched_error_s"] * 1e3 for c in cells_a]
+    sched_med = statistics.median(sched)
+    delay_a = statistics.median(c["delay_s"] * 1e3 for c in down_a)
+    print(f"unshaped: {len(down_a)} down / {len(up_a)} up chunks; scheduling error median {sched_med:.3f} ms, "
+          f"p99 {sorted(sched)[int(0.99 * len(sched))]:.3f} ms; one-way delay median {delay_a:.2f} ms "
+          f"(down), {statistics.median(c['delay_s'] * 1e3 for c in up_a):.2f} ms (up)")
+    assert 0 <= sched_med < 1.0
+    assert all(c["delay_s"] > 0 for c in cells_a)
+
+    # A 2 mbit guard-middle link shared with three bulk downloads.
+    run_b, rep_b = _run(tmp_path, "it-replay-loaded", trace_path, **{
+        "network.consensus_params": {"cc_alg": 0},
+        "network.relays.middle": {"torrc": "ConstrainedSockets 1\nConstrainedSockSize 8192"},
+        "links.pairs": [{"between": ["guard", "middle"], "rate": "2mbit"}],
+        "clients.bulk": {"count": 3, "path": ["guard", "middle", "exit"],
+                         "workload": {"kind": "bulk", "file": "bulk"}},
+    })
+    down_b = [c for c in records(rep_b / "cells.jsonl") if not c["warmup"] and c["direction"] == "d"]
+    assert len(down_b) > 300
+    delay_b = statistics.median(c["delay_s"] * 1e3 for c in down_b)
+    mean_a = statistics.mean(c["delay_s"] * 1e3 for c in down_a)
+    mean_b = statistics.mean(c["delay_s"] * 1e3 for c in down_b)
+    print(f"per-cell delay (down): idle median {delay_a:.1f} ms mean {mean_a:.1f} ms; "
+          f"with 3 bulk clients on a 2 mbit link median {delay_b:.1f} ms mean {mean_b:.1f} ms")
+    assert delay_b > 3 * delay_a and delay_b > delay_a + 20
+
+    # The report has the per-cell delay metric and figure.
+    p = run_torbed(["report", str(run_b)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((run_b / "report" / "summary.json").read_text())
+    m = summary["metrics"]["cell_delay_ms/web/down"]["variants"]["kist"]
+    assert m["n"] == len(down_b)
+    assert abs(m["mean"] - mean_b) < 0.01 * mean_b
+    assert (run_b / "report" / "figures" / "cdf-cell-delay.png").exists()
