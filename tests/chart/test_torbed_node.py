@@ -59,7 +59,7 @@ def release(tmp_path_factory):
         (etc / "identities" / name).write_text(text)
     hosts = root / "hosts"
     hosts.write_text("127.0.0.1 localhost\n" + "".join(
-        f"10.96.0.{10 + i} tb-auth-{i}.lab.svc.cluster.local\n" for i in range(3)))
+        f"127.77.0.{10 + i} tb-auth-{i}.lab.svc.cluster.local\n" for i in range(3)))
     # Pods carry the statefulset/job env the chart renders; take TORBED_FRAGMENTS from there.
     frags = {}
     for d in docs:
@@ -73,13 +73,13 @@ def release(tmp_path_factory):
             "frags": frags}
 
 
-def run_node(rel, role, group, pod, index=None):
+def run_node(rel, role, group, pod, index=None, verify=True):
     data = rel["root"] / f"data-{pod}"
     run = rel["root"] / f"run-{pod}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TORBED_ROLE": role, "TORBED_GROUP": group,
            "TORBED_FRAGMENTS": rel["frags"][group], "TORBED_RELEASE": "tb", "TORBED_NAMESPACE": "lab",
            "POD_NAME": pod, "POD_IP": "10.244.0.7", "TORBED_ETC": str(rel["etc"]),
-           "TORBED_DATA": str(data), "TORBED_RUN": str(run), "TORBED_VERIFY": "1",
+           "TORBED_DATA": str(data), "TORBED_RUN": str(run), "TORBED_VERIFY": "1" if verify else "0",
            "TORBED_RESOLVE_TIMEOUT": "3"}
     if index is not None:
         env["TORBED_INDEX"] = str(index)
@@ -103,9 +103,9 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
     assert proc.returncode == 0, proc.stdout + proc.stderr + torrc
     assert f"Nickname {nick}\n" in torrc
     for i in range(3):
-        assert f"10.96.0.{10 + i}:7000 {release['fprs'][f'auth{i}']}" in torrc
+        assert f"127.77.0.{10 + i}:7000 {release['fprs'][f'auth{i}']}" in torrc
     if role == "authority":
-        assert "Address 10.96.0.11\n" in torrc            # its own Service's address
+        assert "Address 127.77.0.11\n" in torrc            # its own Service's address
         assert "vote.torrc" in torrc
     if role == "relay":
         assert "Address 10.244.0.7\n" in torrc and f"%include {release['etc']}/torrc/group-{group}.torrc\n" in torrc
@@ -122,3 +122,12 @@ def test_unresolvable_authority_fails_with_a_clear_message(release, tmp_path):
     proc, _, _ = run_node(rel, "relay", "middle", "tb-middle-0")
     assert proc.returncode == 2
     assert "cannot resolve tb-auth-0.lab.svc.cluster.local" in proc.stderr
+
+
+@pytest.mark.integration
+def test_relay_waits_for_the_authorities_and_says_which_one_is_missing(release):
+    """Without TORBED_VERIFY a relay starts tor only once every authority's DirPort accepts
+    connections (its one descriptor upload would be lost otherwise); none listens here."""
+    proc, _, _ = run_node(release, "relay", "middle", "tb-middle-0", verify=False)
+    assert proc.returncode == 2
+    assert "authority 127.77.0.10:7000 not accepting connections after 3s" in proc.stderr
