@@ -131,6 +131,23 @@ def _burst(rate_bps: int) -> int:
     return max(4 * 1514, rate_bps // 8 // 500)
 
 
+def class_lines(dev: str, minor: int, spec: LinkSpec) -> list[str]:
+    """The htb class 1:<minor> of one shaped link, with netem (delay/jitter/loss) or a
+    bounded drop-tail queue under it. Used per destination node here and per peer group by
+    the Kubernetes shaper (torbed.k8s.shaper)."""
+    rate = f"{spec.rate_bps}bit" if spec.rate_bps else UNLIMITED
+    burst = _burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
+    cid = f"1:{minor:x}"
+    lines = [f"class add dev {dev} parent 1: classid {cid} htb rate {rate} ceil {rate} burst {burst} cburst {burst}"]
+    if spec.needs_delay_emulation:
+        # A deep queue: netem's default 1000 packets would drop at high delay x rate.
+        lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: netem limit 100000 {_netem_args(spec)}")
+    elif spec.rate_bps and (spec.queue_bytes or spec.queue_s):
+        limit = spec.queue_bytes or max(1514, int(spec.queue_s * spec.rate_bps / 8))
+        lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: bfifo limit {limit}")
+    return lines
+
+
 def tc_batch(plan: Plan, node: Node, dev: str = "eth0", netem: bool = False) -> str:
     """tc batch commands that shape ``node``'s egress toward every shaped destination."""
     lines = [f"qdisc add dev {dev} root handle 1: htb default 1",
@@ -142,19 +159,10 @@ def tc_batch(plan: Plan, node: Node, dev: str = "eth0", netem: bool = False) -> 
         spec = plan.link(node, dst)
         if spec == LinkSpec():
             continue
-        rate = f"{spec.rate_bps}bit" if spec.rate_bps else UNLIMITED
-        burst = _burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
+        if spec.needs_delay_emulation and not netem:
+            raise ShapingError(f"{node.name} -> {dst.name}: delay/jitter/loss needs netem")
         cid = f"1:{minor:x}"
-        lines.append(f"class add dev {dev} parent 1: classid {cid} htb rate {rate} ceil {rate} "
-                     f"burst {burst} cburst {burst}")
-        if spec.needs_delay_emulation:
-            if not netem:
-                raise ShapingError(f"{node.name} -> {dst.name}: delay/jitter/loss needs netem")
-            # A deep queue: netem's default 1000 packets would drop at high delay x rate.
-            lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: netem limit 100000 {_netem_args(spec)}")
-        elif spec.rate_bps and (spec.queue_bytes or spec.queue_s):
-            limit = spec.queue_bytes or max(1514, int(spec.queue_s * spec.rate_bps / 8))
-            lines.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: bfifo limit {limit}")
+        lines += class_lines(dev, minor, spec)
         lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {dst.address}/32 flowid {cid}")
         minor += 1
     return "\n".join(lines) + "\n"

@@ -98,16 +98,8 @@ def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, 
             f"class add dev {dev} parent 1: classid 1:1 htb rate {shaping.UNLIMITED}"]
     ids: dict[str, str] = {}
     for minor, (group, spec) in enumerate(sorted(specs.items()), start=2):
-        rate = f"{spec.rate_bps}bit" if spec.rate_bps else shaping.UNLIMITED
-        burst = shaping._burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
-        cid = f"1:{minor:x}"
-        cmds.append(f"class add dev {dev} parent 1: classid {cid} htb rate {rate} ceil {rate} burst {burst} cburst {burst}")
-        if spec.needs_delay_emulation:
-            cmds.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: netem limit 100000 {shaping._netem_args(spec)}")
-        elif spec.rate_bps and (spec.queue_bytes or spec.queue_s):
-            limit = spec.queue_bytes or max(1514, int(spec.queue_s * spec.rate_bps / 8))
-            cmds.append(f"qdisc add dev {dev} parent {cid} handle {minor:x}: bfifo limit {limit}")
-        ids[group] = cid
+        cmds += shaping.class_lines(dev, minor, spec)
+        ids[group] = f"1:{minor:x}"
     return cmds, ids
 
 
