@@ -35,34 +35,14 @@ import yaml
 
 from .. import __version__, constants, network, units
 from ..scenario import Scenario
+# One exception tree, signal handling and run.json/meta.json writing for both backends.
+from .local import Interrupted, RunFailed, _on_signal, _write_json, utc_now  # noqa: F401 (re-exported)
 
 CHART = constants.REPO_ROOT / "charts" / "torbed"
 POLL_S = 1.0
 # Waiting reasons that will not resolve by waiting longer.
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
-
-
-class RunFailed(RuntimeError):
-    pass
-
-
-class Interrupted(BaseException):
-    pass
-
-
-def _on_signal(signum, frame):
-    raise Interrupted(signal.Signals(signum).name)
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
 
 
 def helm_binary() -> str:

@@ -44,6 +44,7 @@ from .. import __version__, builds, constants, emulator, netns, shaping, units
 from ..fileserver import generate_files
 from ..keys import make_authority_keys, make_relay_identity, read_certificate
 from ..network import Node, Plan, plan as make_plan
+from ..client.driver import think_config
 from ..records import RecordWriter
 from ..replay.trace import read as read_trace
 from ..scenario import Scenario
@@ -713,11 +714,7 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
         else:
             workload = None
             entry = ctx.manifest[server_group][wl.file]
-        think = None
-        if getattr(wl, "think", None):
-            think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),
-                     "min_s": units.parse_duration(wl.think.min) if wl.think.min else None,
-                     "max_s": units.parse_duration(wl.think.max) if wl.think.max else None}
+        think = think_config(getattr(wl, "think", None))
         cfg = {
             "client": c.name, "group": c.group, "variant": variant, "rep": rep, "seed": s.seed + rep,
             "control": {"socket": paths[c.name].control_socket}, "socks_port": c.ports["socks"],

@@ -23,6 +23,7 @@ import stem.control
 
 from .. import constants, fileserver, units
 from ..client import driver
+from ..client.driver import think_config
 from ..records import RecordWriter
 from . import Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant
 
@@ -137,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
         entry = manifest[wl.file]
         warmup = units.parse_duration(s.measure.warmup)
-        think = None
-        if getattr(wl, "think", None):
-            think = {"distribution": wl.think.distribution, "mean_s": units.parse_duration(wl.think.mean),
-                     "min_s": units.parse_duration(wl.think.min) if wl.think.min else None,
-                     "max_s": units.parse_duration(wl.think.max) if wl.think.max else None}
+        think = think_config(getattr(wl, "think", None))
         cfg = {
             "client": node, "group": group, "variant": variant(), "rep": repetition(),
             "seed": s.seed + repetition(),
