@@ -202,6 +202,9 @@ def test_isolation_drops_egress_outside_the_allowed_ranges():
     pod, peer = f"tb-iso-{uuid.uuid4().hex[:6]}", f"tb-isp-{uuid.uuid4().hex[:6]}"
     for ns in (pod, peer):
         subprocess.run(["ip", "netns", "add", ns], check=True)
+        # No IPv6 neighbour discovery: its packets would count as received on the peer.
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                        "net.ipv6.conf.default.disable_ipv6=1"], check=True)
     try:
         ex = ["ip", "netns", "exec", pod]
         subprocess.run(ex + ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "p0", "netns", peer], check=True)
@@ -282,3 +285,24 @@ def test_shaper_knows_how_many_addresses_each_peer_group_has():
     assert shaper.expected_addresses(s, "www", "middle") == 2           # 1 pod + its ClusterIP
     assert shaper.expected_addresses(s, "bulk", "middle") == 2
     assert shaper.expected_addresses(s, "bulk", "bulk") == 1            # not itself
+
+
+def test_both_backends_shape_a_link_with_the_same_class():
+    """The local tc batch and the Kubernetes shaper render a link through one function."""
+    from torbed import shaping
+    s = scenario_mod.load(QUICKSTART)
+    p = plan(s, "ewma-66")
+    middle, guard = p.group_nodes("middle")[0], p.group_nodes("guard")[0]
+    local = shaping.tc_batch(p, middle).splitlines()
+    spec = p.link(middle, guard)
+    cmds, ids = shaper.classes("eth0", {"guard": spec})
+    assert shaping.class_lines("eth0", 2, spec)[0] in cmds
+    assert any(line.endswith("rate 4000000bit ceil 4000000bit burst 6056 cburst 6056") for line in local)
+
+
+def test_think_config_is_seconds():
+    from torbed.client.driver import think_config
+    from torbed.scenario import ThinkTime
+    assert think_config(None) is None
+    assert think_config(ThinkTime(distribution="uniform", mean="5s", min="500ms", max="2s")) == {
+        "distribution": "uniform", "mean_s": 5.0, "min_s": 0.5, "max_s": 2.0}
