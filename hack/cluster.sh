@@ -369,7 +369,17 @@ start() {
   echo "=== $(date -u +%FT%TZ) $*" >>"$LOGS/$name.log"
   # fd 8 is the up/down lock: the daemons must not inherit (and hold) it.
   setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- &
-  echo $! >"$PIDS/$name.pid"
+  local pid=$! i
+  echo "$pid" >"$PIDS/$name.pid"
+  # Until the forked shell has exec'd the daemon, /proc/PID/cmdline is still this script's, and
+  # pid_of (which checks the command line against recycled pids) would call a healthy daemon
+  # dead. On a cold machine the exec can take longer than the first health probe: wait for it.
+  for ((i = 0; i < 100; i++)); do
+    pid_of "$name" >/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 0  # exited at once: wait_for reports it with the log
+    sleep 0.05
+  done
+  log "$name (pid $pid) has not exec'd $(bin_of "$name") after 5 s"
 }
 
 # stop NAME... : TERM them all (they take a second or two each to exit), then KILL what is
