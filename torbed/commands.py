@@ -185,4 +185,10 @@ def register_replay(sub, fmt) -> None:
     replay_cli.register(sub, fmt)
 
 
-REGISTER = [register_run, register_clean, register_variants, register_build, register_analysis, register_replay]
+def register_nightly(sub, fmt) -> None:
+    from .nightly import cli as nightly_cli
+    nightly_cli.register(sub, fmt)
+
+
+REGISTER = [register_run, register_clean, register_variants, register_build, register_analysis, register_replay,
+            register_nightly]

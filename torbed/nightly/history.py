@@ -54,7 +54,7 @@ TABLES = {
 }
 DESCRIPTION = {
     "runs": "one row per run directory and variant; columns usable as comparison keys: "
-            "scenario (name@identity hash), variant, tor_version, torbed_version, hardware, backend, host",
+            "scenario (name), scenario_sha256 (identity of its resolved content), variant, tor_version, torbed_version, hardware, backend, host",
     "reps": "per run, metric id (as in summary.json) and repetition: n, median, mean",
     "samples": f"raw metric values per repetition, at most {MAX_SAMPLES} (evenly spaced over the sorted values)",
 }
@@ -164,7 +164,7 @@ class History:
             raise HistoryError(f"{run_dir}: {e}") from None
         info = json.loads((run_dir / "run.json").read_text())
         resolved = info.get("scenario") or {}
-        scenario = f"{info.get('name')}@{scenario_identity(resolved)}"
+        scenario = str(info.get("name"))
         host = info.get("host") or {}
         extracted = extract(run)
         runs = []

@@ -102,7 +102,7 @@ def write_report(findings: list[Finding], spec: NightlySpec, night: str, out_dir
     b.append(("p", f"**{len(flagged)}** change(s) flagged ({data['regressions']} regression(s), "
                    f"{data['improvements']} improvement(s)) among {len(findings)} tracked series. A change is "
                    f"flagged when tonight's median of repetition medians lies outside the prediction band of the "
-                   f"last {spec.lookback} comparable nights (Student t at the level of a {th.z}-sigma normal), the "
+                   f"last (up to) {spec.lookback} comparable nights (Student t at the level of a {th.z}-sigma normal), the "
                    f"Mann-Whitney test of tonight's samples against those nights' has p < {th.p}, and the median "
                    f"moved by at least {th.min_change}. Only runs alike in {', '.join(spec.compare_by)} are compared."))
     if runs:

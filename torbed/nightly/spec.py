@@ -26,7 +26,7 @@ from .. import units
 from ..scenario import Duration, Percent, ScenarioError, Strict, _loc, _message
 from .. import scenario as scenario_mod
 
-COMPARE_KEYS = ("scenario", "variant", "tor_version", "torbed_version", "hardware", "backend", "host")
+COMPARE_KEYS = ("scenario", "scenario_sha256", "variant", "tor_version", "torbed_version", "hardware", "backend", "host")
 # Metrics for which larger is better; for every other metric (times, waits) smaller is.
 HIGHER_IS_BETTER = ("relay_throughput_Bps",)
 CRON_FIELD = r"(\*|[0-9,\-*/]+)"
@@ -62,8 +62,10 @@ class NightlySpec(Strict):
     lookback: int = Field(default=7, ge=2, le=365, description="earlier nights compared with tonight")
     min_history: int = Field(default=3, ge=2, description="nights needed before anything is flagged")
     thresholds: Thresholds = Field(default_factory=Thresholds)
-    compare_by: list[str] = Field(default_factory=lambda: ["scenario", "variant", "tor_version",
-                                                           "torbed_version", "hardware", "backend"])
+    compare_by: list[str] = Field(default_factory=lambda: ["scenario", "scenario_sha256", "variant", "tor_version",
+                                                           "torbed_version", "hardware", "backend"],
+                                  description="run fields that must match for nights to be compared; "
+                                              "scenario is its name, scenario_sha256 its resolved content")
 
     @field_validator("schedule")
     @classmethod

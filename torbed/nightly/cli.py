@@ -1,0 +1,83 @@
+"""``torbed nightly``: the command (registered by torbed.commands).
+
+    torbed nightly NIGHTLY.yaml --history DIR [--out DIR/runs] [--night YYYY-MM-DD]
+                   [--backend local|k8s] [--fail-on regression|any|never] [--detect-only] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from . import runner, spec as spec_mod
+from .history import HistoryError
+
+console = Console(stderr=True)
+
+
+def _runner_for(args):
+    """A function (scenario, out_dir, variants) -> run_dir on the chosen backend."""
+    if args.backend == "k8s":
+        from ..backends import k8s
+
+        def run(s, out, variants):
+            return k8s.run_scenario(s, Path(args.nightly), Path(out), console, namespace=args.namespace,
+                                    context=args.context, variants=variants)
+        return run
+    from ..backends import local
+
+    def run(s, out, variants):
+        return local.run_scenario(s, Path(out), console, variants=variants)
+    return run
+
+
+def cmd_nightly(args) -> int:
+    try:
+        spec = spec_mod.load(args.nightly)
+    except spec_mod.NightlyError as e:
+        for line in str(e).splitlines():
+            console.print(f"[red]error[/red] {line}", highlight=False)
+        return 2
+    if args.backend == "local" and not args.detect_only:
+        import os
+        if os.geteuid() != 0:
+            console.print("[red]error[/red] the local backend needs root (network namespaces)")
+            return 2
+    try:
+        code, report = runner.run_night(spec, Path(args.history), _runner_for(args), console,
+                                        out_dir=Path(args.out) if args.out else None, night=args.night,
+                                        fail_on=args.fail_on, detect_only=args.detect_only)
+    except (runner.NightlyBusy, HistoryError) as e:
+        console.print(f"[red]error[/red] {e}", highlight=False)
+        return 1
+    where = Path(args.history) / "reports" / report["night"]
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        print(where)
+    console.print(f"nightly {spec.name} {report['night']}: {report['regressions']} regression(s), "
+                  f"{report['improvements']} improvement(s) flagged; report {where}/nightly.html", highlight=False)
+    return code
+
+
+def register(sub, fmt) -> None:
+    p = sub.add_parser("nightly", formatter_class=fmt,
+                       help="run a nightly benchmark matrix, add it to a history, flag changes -> report")
+    p.add_argument("nightly", help="nightly definition file (kind: Nightly; see scenarios/nightly/)")
+    p.add_argument("--history", required=True, help="history directory (history.sqlite, runs/, reports/)")
+    p.add_argument("--out", default=None, help="where run directories go (default: HISTORY/runs)")
+    p.add_argument("--night", default=None, help="label of this night (default: today's UTC date)")
+    p.add_argument("--backend", choices=["local", "k8s"], default="local", help="where the scenarios run")
+    p.add_argument("--namespace", default="default", help="k8s: namespace of the releases")
+    p.add_argument("--context", default=None, help="k8s: kubeconfig context")
+    p.add_argument("--fail-on", choices=runner.FAIL_ON, default="regression",
+                   help="which flags make the exit status 3")
+    p.add_argument("--detect-only", action="store_true",
+                   help="run nothing: assess the night already in the history and rewrite its report")
+    p.add_argument("--json", action="store_true", help="print the nightly report's JSON on stdout")
+    p.set_defaults(func=cmd_nightly)
+
+
