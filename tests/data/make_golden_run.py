@@ -9,7 +9,8 @@
 
 What it holds (values chosen to look like a Tang & Goldberg experiment 1 in miniature):
 
-- 2 variants (vanilla = baseline, ewma-66) x 2 repetitions, warm-up 10 s, workload 90 s.
+- 2 variants (vanilla = baseline, ewma-66) x 3 repetitions (the fewest the report tests),
+  warm-up 10 s, workload 90 s.
 - clients: web0 fetches "small" (50 KiB) with 3 s pauses; bulk0 and bulk1 download "bulk"
   (5 MiB) back to back; ~30 transfers per repetition, those starting in the warm-up flagged.
   EWMA makes web transfers faster. One web timeout in vanilla rep 1, one circuit_failed
@@ -39,7 +40,7 @@ SUMMARY = HERE / "golden-run.summary.json"
 
 SEED = 2024
 VARIANTS = ["vanilla", "ewma-66"]
-REPS = 2
+REPS = 3
 WARMUP_S = 10.0
 DURATION_S = 90.0
 T_BASE = 1_700_000_000.0
