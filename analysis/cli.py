@@ -66,7 +66,8 @@ def _guard(fn):
 def _report_table(summary: dict) -> Table:
     t = Table(title=f"{summary['run']['scenario']}: medians (baseline {summary['baseline']})")
     for col in ("metric", "variant", "reps", "median (pooled)", "Δ per-rep", "Holm p", "verdict"):
-        t.add_column(col, justify="left" if col in ("metric", "variant") else "right")
+        t.add_column(col, justify="left" if col in ("metric", "variant", "verdict") else "right",
+                     no_wrap=col == "metric")
     for mid, e in summary["metrics"].items():
         if e.get("class") in ("light", "heavy"):
             continue

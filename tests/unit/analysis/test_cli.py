@@ -42,6 +42,13 @@ def test_report_ok(golden_copy, capsys):
     assert (golden_copy / "report" / "report.html").is_file()
 
 
+def test_report_json_prints_summary(golden_copy, capsys):
+    assert run(["report", golden_copy, "--json"]) == cli.EXIT_OK
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((golden_copy / "report" / "summary.json").read_text())
+    assert printed["inference"]["correction"] == "holm" and printed["inference"]["headline"]
+
+
 def test_report_out_and_baseline(golden_copy, tmp_path):
     out = tmp_path / "elsewhere"
     assert run(["report", golden_copy, "--baseline", "ewma-66", "--out", out]) == 0
@@ -133,6 +140,9 @@ def test_compare_different_scenarios(tmp_path, capsys):
     assert run(["compare", a, b, "--force"]) == cli.EXIT_OK
     c = json.loads((b / "report" / "compare-golden-run.json").read_text())
     assert c["forced"] is True
+    capsys.readouterr()
+    assert run(["compare", a, b, "--force", "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == json.loads((b / "report" / "compare-golden-run.json").read_text())
 
 
 def test_compare_missing_run_json(tmp_path, golden_copy):
