@@ -224,10 +224,11 @@ def _markdown(rows: list[tuple[Row, dict]], settings: dict, runs: dict) -> str:
         "How it is scaled to one machine: each scheme of an experiment is "
         f"{settings['reps']} independent repetitions (a fresh private Tor network each, local backend, "
         f"real tor 0.4.9 binaries in network namespaces) of {settings['duration']} of workload whose first "
-        "30 s (warm-up) are not measured, on the links of the scenario file (2 Mbit/s guard-middle bottleneck, 100 Mbit/s "
-        "elsewhere, no added latency), instead of the papers' PlanetLab / live-network / Shadow "
+        "30 s (warm-up) are not measured, on the links of the scenario file (2 Mbit/s guard-middle "
+        "bottleneck, 100 Mbit/s elsewhere, no added latency), instead of the papers' PlanetLab / live-network / Shadow "
         "setups and their 100-200 downloads per scheme. The halflife sweep uses H = 3, 20, 66, 99 s of "
-        "the paper's eight values (plus round robin). Small-file times are TTLB from the HTTP request (onionperf convention).",
+        "the paper's eight values (plus round robin). Small-file times are TTLB from the HTTP request "
+        "(onionperf convention).",
         "",
         "\"Ours\": each scheme's geometric mean of the per-repetition statistic (median download time; "
         "wait per cell for the queue) with its 95% t interval across repetitions, and the % change with "
