@@ -5,18 +5,27 @@ written, so the file is byte-identical for the same run directory and library ve
 
 Layout (every metric id maps to one entry; ``variants`` has every variant of the run):
 
-    {"schema": 1, "run": {...run.json facts...}, "baseline": "<variant>",
+    {"schema": 2, "run": {...run.json facts...}, "baseline": "<variant>",
      "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
      "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
                       "files", "notes"}],
      "missing": ["variant X rep 1: failed (...); 6 transfers (4 after warm-up); ..."],
      "metrics": {"<id>": {"metric", "title", "label", "unit", <params>, "variants": {
          "<variant>": {"n", "mean", "median", "min", "max", "p25", "p75", "p90", "p99",
-                       "median_ci95": [lo, hi], "per_rep": {"<k>": {"n", "median"}},
+                       "median_ci95": [lo, hi] | null (cluster bootstrap), "median_ci_method",
+                       "per_rep": {"<k>": {"n", "median", "p90", "mean", ["wait_per_cell"]}},
+                       "rep_summary": {"statistic", "n", "estimate", "ci95", "scale"},
                        ["wait_per_cell_ms"],
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
-                                       "mwu_pvalue"}   (not for the baseline itself)}}}},
+                                       "mwu_pvalue", "pooled_tests": "descriptive",
+                                       "inference": {stats.compare_reps keys, "statistic",
+                                                     "in_family", "pvalue_holm", "significant",
+                                                     "secondary"}}
+                                       (not for the baseline itself)},
+         "power": {stats.power_analysis keys}}},
+     "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
+                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}}}
 
 Public API:
