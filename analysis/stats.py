@@ -269,10 +269,8 @@ def permutation_pvalue(x, y, rng: np.random.Generator | None = None) -> tuple[fl
         p = float((diffs >= obs - tol).sum() / total)
     else:
         rng = rng or np.random.default_rng(0)
-        hits = 0
-        for _ in range(PERMUTATION_RESAMPLES):
-            perm = rng.permutation(pool)
-            hits += abs(perm[:n].mean() - perm[n:].mean()) >= obs - tol
+        perms = rng.permuted(np.tile(pool, (PERMUTATION_RESAMPLES, 1)), axis=1)
+        hits = int((np.abs(perms[:, :n].mean(axis=1) - perms[:, n:].mean(axis=1)) >= obs - tol).sum())
         p = float((1 + hits) / (1 + PERMUTATION_RESAMPLES))
     return p, (2.0 if n == m else 1.0) / total
 

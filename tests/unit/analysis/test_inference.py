@@ -110,3 +110,14 @@ def test_apply_holm_sets_headline_only_for_family():
     assert items[1]["inference"]["pvalue_holm"] == pytest.approx(0.06)    # 2nd of 2: x1, max with 0.002
     assert items[0]["inference"]["pvalue_holm"] == pytest.approx(0.002)   # 1st of 2: x2
     assert items[2]["inference"]["pvalue_holm"] is None and not items[2]["inference"]["significant"]
+
+
+def test_monte_carlo_permutation_pvalue_agrees_with_full_enumeration():
+    import itertools
+    x, y = np.arange(10.0), np.arange(10.0) + 3.0
+    p_mc, pmin = stats.permutation_pvalue(x, y, np.random.default_rng(3))    # 184756 splits: Monte Carlo
+    pool = np.concatenate([x, y])
+    idx = np.array(list(itertools.combinations(range(20), 10)))
+    sx = pool[idx].sum(axis=1)
+    exact = np.mean(np.abs(sx / 10 - (pool.sum() - sx) / 10) >= 3.0 - 1e-9)
+    assert p_mc == pytest.approx(exact, abs=0.01) and pmin == pytest.approx(2 / 184756)
