@@ -164,7 +164,7 @@ def _inference_table(s: dict, metric: str) -> tuple | None:
 
 def _fmt_mde(up, down) -> str:
     if up is None:
-        return "not enough repetitions"
+        return DASH
     return f"{up:+.1f}% / {down:+.1f}%" if down is not None else f"±{abs(up):.1f}%"
 
 
@@ -176,7 +176,9 @@ def _power_table(s: dict) -> tuple:
             continue
         subject = e["title"]
         if pw.get("sd") is None:
-            rows.append([subject, DASH, "0", DASH, DASH, DASH, DASH])
+            continue                        # no variant has 2 repetitions with data
+        if pw.get("note"):
+            rows.append([subject, f"{pw['sd']:.3g}", str(pw["df"]), pw["note"], DASH, DASH, DASH])
             continue
         nt, ntf = pw.get("reps_for_target"), pw.get("reps_for_target_family")
         rows.append([subject, f"{pw['sd']:.3g}" + (" (log)" if pw["scale"] == "log" else ""), str(pw["df"]),
@@ -185,6 +187,8 @@ def _power_table(s: dict) -> tuple:
                      str(nt) if nt else f"> {1000}", str(ntf) if ntf else f"> {1000}"])
     n = s["run"]["repetitions"]
     fam = s["inference"]["family_size"]
+    if not rows:
+        return ("p", "No outcome metric has 2 repetitions with data in any variant: no variance to plan from.")
     return ("table", ["metric", "between-rep SD", "df", f"detectable at {n} reps, α",
                       f"at {n} reps, α/{max(fam, 1)}", f"reps for {s['settings']['target_change_pct']:.0f}%, α",
                       f"reps for {s['settings']['target_change_pct']:.0f}%, α/{max(fam, 1)}"], rows)

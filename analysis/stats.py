@@ -400,6 +400,12 @@ def power_analysis(arms: list, scale: str, n_design: int, family_size: int,
         out["note"] = "no variance estimate: no variant has 2 repetitions with data"
         return out
     ref = float(np.mean(np.concatenate(arms_t))) if scale == "linear" else None
+    if sd == 0:
+        out["note"] = "no variation: every repetition gave the same value"
+        return out
+    if scale == "linear" and not ref:
+        out["note"] = "mean 0: a % change is undefined"
+        return out
 
     def to_pct(d):
         if d is None:
@@ -414,8 +420,9 @@ def power_analysis(arms: list, scale: str, n_design: int, family_size: int,
     # 1 - e^-d; both are given (mde_pct is the increase).
     d1, d2 = min_detectable(sd, n_design, alpha, power), min_detectable(sd, n_design, fam_alpha, power)
     out["mde_pct"], out["mde_pct_family"] = to_pct(d1), to_pct(d2)
-    out["mde_pct_decrease"] = to_pct(-d1) if d1 is not None else None
-    out["mde_pct_family_decrease"] = to_pct(-d2) if d2 is not None else None
+    if scale == "log":
+        out["mde_pct_decrease"] = to_pct(-d1) if d1 is not None else None
+        out["mde_pct_family_decrease"] = to_pct(-d2) if d2 is not None else None
     delta = from_pct(target_pct)
     out["reps_for_target"] = reps_needed(delta, sd, alpha, power) if delta is not None else None
     out["reps_for_target_family"] = reps_needed(delta, sd, fam_alpha, power) if delta is not None else None
