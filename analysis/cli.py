@@ -141,7 +141,7 @@ def _run_aa_scenario(args) -> Path:
     try:
         sc = load_scenario(args.target)
     except Exception as e:  # noqa: BLE001 - the loader's own errors name the file and field
-        raise InputError(f"{args.target}: {e}") from None
+        raise InputError(str(e) if str(args.target) in str(e) else f"{args.target}: {e}") from None
     variant = getattr(args, "variant", None) or sc.variants[0]
     if variant not in sc.variants:
         raise InputError(f"--variant {variant!r}: not a variant of {args.target} ({', '.join(sc.variants)})")

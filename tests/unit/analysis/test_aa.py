@@ -163,3 +163,16 @@ def cli_main(argv):
     cli.register(sub)
     args = p.parse_args(argv)
     return args.func(args)
+
+
+def test_aa_scenario_bad_variant_fails_before_anything_starts(tmp_path, capsys):
+    from .conftest import REPO
+    runs = tmp_path / "runs"
+    assert cli_main(["aa", str(REPO / "scenarios" / "quickstart.yaml"), "--variant", "nope",
+                     "--runs", str(runs)]) == cli.EXIT_BAD_INPUT
+    assert "not a variant of" in capsys.readouterr().err
+    assert not runs.exists()                                   # no run was started
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: torbed/v1\nname: x\nnetwork: {relays: {bogus_key: 1}}\n")
+    assert cli_main(["aa", str(bad), "--runs", str(runs)]) == cli.EXIT_BAD_INPUT
+    assert str(bad) in capsys.readouterr().err and not runs.exists()
