@@ -154,7 +154,7 @@ def _run_aa_scenario(args) -> Path:
     console.print(f"A/A: running {args.target} variant {variant} x {2 * args.repetitions} repetitions "
                   f"(two arms of {args.repetitions}) into {runs}", highlight=False)
     rc = subprocess.call(cmd)
-    made = sorted(p.parent for p in runs.glob("*/run.json"))
+    made = sorted(p.parent for p in runs.glob("*/run.json") if not p.parent.is_symlink())
     if not made:
         raise RuntimeError(f"`torbed run` exited {rc} and made no run directory in {runs}")
     if rc not in (0, 1):

@@ -176,3 +176,45 @@ def test_aa_scenario_bad_variant_fails_before_anything_starts(tmp_path, capsys):
     bad.write_text("apiVersion: torbed/v1\nname: x\nnetwork: {relays: {bogus_key: 1}}\n")
     assert cli_main(["aa", str(bad), "--runs", str(runs)]) == cli.EXIT_BAD_INPUT
     assert str(bad) in capsys.readouterr().err and not runs.exists()
+
+
+# Recorded: tests/data/aa-recorded is `torbed aa scenarios/tang-goldberg-2010-exp3.yaml
+# --repetitions 3 --duration 90s` run on this machine (real tor, local backend; 6 repetitions of
+# vanilla), reduced to the files the analysis reads (run.json, meta.json, transfers.jsonl,
+# cellstats.jsonl, relay_bw.jsonl).
+RECORDED = DATA / "aa-recorded"
+
+
+def test_recorded_aa_run_is_calibrated_and_pooled_tests_cry_wolf():
+    r = aa.aa_analyse(RECORDED)
+    assert r["variant"] == "vanilla" and len(r["repetitions"]) == 6 and r["splits"] == 10
+    rt = r["rates"]
+    assert rt["per_test_n"] >= 100
+    assert rt["per_test"] <= ALPHA, rt                 # 1.5% when recorded
+    assert rt["family"] == 0.0 and r["false_alarms"] == []
+    # The pooled per-sample tests on the same identical arms: well above their nominal 5%,
+    # and several metrics "different" in the primary split (queue waits among them).
+    assert rt["pooled_ks"] > 0.10 and rt["pooled_mwu"] > 0.10, rt
+    assert len(r["pooled_false_alarms"]) >= 3
+    assert any(m.startswith("cell_wait_ms/middle0") for m in r["pooled_false_alarms"])
+
+
+def _half_run(dest: Path, reps: list[int]) -> Path:
+    """The recorded run's repetitions ``reps`` as a run of their own (renumbered 0..)."""
+    dest.mkdir(parents=True)
+    info = json.loads((RECORDED / "run.json").read_text())
+    info["repetitions"] = len(reps)
+    (dest / "run.json").write_text(json.dumps(info))
+    for new, old in enumerate(reps):
+        shutil.copytree(RECORDED / "vanilla" / f"rep-{old}", dest / "vanilla" / f"rep-{new}")
+    return dest
+
+
+def test_recorded_compare_of_two_identical_runs_has_no_headline(tmp_path):
+    """The issue's scenario: two runs of one scenario and one variant compared."""
+    from torbed.analysis.compare import compare_runs
+    c = compare_runs(_half_run(tmp_path / "a", [0, 2, 4]), _half_run(tmp_path / "b", [1, 3, 5]))
+    assert c["inference"]["family_size"] >= 8 and c["inference"]["headline"] == []
+    pooled_hits = [mid for mid, e in c["metrics"].items()
+                   for d in e["variants"].values() if d["ks_pvalue"] is not None and min(d["ks_pvalue"], d["mwu_pvalue"]) < ALPHA]
+    assert len(pooled_hits) >= 3, pooled_hits
