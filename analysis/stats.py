@@ -10,9 +10,10 @@ Conventions (the report states them too):
   of those medians. The generator is numpy's PCG64 seeded with (run seed, CRC-32 of a key),
   so every number in a report is reproducible.
 - % change = 100 (value - baseline) / baseline; None when the baseline is 0 or missing.
-- Tests: two-sample Kolmogorov-Smirnov (scipy.stats.ks_2samp, two-sided, method "auto") and
-  Mann-Whitney U (scipy.stats.mannwhitneyu, two-sided, method "auto", continuity correction);
-  the U statistic reported is the one of the variant's sample (the first argument).
+- Pooled tests (descriptive only: they treat dependent samples as independent): two-sample
+  Kolmogorov-Smirnov (scipy.stats.ks_2samp, two-sided, method "auto") and Mann-Whitney U
+  (scipy.stats.mannwhitneyu, two-sided, method "auto", continuity correction); the U
+  statistic reported is the one of the variant's sample (the first argument).
 
 Public API:
 
@@ -27,6 +28,17 @@ Public API:
 - ``two_sample_tests(sample, baseline) -> dict``
 - ``moving_average_max(t, nbytes, window_s=30, start=None) -> float | None``
 - ``ecdf(values) -> (x, y)``
+
+Inference across repetitions (docs/statistics.md; the KS / MWU above are descriptive only):
+
+- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``
+- ``compare_reps(values, baseline, scale=None) -> dict``  Welch on (log) per-repetition summaries
+- ``permutation_pvalue(x, y, rng=None) -> (p, smallest attainable p)``
+- ``holm(pvalues) -> adjusted``
+- ``arm_estimate(values, scale) -> {"n", "estimate", "ci95"}``, ``choose_scale(*arms)``
+- ``pooled_sd(arms)``, ``min_detectable(sd, n)``, ``reps_needed(delta, sd)``,
+  ``power_analysis(arms, scale, n_design, family_size) -> dict``
+- ``cluster_bootstrap_median_ci(per_rep, rng) -> (lo, hi) | None``
 """
 
 from __future__ import annotations
@@ -303,7 +315,7 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     se2 = vx / n + vy / m
     if se2 <= 0:
         return {"status": "no variance", **base, "reason": "every repetition gave the same value in both arms",
-                "change_pct": _pct_from(d, 0.0, scale, y), "change_ci95": None, "welch_t": None, "df": None,
+                "change_pct": _pct_from(d, scale, y), "change_ci95": None, "welch_t": None, "df": None,
                 "pvalue": None, "permutation_pvalue": None, "permutation_min_pvalue": None}
     se = math.sqrt(se2)
     df = se2 ** 2 / ((vx / n) ** 2 / (n - 1) + (vy / m) ** 2 / (m - 1))
@@ -311,13 +323,14 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     p = float(2 * sps.t.sf(abs(t), df))
     h = float(sps.t.ppf(0.5 + level / 2, df)) * se
     perm_p, perm_min = permutation_pvalue(x, y, rng)
-    return {"status": "tested", **base, "change_pct": _pct_from(d, 0.0, scale, y),
-            "change_ci95": [_pct_from(d - h, 0.0, scale, y), _pct_from(d + h, 0.0, scale, y)],
+    return {"status": "tested", **base, "change_pct": _pct_from(d, scale, y),
+            "change_ci95": [_pct_from(d - h, scale, y), _pct_from(d + h, scale, y)],
             "welch_t": float(t), "df": float(df), "pvalue": p,
             "permutation_pvalue": perm_p, "permutation_min_pvalue": perm_min}
 
 
-def _pct_from(d: float, _zero: float, scale: str, y: np.ndarray) -> float | None:
+def _pct_from(d: float, scale: str, y: np.ndarray) -> float | None:
+    """A difference on the test scale as a % change: e^d - 1 (log), d / mean(baseline) (linear)."""
     if scale == "log":
         return 100.0 * math.expm1(d)
     mean = float(y.mean())
