@@ -207,6 +207,9 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", f"Differences that survive Holm's correction over {inf['family_size']} tests "
                        f"(family-wise error rate {inf['alpha']}; repetition = unit of replication):"))
         b.append(("ul", list(inf["headline"])))
+    elif inf["tests"] == 0:
+        b.append(("p", "No comparison: the run has one variant (`torbed aa` splits one variant's "
+                       "repetitions into two arms)."))
     elif inf["family_size"] == 0:
         b.append(("p", f"No inferential comparison: not enough repetitions (at least {inf['min_reps_per_arm']} "
                        f"per variant with data are needed). Differences below are descriptive only."))
