@@ -99,7 +99,7 @@ ROWS = [
         "Experiment 1'; here plus 8 KB socket buffers at the middle relay)", "2.60 s -> 1.75 s (-32.7%)",
         "tang-goldberg-2010-exp3", "ttlb_s/web:small", variant="ewma-66", paper_change_pct=-32.7, unit="s",
         why_not=_TG_SETTING + "; the middle relay's small socket buffers move the backlog into the circuit "
-        "queues, where EWMA acts, which makes its effect larger than in Exp. 1's setting"),
+        "queues, where EWMA acts, which can make its effect larger than in Exp. 1's setting (not measured here)"),
     Row("Tang & Goldberg 2010", "Sec. 3.1: EWMA on the middle relay only (guard, exit round robin): small-file "
         "median download time", "'close to the overall improvement' (no number; overall -32.7%)",
         "tang-goldberg-2010-sec4-halflife", "ttlb_s/web:small", variant="ewma-66", unit="s",
