@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench tools chart-test images images-arm64 images-test
+.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench reproduce tools chart-test images images-arm64 images-test
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -55,6 +55,13 @@ images-test: images  ## tests/images against the built images
 
 bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
+
+# Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Under 2 h here,
+# resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
+# only (REPRODUCE_ONLY=name,... to choose), runs in runs/reproduce-quick/, document labelled so.
+# REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
+reproduce: setup  ## run the papers' experiments torbed has variants for; writes docs/reproduction.md
+	nice -n 10 $(BIN)/python -m torbed.analysis.reproduce
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean

@@ -1,7 +1,12 @@
-"""CLI glue: the ``report`` and ``compare`` subcommands of ``torbed``.
+"""CLI glue: the ``report``, ``compare`` and ``aa`` subcommands of ``torbed``.
 
-    report RUN_DIR [--baseline V] [--out DIR]     RUN_DIR made by `torbed run`
-    compare RUN_A RUN_B [--out DIR] [--force]     two RUN_DIRs of one scenario
+    report RUN_DIR [--baseline V] [--out DIR] [--json]     RUN_DIR made by `torbed run`
+    compare RUN_A RUN_B [--out DIR] [--force] [--json]     two RUN_DIRs of one scenario
+    aa SCENARIO|RUN_DIR [--variant V] [--repetitions N] [--duration D] [--runs DIR] [--json]
+                                                          A/A calibration (aa.py)
+
+``--json`` prints the written JSON (summary.json, the compare JSON, the aa JSON) on stdout
+instead of the table, for scripts.
 
 Exit codes: 0 success, 1 failure (e.g. the report could not be written), 2 bad input
 (not a run directory, missing run.json, a malformed record: the file and line are named;
@@ -11,7 +16,7 @@ Public API:
 
 - ``register(subparsers, formatter_class)``: adds both subcommands to an argparse
   subparsers object; each sets ``func(args) -> int`` (the exit code)
-- ``cmd_report(args) -> int``, ``cmd_compare(args) -> int``
+- ``cmd_report(args) -> int``, ``cmd_compare(args) -> int``, ``cmd_aa(args) -> int``
 - ``EXIT_OK``, ``EXIT_FAILED``, ``EXIT_BAD_INPUT``
 """
 
@@ -27,6 +32,7 @@ from rich.table import Table
 from .compare import HEADERS, compare, output_stem, rows
 from .report import report
 from .errors import InputError
+from . import render, stats
 from .render import DASH, fmt_p, fmt_pct, fmt_value
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -59,18 +65,21 @@ def _guard(fn):
 
 def _report_table(summary: dict) -> Table:
     t = Table(title=f"{summary['run']['scenario']}: medians (baseline {summary['baseline']})")
-    for col in ("metric", "variant", "n", "median", "Δ median", "MWU p"):
-        t.add_column(col, justify="left" if col in ("metric", "variant") else "right")
+    for col in ("metric", "variant", "reps", "median (pooled)", "Δ per-rep", "Holm p", "verdict"):
+        t.add_column(col, justify="left" if col in ("metric", "variant", "verdict") else "right",
+                     no_wrap=col == "metric")
     for mid, e in summary["metrics"].items():
         if e.get("class") in ("light", "heavy"):
             continue
         u = e["unit"]
         for v, d in sorted(e["variants"].items(), key=lambda kv: summary["run"]["variants"].index(kv[0])):
             vb = d.get("vs_baseline") or {}
-            t.add_row(f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str(d.get("n", 0)),
+            inf = vb.get("inference") or {}
+            t.add_row(f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str((d.get("rep_summary") or {}).get("n", 0)),
                       fmt_value(d.get("median"), u),
-                      fmt_pct(vb.get("median_change_pct")) if vb else "baseline",
-                      fmt_p(vb.get("mwu_pvalue")) if vb else DASH)
+                      (fmt_pct(inf.get("change_pct")) if inf.get("status") == "tested" else DASH) if vb else "baseline",
+                      fmt_p(inf.get("pvalue_holm")) if vb else DASH,
+                      render._verdict(inf) if vb else DASH)
     return t
 
 
@@ -81,7 +90,12 @@ def cmd_report(args) -> int:
         summary = report(args.run_dir, baseline=getattr(args, "baseline", None), out_dir=getattr(args, "out", None),
                          progress=lambda msg: status.update(f"report: {msg}"))
     out_dir = Path(getattr(args, "out", None) or Path(args.run_dir) / "report")
+    if getattr(args, "json", False):
+        print((out_dir / "summary.json").read_text(), end="")
+        return EXIT_OK
     out.print(_report_table(summary))
+    for line in summary["inference"]["headline"]:
+        out.print(f"[bold]headline[/bold] {line}", highlight=False)
     for line in summary["missing"]:
         console.print(f"[yellow]missing[/yellow] {line}", highlight=False, markup=True)
     out.print(f"[green]ok[/green] wrote {out_dir}/report.html, report.md, summary.json, "
@@ -94,6 +108,10 @@ def cmd_compare(args) -> int:
     """torbed compare RUN_A RUN_B: per variant and metric, B against A."""
     with console.status("comparing"):
         c = compare(args.run_a, args.run_b, force=args.force, out_dir=getattr(args, "out", None))
+    if getattr(args, "json", False):
+        out_dir = Path(getattr(args, "out", None) or Path(args.run_b) / "report")
+        print((out_dir / f"{output_stem(c['run_a']['directory'])}.json").read_text(), end="")
+        return EXIT_OK
     t = Table(title=f"{c['run_a']['directory']} (A) vs {c['run_b']['directory']} (B)")
     for col in HEADERS:
         t.add_column(col, justify="left" if col in ("metric", "variant") else "right")
@@ -106,6 +124,80 @@ def cmd_compare(args) -> int:
     out_dir = Path(getattr(args, "out", None) or Path(args.run_b) / "report")
     stem = output_stem(c["run_a"]["directory"])
     out.print(f"[green]ok[/green] wrote {out_dir}/{stem}.md and {stem}.json", highlight=False)
+    return EXIT_OK
+
+
+def _run_aa_scenario(args) -> Path:
+    """`torbed run` the scenario's variant with 2 x N repetitions (the run entry point itself,
+    in a child process, so its privilege handling and cleanup apply) and return the new run
+    directory. Raises InputError for a bad scenario, RuntimeError when the run fails."""
+    import subprocess
+    import sys
+    import time
+    try:
+        from ..scenario import load as load_scenario
+    except ImportError as e:  # pragma: no cover - torbed.analysis without torbed
+        raise RuntimeError(f"torbed's scenario loader is not importable: {e}") from None
+    try:
+        sc = load_scenario(args.target)
+    except Exception as e:  # noqa: BLE001 - the loader's own errors name the file and field
+        raise InputError(str(e) if str(args.target) in str(e) else f"{args.target}: {e}") from None
+    variant = getattr(args, "variant", None) or sc.variants[0]
+    if variant not in sc.variants:
+        raise InputError(f"--variant {variant!r}: not a variant of {args.target} ({', '.join(sc.variants)})")
+    runs = Path(args.runs) / f"aa-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    runs.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torbed.cli", "run", str(args.target), "--variant", variant,
+           "--repetitions", str(2 * args.repetitions), "--out", str(runs)]
+    if getattr(args, "duration", None):
+        cmd += ["--duration", args.duration]
+    console.print(f"A/A: running {args.target} variant {variant} x {2 * args.repetitions} repetitions "
+                  f"(two arms of {args.repetitions}) into {runs}", highlight=False)
+    rc = subprocess.call(cmd)
+    made = sorted(p.parent for p in runs.glob("*/run.json") if not p.parent.is_symlink())
+    if not made:
+        raise RuntimeError(f"`torbed run` exited {rc} and made no run directory in {runs}")
+    if rc not in (0, 1):
+        raise RuntimeError(f"`torbed run` exited {rc}; partial run directory kept at {made[-1]}")
+    args.variant = variant
+    return made[-1]
+
+
+@_guard
+def cmd_aa(args) -> int:
+    """torbed aa SCENARIO|RUN_DIR: A/A calibration of the report's tests."""
+    from .aa import aa_report
+    target = Path(args.target)
+    if target.is_dir():
+        run_dir = target
+    elif target.is_file():
+        if args.repetitions < 1:
+            raise InputError(f"--repetitions {args.repetitions}: must be at least 1 (per arm)")
+        run_dir = _run_aa_scenario(args)
+    else:
+        raise InputError(f"{target}: neither a scenario file nor a RUN_DIR")
+    with console.status("A/A analysis"):
+        r = aa_report(run_dir, getattr(args, "variant", None), getattr(args, "out", None))
+    out_dir = Path(getattr(args, "out", None) or run_dir / "report")
+    if getattr(args, "json", False):
+        print((out_dir / f"aa-{r['variant']}.json").read_text(), end="")
+        return EXIT_OK
+    rt = r["rates"]
+
+    def pct(x):
+        return DASH if x is None else f"{100 * x:.1f}%"
+    t = Table(title=f"A/A: {r['run']}, variant {r['variant']}, {len(r['repetitions'])} repetitions, {r['splits']} splits")
+    for col in ("test", "false-positive rate", "nominal", "based on"):
+        t.add_column(col)
+    t.add_row("report: per comparison", pct(rt["per_test"]), f"{r['alpha']:.0%}", f"{rt['per_test_n']} comparisons")
+    t.add_row("report: headline (Holm)", pct(rt["family"]), f"<= {r['alpha']:.0%}", f"{rt['family_n']} splits")
+    t.add_row("pooled KS (descriptive)", pct(rt["pooled_ks"]), "-", f"{rt['pooled_n']} comparisons")
+    t.add_row("pooled MWU (descriptive)", pct(rt["pooled_mwu"]), "-", f"{rt['pooled_n']} comparisons")
+    out.print(t)
+    if not r["enough_repetitions"]:
+        console.print(f"[yellow]not enough repetitions[/yellow]: {len(r['repetitions'])} with records; "
+                      f"two arms of {stats.MIN_REPS} need {2 * stats.MIN_REPS}", highlight=False)
+    out.print(f"[green]ok[/green] wrote {out_dir}/aa-{r['variant']}.md and .json", highlight=False)
     return EXIT_OK
 
 
@@ -124,6 +216,7 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
                    help="variant to compare the others against (default: run.json's baseline)")
     p.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
                    help="output directory (default: RUN_DIR/report)")
+    p.add_argument("--json", action="store_true", help="print summary.json on stdout instead of the table")
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser(
@@ -138,4 +231,26 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
                    help="output directory (default: RUN_B/report)")
     p.add_argument("--force", action="store_true", help="compare even if the scenario names differ")
+    p.add_argument("--json", action="store_true", help="print the comparison JSON on stdout instead of the table")
     p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser(
+        "aa", formatter_class=formatter_class,
+        help="A/A calibration: false-positive rate of the report's tests (one variant split in two arms)",
+        description="A/A calibration. With a SCENARIO file: `torbed run` (local backend) of one variant "
+                    "with 2 x N repetitions, split into two arms of N that differ only by chance, compared "
+                    "with the report's own tests; with a RUN_DIR: the same split of its existing "
+                    "repetitions. Reports the false-positive rate per comparison and per report headline "
+                    "(averaged over balanced splits), and what the pooled per-sample tests would have "
+                    "claimed. Writes aa-<variant>.md and .json into RUN_DIR/report. "
+                    "Exit codes: 0 ok, 1 failure (e.g. the run failed), 2 bad input.")
+    p.add_argument("target", metavar="SCENARIO|RUN_DIR", help="a scenario YAML file, or a RUN_DIR made by `torbed run`")
+    p.add_argument("--variant", metavar="V", default=None,
+                   help="the variant to split (default: the scenario's first variant / the run's baseline)")
+    p.add_argument("--repetitions", metavar="N", type=int, default=stats.MIN_REPS,
+                   help="SCENARIO: repetitions per arm (the run has 2 x N)")
+    p.add_argument("--duration", metavar="D", default=None, help="SCENARIO: override measure.duration, e.g. '120s'")
+    p.add_argument("--runs", metavar="DIR", default="runs", help="SCENARIO: where the run directory is created")
+    p.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS, help="output directory (default: RUN_DIR/report)")
+    p.add_argument("--json", action="store_true", help="print the A/A JSON on stdout instead of the table")
+    p.set_defaults(func=cmd_aa)

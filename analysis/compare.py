@@ -1,9 +1,11 @@
 """``torbed compare RUN_A RUN_B``: the same scenario run twice (e.g. before and after a tor
 update, or on two hosts), compared per variant and metric.
 
-For every metric id present in both runs and every variant of both: the medians and means
-of A and B, the % change from A to B, and the two-sided KS and Mann-Whitney U p-values of
-B's sample against A's (repetitions pooled, warm-up excluded, as in ``torbed report``).
+For every metric id present in both runs and every variant of both: the inferential
+comparison of B's repetitions against A's (inference.py: per-repetition summaries, Welch,
+Holm over the outcome metrics x variants, a headline of what survives), and, descriptive
+only, the pooled medians and means, their % change and the pooled KS / Mann-Whitney U
+p-values (warm-up excluded, as in ``torbed report``).
 
 Writes ``compare-<RUN_A directory name>.json`` and ``.md`` into RUN_B/report/ (or ``out_dir``).
 
@@ -22,13 +24,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import metrics, stats
+from . import inference, metrics, render, stats
 from . import summary as summary_mod
 from .errors import ScenarioMismatchError
 from .load import Run, load_run
-from .render import fmt_p, fmt_pct, fmt_value, to_markdown
+from .render import DASH, fmt_p, fmt_pct, fmt_value, to_markdown
 
-HEADERS = ["metric", "variant", "n A", "n B", "median A", "median B", "Δ median", "Δ mean", "KS p", "MWU p"]
+HEADERS = ["metric", "variant", "reps A", "reps B", "median A", "median B", "Δ per-rep [95% CI]", "p (Welch)",
+           "Holm p", "verdict", "KS p (descr.)", "MWU p (descr.)"]
 
 
 def _facts(run: Run) -> dict:
@@ -63,12 +66,19 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
                 "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
             entry["variants"][v] = {
                 "n_a": da["n"], "n_b": db["n"],
+                "inference": inference.compare_arms(ma, v, mb, v, scale=inference.metric_scale_two(ma, mb, v),
+                                                    rng=stats.rng_for(0, "compare", mid, v)),
+                "pooled_tests": "descriptive",
                 "median_a": da.get("median"), "median_b": db.get("median"),
                 "mean_a": da.get("mean"), "mean_b": db.get("mean"),
                 "median_change_pct": stats.pct_change(db.get("median"), da.get("median")),
                 "mean_change_pct": stats.pct_change(db.get("mean"), da.get("mean")),
                 **tests}
         out_metrics[mid] = entry
+    items = [{"id": mid, "variant": v, "inference": d["inference"]}
+             for mid, e in out_metrics.items() for v, d in e["variants"].items()]
+    sig = inference.apply_holm(items)
+    fam = sum(1 for it in items if it["inference"]["in_family"] and it["inference"]["status"] == "tested")
     err_a, err_b = metrics.error_rates(a), metrics.error_rates(b)
     return {
         "schema": 1,
@@ -79,6 +89,14 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
         "metrics_only_in_a": sorted(set(ea.metrics) - set(eb.metrics)),
         "metrics_only_in_b": sorted(set(eb.metrics) - set(ea.metrics)),
         "metrics": out_metrics,
+        "inference": {
+            "alpha": stats.ALPHA, "correction": "holm", "family_size": fam, "tests": len(items),
+            "min_reps_per_arm": stats.MIN_REPS,
+            "not_enough_repetitions": sum(1 for it in items if it["inference"]["status"] == "not enough repetitions"),
+            "headline": [inference.headline_line(out_metrics[it["id"]]["title"], it["variant"] + " (B)", "A",
+                                                 it["inference"]) for it in sig],
+            "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+            "methods": list(inference.METHOD_TEXT)},
         "errors": {v: {"rate_a": err_a[v]["rate"], "rate_b": err_b[v]["rate"],
                        "errors_a": err_a[v]["errors"], "errors_b": err_b[v]["errors"],
                        "transfers_a": err_a[v]["transfers"], "transfers_b": err_b[v]["transfers"]}
@@ -92,10 +110,14 @@ def rows(c: dict) -> list[list[str]]:
     for mid, e in c["metrics"].items():
         u = e["unit"]
         for v, d in e["variants"].items():
-            out.append([f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str(d["n_a"]), str(d["n_b"]),
+            inf = d["inference"]
+            tested = inf["status"] == "tested"
+            out.append([f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str(inf["n_baseline"]), str(inf["n"]),
                         fmt_value(d["median_a"], u), fmt_value(d["median_b"], u),
-                        fmt_pct(d["median_change_pct"]), fmt_pct(d["mean_change_pct"]),
-                        fmt_p(d["ks_pvalue"]), fmt_p(d["mwu_pvalue"])])
+                        (fmt_pct(inf["change_pct"]) + " " + render._ci_pct(inf.get("change_ci95"))) if tested else DASH,
+                        fmt_p(inf.get("pvalue")) if tested else DASH,
+                        fmt_p(inf.get("pvalue_holm")) if inf.get("pvalue_holm") is not None else DASH,
+                        render._verdict(inf), fmt_p(d["ks_pvalue"]), fmt_p(d["mwu_pvalue"])])
     return out
 
 
@@ -104,8 +126,21 @@ def _markdown(c: dict, out: Path) -> str:
     bl: list[tuple] = [("h", 1, f"torbed compare: {a['directory']} (A) vs {b['directory']} (B)")]
     bl.append(("p", f"Scenario A: {a['scenario']}; scenario B: {b['scenario']}"
                     + (" (different scenarios, compared with --force)" if c["forced"] else "") + ". "
-                    "Δ = % change from A to B; KS / MWU p = two-sided Kolmogorov-Smirnov / Mann-Whitney U "
-                    "p-values of B against A; repetitions pooled, warm-up excluded."))
+                    "Inferential: one number per repetition (the metric's per-rep statistic), B's repetitions "
+                    "against A's: Δ = % change from A to B with its 95% Welch interval, p = Welch t-test on log "
+                    "values, Holm p adjusted over the outcome metrics x variants. Descriptive only: medians of "
+                    "the pooled samples and pooled KS / Mann-Whitney U p-values (dependent samples treated as "
+                    "independent: not tests). Warm-up excluded."))
+    inf = c["inference"]
+    bl.append(("h", 2, "Headline"))
+    if inf["headline"]:
+        bl.append(("ul", list(inf["headline"])))
+    elif inf["family_size"] == 0:
+        bl.append(("p", f"No inferential comparison: not enough repetitions (at least {inf['min_reps_per_arm']} "
+                        f"per run with data are needed)."))
+    else:
+        bl.append(("p", f"No difference between A and B survives Holm's correction over {inf['family_size']} "
+                        f"tests (family-wise error rate {inf['alpha']})."))
     bl.append(("table", ["", "A", "B"], [
         ["directory", a["directory"], b["directory"]], ["tor version", str(a["tor_version"]), str(b["tor_version"])],
         ["started", str(a["started"]), str(b["started"])], ["repetitions", str(a["repetitions"]), str(b["repetitions"])],
@@ -123,6 +158,8 @@ def _markdown(c: dict, out: Path) -> str:
     bl.append(("h", 2, "Error rate"))
     bl.append(("table", ["variant", "A", "B"], [
         [v, f"{e['errors_a']}/{e['transfers_a']}", f"{e['errors_b']}/{e['transfers_b']}"] for v, e in c["errors"].items()]))
+    bl.append(("h", 2, "Statistical methods"))
+    bl.append(("ul", list(inf["methods"])))
     return to_markdown(bl, out)
 
 

@@ -3,7 +3,7 @@
 - CDFs with every variant overlaid; with more than one repetition holding data, a band
   shows, at each cumulative fraction, the range (min to max) of the repetitions' own
   quantiles (the per-repetition ECDFs), as tornettools draws its confidence bands.
-- Quantile bars (p25, median with its bootstrap 95% CI, p75, p90, p99) per variant.
+- Quantile bars (p25, median with its cluster-bootstrap 95% CI, p75, p90, p99) per variant.
 - Time series of relay throughput (trailing 30 s moving average) and of circuit-queue wait
   per cell (5 s bins), one panel per relay, the warm-up shaded.
 
@@ -157,7 +157,7 @@ QUANTILE_BARS = (("p25", "p25"), ("median", "median"), ("p75", "p75"), ("p90", "
 
 def plot_quantile_bars(entries: list[tuple[str, dict]], variants: list[str], path: Path, title: str) -> bool:
     """Grouped bars of quantiles per variant, one panel per (panel title, summary metric
-    entry); the median bar carries its bootstrap 95% CI as an error bar.
+    entry); the median bar carries its cluster-bootstrap 95% CI (whole repetitions resampled) as an error bar.
 
     Returns False (and writes nothing) when no entry has data.
     """
@@ -179,7 +179,7 @@ def plot_quantile_bars(entries: list[tuple[str, dict]], variants: list[str], pat
             ax.errorbar(pos[1], d["median"], yerr=[[d["median"] - lo], [hi - d["median"]]],
                         color="black", capsize=4, linewidth=1.2)
         ax.set_xticks(xs, [lbl for _, lbl in QUANTILE_BARS])
-        ax.set_xlabel("Quantile (error bar: bootstrap 95% CI of the median)")
+        ax.set_xlabel("Quantile (error bar: 95% CI of the median, resampling whole repetitions)")
         ax.set_ylabel(e["label"])
         ax.set_title(ptitle)
         ax.grid(axis="x", visible=False)
@@ -321,7 +321,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         title = f"Transfer time quantiles, {sub}"
         if plot_quantile_bars(entries, variants, p, title):
             figs.append(Figure(p, title, "Quantiles of TTFB and TTLB per variant, repetitions pooled; "
-                               "the error bar is the bootstrap 95% CI of the median.", "Transfers"))
+                               "the error bar is the 95% CI of the median from a cluster bootstrap over whole repetitions.", "Transfers"))
 
     m = ms.get("circuit_build_s")
     if m is not None:

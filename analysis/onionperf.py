@@ -20,11 +20,22 @@ transfer reached), ``stream_info`` (id, name = client, peername = server, recvsi
 remote, state, error), ``byte_info`` (payload-/total-bytes-recv/-send and
 payload-progress-recv/-send as tgen prints them), ``time_info`` (created-ts, now-ts and
 usecs-to-* from t_start; -1 where torbed has no such step), and for successes
-``elapsed_seconds`` with ``payload_bytes_recv`` {<size>: s} and ``payload_progress_recv``
-{"1.0": s}, seconds since stream start (only the last byte's time is recorded, so the
-deciles and partial sizes tgen would add are absent). TTFB/TTLB from the request are
-usecs-to-first/last-byte-recv minus usecs-to-command, as tgentools and tornettools compute
-them. Warm-up transfers are not exported.
+``elapsed_seconds`` with ``payload_bytes_recv`` {"<bytes>": s} and ``payload_progress_recv``
+{"0.1": s, ..., "1.0": s}, seconds since stream start, from the transfer's ``progress``
+marks (the body's arrival time at tgen's byte counts and at each tenth of the file; records
+without it give the last byte only). Warm-up transfers are not exported.
+
+What tornettools' parse_onionperf reads, and where it comes from here (checked by
+tests/unit/analysis/test_onionperf.py):
+
+    RTT        (usecs-to-response - usecs-to-command) / 1e6       t_first_byte - t_request
+    download   payload_bytes_recv[<size>] - usecs-to-command/1e6  t_last_byte - t_request (TTLB)
+    goodput    (1048576 - 512000) * 8 / (s@1048576 - s@512000)    bit/s between 500 KiB and 1 MiB
+               (5242880 - 4194304) * 8 / (s@5242880 - s@4194304)  the 5th MiB; 9 -> 10 MiB likewise
+    build time tor.circuits.<id>.buildtime_seconds                circuit.build_s
+    failures   is_error + stream_info.error (TIMEOUT/STALLOUT = timeout), payload-bytes-recv
+               < recvsize
+    s@B: elapsed_seconds.payload_bytes_recv["B"], else payload_progress_recv[str(B / recvsize)].
 
 Circuits: torbed records a circuit's build time but not its launch or close time; the
 exported ``unix_ts_start``/``unix_ts_end`` are the first exported stream's start on that
@@ -128,7 +139,10 @@ def _stream(rep: Rep, t: dict) -> tuple[str, dict]:
             "usecs-to-proxy-choice": "-1", "usecs-to-proxy-request": "-1",
             "usecs-to-proxy-response": _usecs(t.get("t_socks"), ts),
             "usecs-to-command": _usecs(t.get("t_request"), ts),
-            "usecs-to-response": "-1",
+            # tgen's "response" is the server's first reply bytes; ours is the first byte of the
+            # HTTP response (t_first_byte), so response - command is the circuit round trip
+            # tornettools reads as RTT.
+            "usecs-to-response": _usecs(t.get("t_first_byte"), ts),
             "usecs-to-first-byte-recv": _usecs(t.get("t_first_byte"), ts),
             "usecs-to-last-byte-recv": _usecs(t.get("t_last_byte"), ts) if ok else "-1",
             "usecs-to-checksum-recv": "-1", "usecs-to-first-byte-send": "-1",
@@ -137,13 +151,35 @@ def _stream(rep: Rep, t: dict) -> tuple[str, dict]:
     }
     if ok and _num(t.get("t_last_byte")) and _num(ts):
         last = round(t["t_last_byte"] - ts, 6)
+        by_bytes, by_fraction = _progress(t, size, ts)
+        by_bytes.setdefault(str(got or size), last)
+        by_fraction.setdefault("1.0", last)
         stream["elapsed_seconds"] = {
-            "payload_bytes_recv": {str(got or size): last},
-            "payload_progress_recv": {"1.0": last},
+            "payload_bytes_recv": by_bytes,
+            "payload_progress_recv": by_fraction,
             "payload_bytes_send": {},
             "payload_progress_send": {},
         }
     return sid, stream
+
+
+def _progress(t: dict, size: int, ts: float) -> tuple[dict, dict]:
+    """elapsed_seconds' payload_bytes_recv ({"<bytes>": s}) and payload_progress_recv
+    ({"0.1": s, ..., "1.0": s}) from the transfer's ``progress`` marks, seconds since stream
+    start. Fraction keys are Python's str() of tenths, the spelling tornettools looks up
+    (str(bytes / recvsize)); byte marks that are not a tenth of the file go under bytes."""
+    by_bytes: dict[str, float] = {}
+    by_fraction: dict[str, float] = {}
+    for mark in t.get("progress") or []:
+        if not (isinstance(mark, (list, tuple)) and len(mark) == 2 and _num(mark[0]) and _num(mark[1])):
+            continue
+        b, when = int(mark[0]), round(mark[1] - ts, 6)
+        by_bytes.setdefault(str(b), when)
+        if size:
+            for k in range(1, 11):
+                if b == -(-size * k // 10):
+                    by_fraction.setdefault(str(k / 10), when)
+    return by_bytes, by_fraction
 
 
 def _summary_add(summary: dict, t: dict, stream: dict) -> None:

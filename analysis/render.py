@@ -85,7 +85,7 @@ def _family_table(s: dict, metric: str) -> tuple | None:
     unit = entries[0]["unit"]
     cell = metric == "cell_wait_ms"
     headers = ["subject", "variant", "n", "median [95% CI]", "mean", "p25", "p75", "p90", "p99",
-               "Δ median", "Δ mean", "KS p", "MWU p"]
+               "Δ median", "Δ mean", "KS p (descr.)", "MWU p (descr.)"]
     if cell:
         headers.insert(3, "wait/cell")
     rows = []
@@ -112,6 +112,88 @@ def _family_table(s: dict, metric: str) -> tuple | None:
     return ("table", headers, rows)
 
 
+VERDICT = {"not enough repetitions": "not enough repetitions", "no variance": "no variance"}
+
+
+def _verdict(inf: dict) -> str:
+    if inf.get("status") != "tested":
+        return VERDICT.get(inf.get("status"), str(inf.get("status")))
+    if not inf.get("in_family"):
+        return "secondary (not in the family)"
+    return "significant" if inf.get("significant") else "not significant"
+
+
+def _ci_pct(ci) -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return DASH
+    return f"[{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
+
+
+def _inference_table(s: dict, metric: str) -> tuple | None:
+    entries = [e for e in s["metrics"].values() if e["metric"] == metric]
+    if not entries:
+        return None
+    unit = entries[0]["unit"]
+    headers = ["subject", "variant", "reps", "per-rep statistic", "estimate [95% CI]", "Δ [95% CI]",
+               "p (Welch)", "Holm p", "verdict"]
+    rows = []
+    for e in entries:
+        subject = e["title"].split(", ", 1)[1] if ", " in e["title"] else e["title"]
+        for v, d in e["variants"].items():
+            rs = d.get("rep_summary") or {}
+            est = rs.get("estimate")
+            ci = rs.get("ci95") or (None, None)
+            est_s = DASH if est is None else (f"{fmt_value(est, unit)} [{fmt_value(ci[0], unit)}, "
+                                              f"{fmt_value(ci[1], unit)}]" if rs.get("ci95") else fmt_value(est, unit))
+            stat = rs.get("statistic", "")
+            stat_s = ("geo. mean of " if rs.get("scale") == "log" else "mean of ") + stat.replace("_", " ") + "s"
+            vb = d.get("vs_baseline")
+            if not vb:
+                rows.append([subject, f"{v} (baseline)", str(rs.get("n", 0)), stat_s, est_s, "baseline",
+                             DASH, DASH, DASH])
+                continue
+            inf = vb["inference"]
+            tested = inf.get("status") == "tested"
+            rows.append([subject, v, str(rs.get("n", 0)), stat_s, est_s,
+                         (fmt_pct(inf.get("change_pct")) + " " + _ci_pct(inf.get("change_ci95"))) if tested else DASH,
+                         fmt_p(inf.get("pvalue")) if tested else DASH,
+                         fmt_p(inf.get("pvalue_holm")) if inf.get("pvalue_holm") is not None else DASH,
+                         _verdict(inf)])
+    return ("table", headers, rows)
+
+
+def _fmt_mde(up, down) -> str:
+    if up is None:
+        return DASH
+    return f"{up:+.1f}% / {down:+.1f}%" if down is not None else f"±{abs(up):.1f}%"
+
+
+def _power_table(s: dict) -> tuple:
+    rows = []
+    for e in s["metrics"].values():
+        pw = e.get("power") or {}
+        if e["metric"] not in s["settings"].get("family_metrics", []):
+            continue
+        subject = e["title"]
+        if pw.get("sd") is None:
+            continue                        # no variant has 2 repetitions with data
+        if pw.get("note"):
+            rows.append([subject, f"{pw['sd']:.3g}", str(pw["df"]), pw["note"], DASH, DASH, DASH])
+            continue
+        nt, ntf = pw.get("reps_for_target"), pw.get("reps_for_target_family")
+        rows.append([subject, f"{pw['sd']:.3g}" + (" (log)" if pw["scale"] == "log" else ""), str(pw["df"]),
+                     _fmt_mde(pw.get("mde_pct"), pw.get("mde_pct_decrease")),
+                     _fmt_mde(pw.get("mde_pct_family"), pw.get("mde_pct_family_decrease")),
+                     str(nt) if nt else f"> {1000}", str(ntf) if ntf else f"> {1000}"])
+    n = s["run"]["repetitions"]
+    fam = s["inference"]["family_size"]
+    if not rows:
+        return ("p", "No outcome metric has 2 repetitions with data in any variant: no variance to plan from.")
+    return ("table", ["metric", "between-rep SD", "df", f"detectable at {n} reps, α",
+                      f"at {n} reps, α/{max(fam, 1)}", f"reps for {s['settings']['target_change_pct']:.0f}%, α",
+                      f"reps for {s['settings']['target_change_pct']:.0f}%, α/{max(fam, 1)}"], rows)
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -119,6 +201,25 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("p", f"Variants compared against the baseline **{s['baseline']}**; "
                    f"{s['run']['repetitions']} repetition(s) per variant. Warm-up transfers are "
                    f"excluded everywhere; see *Metric definitions* at the end for what each number means."))
+    inf = s["inference"]
+    b.append(("h", 2, "Headline"))
+    if inf["headline"]:
+        b.append(("p", f"Differences that survive Holm's correction over {inf['family_size']} tests "
+                       f"(family-wise error rate {inf['alpha']}; repetition = unit of replication):"))
+        b.append(("ul", list(inf["headline"])))
+    elif inf["tests"] == 0:
+        b.append(("p", "No comparison: the run has one variant (`torbed aa` splits one variant's "
+                       "repetitions into two arms)."))
+    elif inf["family_size"] == 0:
+        b.append(("p", f"No inferential comparison: not enough repetitions (at least {inf['min_reps_per_arm']} "
+                       f"per variant with data are needed). Differences below are descriptive only."))
+    else:
+        b.append(("p", f"No difference survives Holm's correction over {inf['family_size']} tests "
+                       f"(family-wise error rate {inf['alpha']}). See the power section for what this "
+                       f"design could have detected."))
+    if inf["family_size"] and inf["not_enough_repetitions"]:
+        b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
+                       f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
     b += [("h", 2, "Run"), _run_table(s)]
 
     b.append(("h", 2, "Repetitions"))
@@ -133,11 +234,34 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     else:
         b.append(("p", "Nothing is missing: every repetition finished with status ok and wrote all record files."))
 
-    b.append(("h", 2, "Results"))
-    b.append(("p", "Repetitions pooled. Δ = % change vs the baseline; KS / MWU p = two-sided "
-                   "Kolmogorov-Smirnov / Mann-Whitney U p-values vs the baseline. CI = bootstrap 95% "
-                   f"confidence interval of the median ({s['settings']['bootstrap_resamples']} resamples, "
-                   f"seed {s['settings']['bootstrap_seed']})."))
+    b.append(("h", 2, "Comparisons (inferential: repetitions as the unit)"))
+    b.append(("p", "One number per repetition (the per-rep statistic), compared across repetitions: "
+                   "estimate = geometric mean of the repetitions' values with a t interval; Δ = % change "
+                   "vs the baseline with its 95% Welch interval; p = Welch t-test on log values; Holm p = "
+                   "adjusted over the family of outcome metrics x variants. See *Statistical methods*."))
+    for metric, title in FAMILIES:
+        t = _inference_table(s, metric)
+        if t is None:
+            continue
+        unit = next(e["unit"] for e in s["metrics"].values() if e["metric"] == metric)
+        b.append(("h", 3, f"{title} ({_unit_shown(unit)})"))
+        b.append(t)
+
+    b.append(("h", 2, "Power"))
+    b.append(("p", "From this run's own between-repetition variance of each outcome metric's per-rep "
+                   f"statistic: the smallest change a two-sided t-test detects with "
+                   f"{s['settings']['power']:.0%} power at this design's repetitions, and the repetitions "
+                   f"per variant a {s['settings']['target_change_pct']:.0f}% change needs; α = "
+                   f"{s['settings']['alpha']} per test, α/{max(inf['family_size'], 1)} what the most "
+                   f"significant test of the Holm family must beat."))
+    b.append(_power_table(s))
+
+    b.append(("h", 2, "Distributions (descriptive: repetitions pooled)"))
+    b.append(("p", "All repetitions' samples pooled. These numbers describe the distributions; the pooled "
+                   "KS / Mann-Whitney p-values treat dependent samples as independent and are **not** tests "
+                   "of the variants (an A/A run makes them cry wolf): use the comparisons above. "
+                   "Δ = % change of the pooled median/mean vs the baseline. Median CI = cluster bootstrap "
+                   "over whole repetitions."))
     for metric, title in FAMILIES:
         t = _family_table(s, metric)
         if t is None:
@@ -175,11 +299,10 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("ul", [f"**{k}**: {v}" for k, v in s["definitions"].items()]))
     st = s["settings"]
     b.append(("h", 3, "Statistical methods"))
-    b.append(("ul", [
+    b.append(("ul", list(st.get("methods", [])) + [
         f"Quantiles: {st['quantile_method']}.",
-        f"Median CI: percentile bootstrap, {st['bootstrap_resamples']} resamples, level "
-        f"{st['ci_level']:.0%}, numpy PCG64 seeded with the run seed ({st['bootstrap_seed']}) and the "
-        f"CRC-32 of metric id and variant.",
+        f"Random streams (cluster bootstrap, permutation): numpy PCG64 seeded with the run seed "
+        f"({st['bootstrap_seed']}) and the CRC-32 of metric id and variant.",
         f"Tests: {st['tests']}.",
         "% change = 100 (variant - baseline) / baseline, for the median and the mean.",
         "CDF bands: at each cumulative fraction, the range (min to max) of the repetitions' own "

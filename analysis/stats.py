@@ -10,9 +10,10 @@ Conventions (the report states them too):
   of those medians. The generator is numpy's PCG64 seeded with (run seed, CRC-32 of a key),
   so every number in a report is reproducible.
 - % change = 100 (value - baseline) / baseline; None when the baseline is 0 or missing.
-- Tests: two-sample Kolmogorov-Smirnov (scipy.stats.ks_2samp, two-sided, method "auto") and
-  Mann-Whitney U (scipy.stats.mannwhitneyu, two-sided, method "auto", continuity correction);
-  the U statistic reported is the one of the variant's sample (the first argument).
+- Pooled tests (descriptive only: they treat dependent samples as independent): two-sample
+  Kolmogorov-Smirnov (scipy.stats.ks_2samp, two-sided, method "auto") and Mann-Whitney U
+  (scipy.stats.mannwhitneyu, two-sided, method "auto", continuity correction); the U
+  statistic reported is the one of the variant's sample (the first argument).
 
 Public API:
 
@@ -27,6 +28,17 @@ Public API:
 - ``two_sample_tests(sample, baseline) -> dict``
 - ``moving_average_max(t, nbytes, window_s=30, start=None) -> float | None``
 - ``ecdf(values) -> (x, y)``
+
+Inference across repetitions (docs/statistics.md; the KS / MWU above are descriptive only):
+
+- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``
+- ``compare_reps(values, baseline, scale=None) -> dict``  Welch on (log) per-repetition summaries
+- ``permutation_pvalue(x, y, rng=None) -> (p, smallest attainable p)``
+- ``holm(pvalues) -> adjusted``
+- ``arm_estimate(values, scale) -> {"n", "estimate", "ci95"}``, ``choose_scale(*arms)``
+- ``pooled_sd(arms)``, ``min_detectable(sd, n)``, ``reps_needed(delta, sd)``,
+  ``power_analysis(arms, scale, n_design, family_size) -> dict``
+- ``cluster_bootstrap_median_ci(per_rep, rng) -> (lo, hi) | None``
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ BOOTSTRAP_MAX_N = 200_000   # above: order-statistic CI of the median (the boots
 CI_LEVEL = 0.95
 # Bootstrap medians are computed this many resamples at a time (bounds memory for big n).
 _CHUNK_CELLS = 4_000_000
+_CLUSTER_MAX_POINTS = 50_000
+_CLUSTER_GRID = 1000
 
 
 def _arr(values) -> np.ndarray:
@@ -192,3 +206,289 @@ def ecdf(values) -> tuple[np.ndarray, np.ndarray]:
     x = np.sort(_arr(values))
     y = np.arange(1, x.size + 1) / x.size if x.size else np.array([])
     return x, y
+
+
+# -- inference with the repetition as the unit of replication --------------------------------
+#
+# Samples inside one repetition are not independent (queue waits seconds apart share one
+# queue; transfers share one network's state), so every test and interval below treats one
+# repetition as one observation: a per-repetition summary (median, p90, mean or the ratio
+# wait per cell), compared across repetitions. See docs/statistics.md for the reasoning.
+
+ALPHA = 0.05
+POWER = 0.80
+MIN_REPS = 3            # per arm: below this, no test (see not_enough_reason)
+TARGET_EFFECT_PCT = 10.0
+PERMUTATION_EXACT_MAX = 20_000
+PERMUTATION_RESAMPLES = 10_000
+MAX_REPS_SEARCHED = 1000
+
+
+def not_enough_reason(n: int, n_baseline: int) -> str:
+    """The report's sentence for a comparison with fewer than MIN_REPS repetitions in an arm."""
+    return (f"not enough repetitions ({n} vs {n_baseline} with data; the test needs at least "
+            f"{MIN_REPS} per arm, so that each arm's between-repetition variance has 2 degrees "
+            f"of freedom; with 2 per arm no exact test can reach p < {ALPHA} either)")
+
+
+def choose_scale(*arms) -> str:
+    """'log' when every per-repetition summary of every arm is > 0 (times, rates: effects are
+    multiplicative and the log evens out the variance), else 'linear'."""
+    vals = np.concatenate([_arr(a) for a in arms]) if arms else np.array([])
+    return "log" if vals.size and (vals > 0).all() else "linear"
+
+
+def _transform(a, scale: str) -> np.ndarray:
+    a = _arr(a)
+    return np.log(a) if scale == "log" else a
+
+
+def arm_estimate(values, scale: str, level: float = CI_LEVEL) -> dict:
+    """Centre of one arm's per-repetition summaries with a t interval across repetitions:
+    the geometric mean on the log scale, the mean on the linear scale. {"n", "estimate",
+    "ci95" ([lo, hi] or None below 2 repetitions)}."""
+    x = _transform(values, scale)
+    n = int(x.size)
+    if n == 0:
+        return {"n": 0, "estimate": None, "ci95": None}
+    m = float(x.mean())
+    back = (lambda v: float(math.exp(v))) if scale == "log" else float
+    ci = None
+    if n >= 2:
+        h = float(sps.t.ppf(0.5 + level / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+        ci = [back(m - h), back(m + h)]
+    return {"n": n, "estimate": back(m), "ci95": ci}
+
+
+def permutation_pvalue(x, y, rng: np.random.Generator | None = None) -> tuple[float, float]:
+    """Two-sided permutation test of the difference in means of x and y (already on the test
+    scale). Exact over all C(n+m, n) relabellings up to PERMUTATION_EXACT_MAX, else Monte
+    Carlo (PERMUTATION_RESAMPLES, p = (1 + hits) / (1 + resamples)). Returns (p, the smallest
+    p this design can give at all)."""
+    x, y = _arr(x), _arr(y)
+    n, m = x.size, y.size
+    pool = np.concatenate([x, y])
+    obs = abs(x.mean() - y.mean())
+    total = math.comb(n + m, n)
+    tol = 1e-12 * max(1.0, float(np.abs(pool).max()))
+    if total <= PERMUTATION_EXACT_MAX:
+        import itertools
+        idx = np.array(list(itertools.combinations(range(n + m), n)))
+        mask = np.zeros((len(idx), n + m), dtype=bool)
+        mask[np.arange(len(idx))[:, None], idx] = True
+        sx = (mask * pool).sum(axis=1)
+        diffs = np.abs(sx / n - (pool.sum() - sx) / m)
+        p = float((diffs >= obs - tol).sum() / total)
+    else:
+        rng = rng or np.random.default_rng(0)
+        perms = rng.permuted(np.tile(pool, (PERMUTATION_RESAMPLES, 1)), axis=1)
+        hits = int((np.abs(perms[:, :n].mean(axis=1) - perms[:, n:].mean(axis=1)) >= obs - tol).sum())
+        p = float((1 + hits) / (1 + PERMUTATION_RESAMPLES))
+    return p, (2.0 if n == m else 1.0) / total
+
+
+def compare_reps(values, baseline, scale: str | None = None, level: float = CI_LEVEL,
+                 rng: np.random.Generator | None = None) -> dict:
+    """The inferential comparison of one arm's per-repetition summaries with the baseline's.
+
+    Welch's t-test on the (log-)summaries: each summary is a median or mean of many samples,
+    so close to normal, and Welch does not assume equal variances. On the log scale the
+    difference of means is the log of a ratio of geometric means, so ``change_pct`` and its
+    interval are a % change; on the linear scale they are the difference over the baseline's
+    mean (its own uncertainty ignored). Also the exact permutation p-value as a
+    distribution-free check (not used for decisions).
+
+    Returns {"status": "tested", "n", "n_baseline", "scale", "change_pct", "change_ci95",
+    "welch_t", "df", "pvalue", "permutation_pvalue", "permutation_min_pvalue"} or
+    {"status": "not enough repetitions", "n", "n_baseline", "reason"} or
+    {"status": "no variance", ...} when both arms are constant.
+    """
+    x0, y0 = _arr(values), _arr(baseline)
+    scale = scale or choose_scale(x0, y0)
+    x, y = _transform(x0, scale), _transform(y0, scale)
+    n, m = int(x.size), int(y.size)
+    base = {"n": n, "n_baseline": m, "scale": scale}
+    if n < MIN_REPS or m < MIN_REPS:
+        return {"status": "not enough repetitions", **base, "reason": not_enough_reason(n, m)}
+    vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
+    d = float(x.mean() - y.mean())
+    se2 = vx / n + vy / m
+    if se2 <= 0:
+        return {"status": "no variance", **base, "reason": "every repetition gave the same value in both arms",
+                "change_pct": _pct_from(d, scale, y), "change_ci95": None, "welch_t": None, "df": None,
+                "pvalue": None, "permutation_pvalue": None, "permutation_min_pvalue": None}
+    se = math.sqrt(se2)
+    df = se2 ** 2 / ((vx / n) ** 2 / (n - 1) + (vy / m) ** 2 / (m - 1))
+    t = d / se
+    p = float(2 * sps.t.sf(abs(t), df))
+    h = float(sps.t.ppf(0.5 + level / 2, df)) * se
+    perm_p, perm_min = permutation_pvalue(x, y, rng)
+    return {"status": "tested", **base, "change_pct": _pct_from(d, scale, y),
+            "change_ci95": [_pct_from(d - h, scale, y), _pct_from(d + h, scale, y)],
+            "welch_t": float(t), "df": float(df), "pvalue": p,
+            "permutation_pvalue": perm_p, "permutation_min_pvalue": perm_min}
+
+
+def _pct_from(d: float, scale: str, y: np.ndarray) -> float | None:
+    """A difference on the test scale as a % change: e^d - 1 (log), d / mean(baseline) (linear)."""
+    if scale == "log":
+        return 100.0 * math.expm1(d)
+    mean = float(y.mean())
+    return 100.0 * d / mean if mean else None
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (None stays None): the k-th smallest of K p-values
+    is multiplied by K - k + 1, running maximum taken, capped at 1. Rejecting adjusted
+    p < alpha keeps the family-wise error rate at alpha under any dependence between tests."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    k = len(idx)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda j: pvalues[j])):
+        running = max(running, min(1.0, (k - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def pooled_sd(arms: list) -> tuple[float | None, int]:
+    """Pooled within-arm standard deviation of per-repetition summaries (each arm around its
+    own mean) and its degrees of freedom sum(n_i - 1); (None, 0) without any."""
+    ss, df = 0.0, 0
+    for a in arms:
+        a = _arr(a)
+        if a.size >= 2:
+            ss += float(((a - a.mean()) ** 2).sum())
+            df += a.size - 1
+    return (math.sqrt(ss / df), df) if df else (None, 0)
+
+
+def _power(delta: float, sd: float, n: int, alpha: float) -> float:
+    """Power of a two-sided two-sample t-test, n per arm, true difference delta (noncentral t)."""
+    df = 2 * n - 2
+    nc = delta / (sd * math.sqrt(2.0 / n))
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    if abs(nc) > crit + 40:          # scipy's nct is NaN out there; the power is 1 anyway
+        return 1.0
+    pw = float(sps.nct.sf(crit, df, abs(nc)) + sps.nct.cdf(-crit, df, abs(nc)))
+    return 1.0 if math.isnan(pw) else pw
+
+
+def min_detectable(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """Smallest true difference (on the test scale) a two-sided t-test with n repetitions per
+    arm detects with the given power; None when n < MIN_REPS."""
+    if n < MIN_REPS or not sd or sd <= 0:
+        return None if n < MIN_REPS else 0.0
+    from scipy.optimize import brentq
+    hi = sd
+    while _power(hi, sd, n, alpha) < power:
+        hi *= 2
+    return float(brentq(lambda d: _power(d, sd, n, alpha) - power, 0.0, hi, xtol=1e-9 * sd))
+
+
+def reps_needed(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Repetitions per arm for a two-sided t-test to detect ``delta`` (test scale) with the
+    given power (at least MIN_REPS); None if more than MAX_REPS_SEARCHED."""
+    if sd is None:
+        return None
+    if sd <= 0:
+        return MIN_REPS
+    for n in range(MIN_REPS, MAX_REPS_SEARCHED + 1):
+        if _power(abs(delta), sd, n, alpha) >= power:
+            return n
+    return None
+
+
+def power_analysis(arms: list, scale: str, n_design: int, family_size: int,
+                   target_pct: float = TARGET_EFFECT_PCT, alpha: float = ALPHA, power: float = POWER) -> dict:
+    """From the run's own between-repetition variance (pooled over its variants): the smallest
+    % change this design (``n_design`` repetitions per arm) detects with ``power`` at ``alpha``
+    and at alpha / family_size (what the most significant test of a Holm family must beat),
+    and the repetitions per arm a ``target_pct`` change needs at each level."""
+    arms_t = [_transform(a, scale) for a in arms]
+    sd, df = pooled_sd(arms_t)
+    out = {"scale": scale, "sd": sd, "df": df, "n_design": n_design, "alpha": alpha, "power": power,
+           "family_size": family_size, "target_change_pct": target_pct}
+    if sd is None:
+        out["note"] = "no variance estimate: no variant has 2 repetitions with data"
+        return out
+    ref = float(np.mean(np.concatenate(arms_t))) if scale == "linear" else None
+    if sd == 0:
+        out["note"] = "no variation: every repetition gave the same value"
+        return out
+    if scale == "linear" and not ref:
+        out["note"] = "mean 0: a % change is undefined"
+        return out
+
+    def to_pct(d):
+        if d is None:
+            return None
+        return 100.0 * math.expm1(d) if scale == "log" else (100.0 * d / ref if ref else None)
+
+    def from_pct(p):
+        return math.log1p(p / 100.0) if scale == "log" else (p / 100.0 * ref if ref else None)
+
+    fam_alpha = alpha / max(1, family_size)
+    # On the log scale a detectable difference d is an increase of e^d - 1 or a decrease of
+    # 1 - e^-d; both are given (mde_pct is the increase).
+    d1, d2 = min_detectable(sd, n_design, alpha, power), min_detectable(sd, n_design, fam_alpha, power)
+    out["mde_pct"], out["mde_pct_family"] = to_pct(d1), to_pct(d2)
+    if scale == "log":
+        out["mde_pct_decrease"] = to_pct(-d1) if d1 is not None else None
+        out["mde_pct_family_decrease"] = to_pct(-d2) if d2 is not None else None
+    delta = from_pct(target_pct)
+    out["reps_for_target"] = reps_needed(delta, sd, alpha, power) if delta is not None else None
+    out["reps_for_target_family"] = reps_needed(delta, sd, fam_alpha, power) if delta is not None else None
+    return out
+
+
+def cluster_bootstrap_median_ci(per_rep: list, rng: np.random.Generator, resamples: int = 500,
+                                level: float = CI_LEVEL) -> tuple[float, float] | None:
+    """CI of the pooled median that resamples whole repetitions (with replacement), pools the
+    chosen repetitions' samples and takes the median: the within-repetition dependence stays
+    inside each resampled block. Exact over all multisets of repetitions when there are at
+    most 6 (weighted by their multinomial probability), else ``resamples`` Monte Carlo draws.
+    None with fewer than 2 repetitions holding data."""
+    reps = [np.sort(_arr(a)) for a in per_rep]
+    reps = [a for a in reps if a.size]
+    k = len(reps)
+    if k < 2:
+        return None
+    if sum(a.size for a in reps) > _CLUSTER_MAX_POINTS:
+        # Large repetitions enter as 1000 quantiles each, weighted by their sample count: the
+        # median of the pooled mixture moves by less than a 1/1000 quantile step.
+        grid = (np.arange(_CLUSTER_GRID) + 0.5) / _CLUSTER_GRID
+        pts = [np.quantile(a, grid) if a.size > _CLUSTER_GRID else a for a in reps]
+        pw = np.concatenate([np.full(p.size, a.size / p.size) for a, p in zip(reps, pts)])
+        reps = pts
+    else:
+        pw = np.ones(sum(a.size for a in reps))
+    vals = np.concatenate(reps)
+    labels = np.concatenate([np.full(a.size, i) for i, a in enumerate(reps)])
+    order = np.argsort(vals, kind="stable")
+    vals, labels, pw = vals[order], labels[order], pw[order]
+    if k <= 6:
+        import itertools
+        counts, probs = [], []
+        for combo in itertools.combinations_with_replacement(range(k), k):
+            c = np.bincount(combo, minlength=k)
+            counts.append(c)
+            probs.append(math.factorial(k) / np.prod([math.factorial(int(j)) for j in c]) / k ** k)
+        counts, probs = np.array(counts, dtype=float), np.array(probs)
+    else:
+        counts = np.array([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(resamples)], dtype=float)
+        probs = np.full(resamples, 1.0 / resamples)
+    meds = np.empty(len(counts))
+    for j, c in enumerate(counts):
+        w = np.cumsum(c[labels] * pw)
+        half = w[-1] / 2.0
+        lo = int(np.searchsorted(w, half, side="left"))
+        # An even total weight splits between two values, as np.median does.
+        hi = int(np.searchsorted(w, half, side="right")) if abs(w[lo] - half) < 1e-9 * w[-1] else lo
+        meds[j] = 0.5 * (vals[lo] + vals[min(hi, vals.size - 1)])
+    srt = np.argsort(meds)
+    cdf = np.cumsum(probs[srt])
+    tail = (1.0 - level) / 2.0
+    lo = meds[srt][min(int(np.searchsorted(cdf, tail - 1e-12)), len(srt) - 1)]
+    hi = meds[srt][min(int(np.searchsorted(cdf, 1.0 - tail - 1e-12)), len(srt) - 1)]
+    return float(lo), float(hi)

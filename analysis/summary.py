@@ -5,18 +5,27 @@ written, so the file is byte-identical for the same run directory and library ve
 
 Layout (every metric id maps to one entry; ``variants`` has every variant of the run):
 
-    {"schema": 1, "run": {...run.json facts...}, "baseline": "<variant>",
+    {"schema": 2, "run": {...run.json facts...}, "baseline": "<variant>",
      "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
      "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
                       "files", "notes"}],
      "missing": ["variant X rep 1: failed (...); 6 transfers (4 after warm-up); ..."],
      "metrics": {"<id>": {"metric", "title", "label", "unit", <params>, "variants": {
          "<variant>": {"n", "mean", "median", "min", "max", "p25", "p75", "p90", "p99",
-                       "median_ci95": [lo, hi], "per_rep": {"<k>": {"n", "median"}},
+                       "median_ci95": [lo, hi] | null (cluster bootstrap), "median_ci_method",
+                       "per_rep": {"<k>": {"n", "median", "p90", "mean", ["wait_per_cell"]}},
+                       "rep_summary": {"statistic", "n", "estimate", "ci95", "scale"},
                        ["wait_per_cell_ms"],
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
-                                       "mwu_pvalue"}   (not for the baseline itself)}}}},
+                                       "mwu_pvalue", "pooled_tests": "descriptive",
+                                       "inference": {stats.compare_reps keys, "statistic",
+                                                     "in_family", "pvalue_holm", "significant",
+                                                     "secondary"}}
+                                       (not for the baseline itself)},
+         "power": {stats.power_analysis keys}}},
+     "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
+                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}}}
 
 Public API:
@@ -34,12 +43,12 @@ import math
 
 import numpy as np
 
+from . import inference, stats
 from . import metrics as metrics_mod
-from . import stats
 from .load import Run
 from .metrics import Extracted
 
-SCHEMA = 1
+SCHEMA = 2     # 2: per-repetition inference, Holm, power; pooled tests descriptive
 SIGNIFICANT_DIGITS = 6
 
 
@@ -97,13 +106,20 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
              "variants": {}}
     base = m.pooled(baseline)
     base_desc = stats.describe(base)
+    scale = inference.metric_scale(m, run.variants)
     for v in run.variants:
         pooled = m.pooled(v)
-        d = stats.describe(pooled, stats.rng_for(run.seed, m.id, v), resamples)
-        d["per_rep"] = {}
-        for k, vals in sorted(m.values.get(v, {}).items()):
-            d["per_rep"][str(k)] = {"n": int(vals.size),
-                                    "median": float(np.median(vals)) if vals.size else None}
+        d = stats.describe(pooled)
+        if d["n"]:
+            ci = stats.cluster_bootstrap_median_ci([m.values[v][k] for k in sorted(m.values.get(v, {}))],
+                                                   stats.rng_for(run.seed, m.id, v), min(resamples, 500))
+            d["median_ci95"] = list(ci) if ci else None
+            d["median_ci_method"] = ("cluster bootstrap over repetitions" if ci else
+                                     "none: fewer than 2 repetitions with data")
+        d["per_rep"] = {str(k): rs for k, rs in inference.rep_summaries(m, v).items()}
+        prim = inference.primary_stat(m.metric)
+        d["rep_summary"] = {"statistic": prim, **stats.arm_estimate(inference.rep_values(m, v, prim), scale),
+                            "scale": scale}
         if m.totals is not None:
             tot = m.totals.get(v, {})
             t_sum = sum(t for t, _ in tot.values())
@@ -118,9 +134,35 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 "baseline": baseline,
                 "median_change_pct": stats.pct_change(d.get("median"), base_desc.get("median")),
                 "mean_change_pct": stats.pct_change(d.get("mean"), base_desc.get("mean")),
-                **tests}
+                # Pooled per-sample tests: descriptive only (samples within a repetition are
+                # dependent); the decision is "inference".
+                **tests, "pooled_tests": "descriptive",
+                "inference": inference.compare_arms(m, baseline, m, v, scale=scale,
+                                                    rng=stats.rng_for(run.seed, "perm", m.id, v))}
         entry["variants"][v] = d
     return entry
+
+
+def _inference_summary(run: Run, extracted: Extracted, entries: dict, baseline: str) -> dict:
+    """Holm over the family, the headline, and a power statement per metric."""
+    items = [{"id": mid, "variant": v, "inference": d["vs_baseline"]["inference"]}
+             for mid, e in entries.items() for v, d in e["variants"].items() if "vs_baseline" in d]
+    sig = inference.apply_holm(items)
+    fam_size = sum(1 for it in items if it["inference"]["in_family"] and it["inference"]["status"] == "tested")
+    not_enough = sum(1 for it in items if it["inference"]["status"] == "not enough repetitions")
+    for mid, e in entries.items():
+        m = extracted.metrics[mid]
+        prim = inference.primary_stat(m.metric)
+        arms = [inference.rep_values(m, v, prim) for v in run.variants]
+        e["power"] = stats.power_analysis(arms, inference.metric_scale(m, run.variants), run.repetitions,
+                                          max(1, fam_size))
+    return {
+        "alpha": stats.ALPHA, "correction": "holm", "family_size": fam_size,
+        "tests": len(items), "not_enough_repetitions": not_enough, "min_reps_per_arm": stats.MIN_REPS,
+        "headline": [inference.headline_line(entries[it["id"]]["title"], it["variant"], baseline, it["inference"])
+                     for it in sig],
+        "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+    }
 
 
 def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
@@ -130,6 +172,7 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
     Takes the run, its extracted samples, ``metrics.error_rates(run)`` and the baseline
     variant (must be one of ``run.variants``; not checked here).
     """
+    entries = {mid: _metric_entry(run, m, baseline, resamples) for mid, m in extracted.metrics.items()}
     reps = [{"variant": r.variant, "rep": r.index, "status": r.status, "error": r.error,
              "transfers": len(r.transfers), "measured_transfers": len(r.measured_transfers),
              "files": sorted(r.files), "notes": list(r.notes)} for r in run.reps]
@@ -141,8 +184,14 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
             "bootstrap_resamples": resamples, "ci_level": stats.CI_LEVEL,
             "bootstrap_seed": run.seed,
             "quantile_method": "linear (numpy default; Hyndman & Fan type 7)",
-            "tests": "two-sided two-sample Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats), "
-                     "variant vs baseline, repetitions pooled",
+            "tests": "inferential: Welch t on per-repetition summaries (log scale), Holm over the "
+                     "family of outcome metrics x variants; descriptive only: two-sided two-sample "
+                     "Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats) on pooled samples",
+            "alpha": stats.ALPHA, "min_reps_per_arm": stats.MIN_REPS, "power": stats.POWER,
+            "target_change_pct": stats.TARGET_EFFECT_PCT, "correction": "holm",
+            "family_metrics": list(inference.FAMILY_METRICS),
+            "primary_statistics": {k: inference.primary_stat(k) for k in metrics_mod.METRICS},
+            "methods": list(inference.METHOD_TEXT),
             "throughput_window_s": metrics_mod.THROUGHPUT_WINDOW_S,
             "throughput_min_warmup_s": metrics_mod.THROUGHPUT_MIN_WARMUP_S,
             "heavy_circuit_fraction": metrics_mod.HEAVY_FRACTION,
@@ -152,6 +201,7 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "definitions": {title: text for title, text in metrics_mod.DEFINITIONS},
         "repetitions": reps,
         "missing": missing_lines(run, extracted),
-        "metrics": {mid: _metric_entry(run, m, baseline, resamples) for mid, m in extracted.metrics.items()},
+        "metrics": entries,
+        "inference": _inference_summary(run, extracted, entries, baseline),
         "errors": errors,
     }

@@ -9,7 +9,8 @@
 
 What it holds (values chosen to look like a Tang & Goldberg experiment 1 in miniature):
 
-- 2 variants (vanilla = baseline, ewma-66) x 2 repetitions, warm-up 10 s, workload 90 s.
+- 2 variants (vanilla = baseline, ewma-66) x 3 repetitions (the fewest the report tests),
+  warm-up 10 s, workload 90 s.
 - clients: web0 fetches "small" (50 KiB) with 3 s pauses; bulk0 and bulk1 download "bulk"
   (5 MiB) back to back; ~30 transfers per repetition, those starting in the warm-up flagged.
   EWMA makes web transfers faster. One web timeout in vanilla rep 1, one circuit_failed
@@ -39,7 +40,7 @@ SUMMARY = HERE / "golden-run.summary.json"
 
 SEED = 2024
 VARIANTS = ["vanilla", "ewma-66"]
-REPS = 2
+REPS = 3
 WARMUP_S = 10.0
 DURATION_S = 90.0
 T_BASE = 1_700_000_000.0
@@ -109,6 +110,17 @@ def meta_json(variant: str, rep: int, t0: float, crashed: bool) -> dict:
         "faults": []}
 
 
+PROGRESS_BYTES = (10240, 20480, 51200, 102400, 204800, 512000, 1048576, 2097152, 4194304, 5242880,
+                  9437184, 10485760)       # as torbed/client/driver.py records them
+
+
+def progress(size: int, t_first: float, t_last: float) -> list[list]:
+    """[[bytes, t], ...] at the driver's marks; the body arrives a little faster towards its
+    end (slow start), deterministically so the random stream is not disturbed."""
+    marks = sorted({b for b in PROGRESS_BYTES if b <= size} | {-(-size * k // 10) for k in range(1, 11)})
+    return [[b, r6(t_first + (t_last - t_first) * (b / size) ** 0.8)] for b in marks]
+
+
 def transfers(rng: random.Random, variant: str, rep: int, t0: float) -> tuple[list[dict], list[float]]:
     """All transfers of one repetition (uncut) in completion order, and their end times."""
     ewma = variant == "ewma-66"
@@ -158,7 +170,7 @@ def transfers(rng: random.Random, variant: str, rep: int, t0: float) -> tuple[li
                     rec.update(circuit=dict(circuit), t_socks=r6(t_socks), t_request=r6(t_req),
                                t_first_byte=r6(t_req + ttfb), t_last_byte=r6(end), ttfb_s=r6(ttfb), ttlb_s=r6(ttlb),
                                ttfb_stream_s=r6(t_req + ttfb - t), ttlb_stream_s=r6(end - t), bytes=size,
-                               status="ok", error=None)
+                               status="ok", error=None, progress=progress(size, t_req + ttfb, end))
             rec["warmup"] = t < t0 + WARMUP_S
             out.append((end, rec))
             seq += 1

@@ -40,6 +40,18 @@ from stem.control import EventType
 from ..records import RecordWriter
 
 RECV = 1 << 16
+# Body byte counts whose arrival time a transfer records (``progress``), besides each tenth of
+# the file: the sizes tgen/onionperf report, including the ones tornettools computes goodput
+# from (500 KiB -> 1 MiB, 4 -> 5 MiB, 9 -> 10 MiB).
+PROGRESS_BYTES = (10240, 20480, 51200, 102400, 204800, 512000, 1048576, 2097152, 4194304, 5242880,
+                  9437184, 10485760)
+
+
+def progress_marks(size: int) -> list[int]:
+    """The body byte counts at which a transfer of ``size`` bytes records its arrival time."""
+    if not size or size <= 0:
+        return []
+    return sorted({b for b in PROGRESS_BYTES if b <= size} | {-(-size * k // 10) for k in range(1, 11)})
 
 
 def think_config(think) -> dict | None:
@@ -273,6 +285,8 @@ class Driver:
         body_hash = hashlib.sha256()
         body = 0
         in_body = False
+        marks = progress_marks(wl["size"])
+        rec["progress"] = []
         while True:
             if state.get("error"):
                 raise TransferError(*state["error"])
@@ -303,6 +317,9 @@ class Driver:
                 body_hash.update(data)
                 rec["bytes"] = body
                 rec["t_last_byte"] = now
+                # Time the body reached each mark (at recv() granularity, as tgen records it).
+                while marks and body >= marks[0]:
+                    rec["progress"].append([marks.pop(0), now])
         if state.get("error"):
             raise TransferError(*state["error"])
         if body == wl["size"] and body_hash.hexdigest() != wl["sha256"]:

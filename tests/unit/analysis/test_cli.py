@@ -42,6 +42,13 @@ def test_report_ok(golden_copy, capsys):
     assert (golden_copy / "report" / "report.html").is_file()
 
 
+def test_report_json_prints_summary(golden_copy, capsys):
+    assert run(["report", golden_copy, "--json"]) == cli.EXIT_OK
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((golden_copy / "report" / "summary.json").read_text())
+    assert printed["inference"]["correction"] == "holm" and printed["inference"]["headline"]
+
+
 def test_report_out_and_baseline(golden_copy, tmp_path):
     out = tmp_path / "elsewhere"
     assert run(["report", golden_copy, "--baseline", "ewma-66", "--out", out]) == 0
@@ -92,6 +99,9 @@ def test_compare_same_scenario(tmp_path, capsys):
             if d["n_a"]:
                 assert d["median_a"] == d["median_b"] and d["median_change_pct"] == 0.0, (mid, v)
                 assert d["ks_pvalue"] == 1.0 and d["mwu_pvalue"] == 1.0
+            if d["inference"]["status"] == "tested":
+                assert d["inference"]["pvalue"] == 1.0 and d["inference"]["change_pct"] == 0.0
+    assert c["inference"]["family_size"] > 0 and c["inference"]["headline"] == []
     md = (b / "report" / "compare-golden-run.md").read_text()
     assert "A: variant ewma-66 rep 1: failed" in md
 
@@ -100,7 +110,7 @@ def test_compare_detects_a_change(tmp_path):
     a = copy_golden(tmp_path / "a")
     b = copy_golden(tmp_path / "b")
     # Make every web transfer of B's vanilla twice as slow.
-    for k in (0, 1):
+    for k in (0, 1, 2):
         p = b / "vanilla" / f"rep-{k}" / "transfers.jsonl"
         recs = [json.loads(line) for line in p.read_text().splitlines()]
         for r in recs:
@@ -111,6 +121,11 @@ def test_compare_detects_a_change(tmp_path):
     d = c["metrics"]["ttlb_s/web:small"]["variants"]["vanilla"]
     assert d["median_change_pct"] == pytest.approx(100.0)
     assert d["mwu_pvalue"] < 0.001
+    # Per repetition every median doubled: the inferential change is +100% and survives Holm.
+    inf = d["inference"]
+    assert inf["status"] == "tested" and inf["change_pct"] == pytest.approx(100.0)
+    assert inf["change_ci95"][0] < 100.0 < inf["change_ci95"][1]
+    assert inf["significant"] and c["inference"]["significant"] == [{"metric": "ttlb_s/web:small", "variant": "vanilla"}]
     assert c["metrics"]["ttlb_s/web:small"]["variants"]["ewma-66"]["median_change_pct"] == 0.0
 
 
@@ -125,6 +140,9 @@ def test_compare_different_scenarios(tmp_path, capsys):
     assert run(["compare", a, b, "--force"]) == cli.EXIT_OK
     c = json.loads((b / "report" / "compare-golden-run.json").read_text())
     assert c["forced"] is True
+    capsys.readouterr()
+    assert run(["compare", a, b, "--force", "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == json.loads((b / "report" / "compare-golden-run.json").read_text())
 
 
 def test_compare_missing_run_json(tmp_path, golden_copy):

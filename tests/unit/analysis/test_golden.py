@@ -55,7 +55,7 @@ def test_ttlb_median_rederived_from_records(golden_report):
     from transfers.jsonl (warm-up and non-ok excluded), equals the summary's."""
     run_dir, summary = golden_report
     for v in ("vanilla", "ewma-66"):
-        vals = [t["ttlb_s"] for k in (0, 1) for t in records(run_dir, v, k, "transfers.jsonl")
+        vals = [t["ttlb_s"] for k in (0, 1, 2) for t in records(run_dir, v, k, "transfers.jsonl")
                 if t["group"] == "web" and not t["warmup"] and t["status"] == "ok"]
         entry = summary["metrics"]["ttlb_s/web:small"]["variants"][v]
         assert entry["n"] == len(vals)
@@ -73,7 +73,7 @@ def test_cell_wait_rederived_from_records(golden_report):
     run_dir, summary = golden_report
     for v in ("vanilla", "ewma-66"):
         t_sum = n_sum = 0
-        for k in (0, 1):
+        for k in (0, 1, 2):
             t0 = json.loads((run_dir / v / f"rep-{k}" / "meta.json").read_text())["t_workload_start"]
             for c in records(run_dir, v, k, "cellstats.jsonl"):
                 if c["t"] >= t0 + 10.0:
@@ -93,7 +93,7 @@ def test_error_counts(golden_report):
     e = summary["errors"]
     assert e["vanilla"]["causes"] == {"timeout": 1} and e["vanilla"]["errors"] == 1
     assert e["ewma-66"]["causes"] == {"circuit_failed": 1}
-    assert e["vanilla"]["transfers"] == e["vanilla"]["per_rep"]["0"]["transfers"] + e["vanilla"]["per_rep"]["1"]["transfers"]
+    assert e["vanilla"]["transfers"] == sum(e["vanilla"]["per_rep"][k]["transfers"] for k in ("0", "1", "2"))
 
 
 def test_crashed_repetition_reported_missing(golden_report):
@@ -176,8 +176,7 @@ def test_onionperf_export(golden_report):
     run_dir, summary = golden_report
     out = run_dir / "report" / "onionperf"
     files = sorted(p.name for p in out.glob("*.json"))
-    assert files == ["ewma-66-rep0.onionperf.analysis.json", "ewma-66-rep1.onionperf.analysis.json",
-                     "vanilla-rep0.onionperf.analysis.json", "vanilla-rep1.onionperf.analysis.json"]
+    assert files == [f"{v}-rep{k}.onionperf.analysis.json" for v in ("ewma-66", "vanilla") for k in (0, 1, 2)]
     doc = json.loads((out / "vanilla-rep0.onionperf.analysis.json").read_text())
     assert doc["type"] == "onionperf" and doc["version"] == "3.1"
     assert set(doc["data"]) == {"web0", "bulk0", "bulk1"}

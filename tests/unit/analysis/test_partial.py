@@ -33,7 +33,7 @@ def test_variant_never_run(golden_copy):
 
 
 def test_baseline_without_data_and_killed_rep(golden_copy):
-    for k in (0, 1):
+    for k in (0, 1, 2):
         d = golden_copy / "vanilla" / f"rep-{k}"
         for f in ("transfers.jsonl", "cellstats.jsonl", "relay_bw.jsonl"):
             (d / f).unlink()
@@ -43,6 +43,8 @@ def test_baseline_without_data_and_killed_rep(golden_copy):
     s = report(golden_copy)
     vb = s["metrics"]["ttlb_s/web:small"]["variants"]["ewma-66"]["vs_baseline"]
     assert vb["baseline"] == "vanilla" and vb["median_change_pct"] is None
+    assert vb["inference"]["status"] == "not enough repetitions" and vb["inference"]["n_baseline"] == 0
+    assert "not enough repetitions" in (golden_copy / "report" / "report.md").read_text()
     missing = "\n".join(s["missing"])
     assert "variant vanilla rep 0: running; 0 transfers" in missing
     assert "the run was killed before it finished" in missing

@@ -1,0 +1,80 @@
+"""`make reproduce`'s runner (analysis/reproduce.py) without running tor: a finished run
+directory in the runs folder is reused (resumability), reported, and turned into
+docs/reproduction.md rows with the paper's number, ours with intervals and the verdicts."""
+
+import json
+import shutil
+
+import pytest
+
+from torbed.analysis import reproduce
+from torbed.analysis.report import analyse
+
+from .conftest import GOLDEN_RUN
+
+
+def finished_copy(dest, status="ok"):
+    shutil.copytree(GOLDEN_RUN, dest, ignore=shutil.ignore_patterns("report"))
+    info = json.loads((dest / "run.json").read_text())
+    info["status"] = status
+    (dest / "run.json").write_text(json.dumps(info))
+    return dest
+
+
+def test_evaluate_against_the_papers_numbers():
+    _, _, s = analyse(GOLDEN_RUN)
+    exp1 = next(r for r in reproduce.ROWS if r.experiment == "tang-goldberg-2010-exp1")
+    ev = reproduce.evaluate(exp1, s)
+    inf = s["metrics"]["ttlb_s/web:small"]["variants"]["ewma-66"]["vs_baseline"]["inference"]
+    assert ev["change_pct"] == inf["change_pct"] < 0
+    assert ev["direction"] == "agrees"                        # golden: a clear decrease
+    lo, hi = inf["change_ci95"]
+    assert (lo <= -32.7 <= hi) == ev["size"].startswith("agrees")
+    assert "vanilla" in ev["ours"] and "[" in ev["ours"] and "reps" in ev["ours"]
+    # A paper saying "no real change" disagrees with a clear decrease.
+    small = next(r for r in reproduce.ROWS if r.variant == "ewma-3")
+    ev = reproduce.evaluate(reproduce.Row(**{**small.__dict__, "experiment": "x", "variant": "ewma-66"}), s)
+    assert ev["direction"].startswith("disagrees") and not ev["ok"]
+    # Too few repetitions: said so, no verdict.
+    thr = reproduce.Row("p", "r", "v", "x", "relay_throughput_Bps/middle0", variant="ewma-66", paper_change_pct=300)
+    ev = reproduce.evaluate(thr, s)
+    assert ev["direction"] == "not tested" and "not enough repetitions" in ev["ours"]
+
+
+def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run")
+    doc = tmp_path / "reproduction.md"
+    rc = reproduce.main(["--quick", "--runs", str(runs), "--doc", str(doc), "--duration", "90s"])
+    assert rc == 0
+    assert "reusing finished run" in capsys.readouterr().out
+    text = doc.read_text()
+    assert "**Shortened run**" in text
+    lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Tang") or
+             line.startswith("| Gopal") or line.startswith("| Engler") or line.startswith("| IPSJ")}
+    queue = next(v for k, v in lines.items() if k.startswith("Exp. 3"))
+    assert "653 ms -> 115 ms" in queue and "Δ -8" in queue and "| agrees |" in queue
+    assert "not part of this shortened run" in next(v for k, v in lines.items() if k.startswith("Exp. 1"))
+    assert "variant torchestra not yet available" in next(v for v in lines.values() if v.startswith("| Gopal"))
+    assert "variant mtrelay not yet available" in next(v for v in lines.values() if v.startswith("| Engler"))
+    assert (runs / "tang-goldberg-2010-exp3" / "golden-run" / "report" / "summary.json").is_file()
+    assert json.loads((runs / "reproduction.json").read_text())["settings"]["quick"] is True
+
+
+def test_an_unfinished_run_is_not_reused(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run", status="interrupted")
+    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "90s", "--dry-run"]) == 0
+    assert "tang-goldberg-2010-exp3: to run" in capsys.readouterr().out
+    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run-2")
+    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "90s", "--dry-run"]) == 0
+    assert "finished, reused" in capsys.readouterr().out
+    # ... but only with the same duration.
+    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "120s", "--dry-run"]) == 0
+    assert "to run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--only", "nope"], ["--reps", "0"]])
+def test_bad_arguments_exit_2(argv, tmp_path, capsys):
+    assert reproduce.main(argv + ["--runs", str(tmp_path), "--dry-run"]) == 2
+    assert "reproduce:" in capsys.readouterr().err
