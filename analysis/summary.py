@@ -13,11 +13,15 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
      "metrics": {"<id>": {"metric", "title", "label", "unit", <params>, "variants": {
          "<variant>": {"n", "mean", "median", "min", "max", "p25", "p75", "p90", "p99",
                        "median_ci95": [lo, hi], "per_rep": {"<k>": {"n", "median"}},
-                       ["wait_per_cell_ms"],
+                       ["wait_per_cell_ms"], ["clock_bound_ms"] (per-cell delays),
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
-                                       "mwu_pvalue"}   (not for the baseline itself)}}}},
-     "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}}}
+                                       "mwu_pvalue", ["mean_diff_ms", "mean_diff_clock_bound_ms",
+                                       "mean_diff_within_clock"] (per-cell delays)}
+                                       (not for the baseline itself)}}}},
+     "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
+     ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]]}
+                  (replay runs with clock.jsonl: analysis/clock.py)
 
 Public API:
 
@@ -34,6 +38,7 @@ import math
 
 import numpy as np
 
+from . import clock as clock_mod
 from . import metrics as metrics_mod
 from . import stats
 from .load import Run
@@ -111,6 +116,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
             d["wait_per_cell_ms"] = t_sum / n_sum if n_sum else None
             for k, (t, n) in tot.items():
                 d["per_rep"].setdefault(str(k), {})["wait_per_cell_ms"] = t / n if n else None
+        if m.clock_bounds is not None:
+            d["clock_bound_ms"] = m.clock_bound(v)
         if v != baseline:
             tests = stats.two_sample_tests(pooled, base) or {
                 "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
@@ -119,8 +126,19 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 "median_change_pct": stats.pct_change(d.get("median"), base_desc.get("median")),
                 "mean_change_pct": stats.pct_change(d.get("mean"), base_desc.get("mean")),
                 **tests}
+            if m.clock_bounds is not None:
+                d["vs_baseline"].update(_clock_comparison(m, v, baseline, d.get("mean"), base_desc.get("mean")))
         entry["variants"][v] = d
     return entry
+
+
+def _clock_comparison(m, v: str, baseline: str, mean, base_mean) -> dict:
+    """Difference of means against the clock uncertainty of the two (analysis/clock.py)."""
+    bv, bb = m.clock_bound(v), m.clock_bound(baseline)
+    diff = mean - base_mean if mean is not None and base_mean is not None else None
+    bound = bv + bb if bv is not None and bb is not None else None
+    return {"mean_diff_ms": diff, "mean_diff_clock_bound_ms": bound,
+            "mean_diff_within_clock": clock_mod.within(diff, bound)}
 
 
 def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
@@ -154,4 +172,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "missing": missing_lines(run, extracted),
         "metrics": {mid: _metric_entry(run, m, baseline, resamples) for mid, m in extracted.metrics.items()},
         "errors": errors,
+        # Only for runs with replay clock records (keeps older summaries unchanged).
+        **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
     }
