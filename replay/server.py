@@ -11,7 +11,8 @@ closes the stream when both directions are done, or at the flow's deadline.
 
 It also answers the replay clients' clock exchanges (replay/clock.py) on the UDP port with
 the same number, so their delays can be corrected for this host's clock offset.
-``--clock-skew S`` / ``--clock-drift-ppm P`` (tests only) make the whole process read a clock
+``--clock-skew S`` / ``--clock-drift-ppm P`` (tests only; env TORBED_TEST_CLOCK_SKEW /
+TORBED_TEST_CLOCK_DRIFT_PPM) make the whole process read a clock
 S seconds ahead, drifting P ppm: a second host's clock, on one machine.
 
 Public API: ``ReplayServer(traces, bind, port, cells_path, log)``: ``.serve_forever()``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import socketserver
@@ -149,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH", help="a trace it can replay")
     ap.add_argument("--cells", type=Path, required=True, help="cells.jsonl for upstream records")
     ap.add_argument("--log", type=Path, default=None)
-    ap.add_argument("--clock-skew", type=float, default=0.0, help="tests only: read a clock this many seconds ahead")
-    ap.add_argument("--clock-drift-ppm", type=float, default=0.0, help="tests only: ... drifting this many ppm")
+    # Defaults from the environment so a test can skew the server of a whole `torbed run`.
+    ap.add_argument("--clock-skew", type=float, default=float(os.environ.get("TORBED_TEST_CLOCK_SKEW") or 0),
+                    help="tests only: read a clock this many seconds ahead (env TORBED_TEST_CLOCK_SKEW)")
+    ap.add_argument("--clock-drift-ppm", type=float, default=float(os.environ.get("TORBED_TEST_CLOCK_DRIFT_PPM") or 0),
+                    help="tests only: ... drifting this many ppm (env TORBED_TEST_CLOCK_DRIFT_PPM)")
     args = ap.parse_args(argv)
     if args.clock_skew or args.clock_drift_ppm:
         skew_clock(args.clock_skew, args.clock_drift_ppm)
