@@ -70,3 +70,36 @@ def test_replay_container_serves_its_groups_traces():
     assert sorted(got) == ["http-browsing", "ssh-session"]
     assert all(p.is_file() for p in got.values())
     assert traces_for(s, "files") == {}
+
+
+def test_client_pod_replay_workload(monkeypatch, tmp_path):
+    """What a replay client pod gives its driver: the local backend's flow assignment, and
+    one replay pod's address (the headless Service's addresses, sorted; client i takes i mod
+    n) for both the stream and the clock exchanges."""
+    import socket
+
+    from torbed.k8s import client as k8s_client
+    from torbed.network import plan
+    monkeypatch.setenv("TORBED_RELEASE", "rel")
+    monkeypatch.setenv("TORBED_NAMESPACE", "default")
+    asked = []
+
+    def fake_getaddrinfo(host, *a, **kw):
+        asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0)) for ip in ("10.244.0.30", "10.244.0.9")]
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    data = yaml.safe_load(GOPAL.read_text())
+    data["servers"]["replay"]["count"] = 2
+    data["clients"]["ssh"]["count"] = 2
+    data["clients"]["ssh"]["workload"]["distribute"] = "each"
+    s = parse(data, source=str(GOPAL), base_dir=GOPAL.parent)
+    p = plan(s, "vanilla")
+    w0 = k8s_client.replay_workload(s, p, "ssh", "ssh0", "replay", tmp_path)
+    w1 = k8s_client.replay_workload(s, p, "ssh", "ssh1", "replay", tmp_path)
+    assert asked[0] == "rel-replay-pods.default.svc.cluster.local"
+    assert (w0["address"], w1["address"]) == ("10.244.0.9", "10.244.0.30")
+    assert w0["port"] == 8000 and w0["trace_name"] == "ssh-session"
+    assert w0["flows"] == w1["flows"] and w0["flows"]          # each: every client all flows
+    assert w0["offset_s"] == 0 and w1["offset_s"] == pytest.approx(w0["period_s"] / 2)
+    assert w0["clock_output"] == str(tmp_path / "clock.jsonl")
+    assert w0["cells_output"] == str(tmp_path / "cells.jsonl")
