@@ -119,13 +119,21 @@ def test_torbed_run_k8s_delays_agree_with_the_local_backend(kube, tmp_path):
     s_k8s, s_local = _report(k8s_run), _report(local_run)
     md = (k8s_run / "report" / "report.md").read_text()
     assert "Replay clock offsets" in md and "± clock" in md
-    # Two independent runs on two emulations of the same links (htb per pod vs per namespace)
-    # agree up to run-to-run variation, not to the clock bound alone: the tolerance is the
-    # two clock bounds plus half the local median, at least 20 ms.
-    for mid in ("cell_delay_ms/ssh/down", "cell_delay_ms/ssh/up", "cell_delay_ms/web/down"):
+    # The clock is not what could make the backends disagree: its bounds are ~0.1 ms. What
+    # remains is run-to-run variation and the two emulations of the same links (htb per pod
+    # vs per namespace), unquantified with one short repetition each. Upstream (keystrokes,
+    # requests: no heavy traffic that way) the runs must agree closely: within the clock
+    # bounds plus half the local median, at least 5 ms. Downstream, behind the heavy
+    # downloads, only the regime is compared (means within a factor of 4); the numbers are
+    # printed.
+    for mid in ("cell_delay_ms/ssh/up", "cell_delay_ms/web/up", "cell_delay_ms/ssh/down", "cell_delay_ms/web/down"):
         a, b = s_k8s["metrics"][mid]["variants"][VARIANT], s_local["metrics"][mid]["variants"][VARIANT]
         assert a["n"] > 20 and b["n"] > 20, (mid, a["n"], b["n"])
-        tol = a["clock_bound_ms"] + b["clock_bound_ms"] + max(0.5 * b["median"], 20.0)
-        print(f"{mid}: k8s median {a['median']:.1f} ms (± {a['clock_bound_ms']:.3f} clock), local "
-              f"{b['median']:.1f} ms (± {b['clock_bound_ms']:.3f}); tolerance {tol:.1f} ms")
-        assert abs(a["median"] - b["median"]) <= tol, mid
+        clock = a["clock_bound_ms"] + b["clock_bound_ms"]
+        assert clock < 2 * MAX_BOUND_S * 1e3
+        print(f"{mid}: k8s median {a['median']:.1f} ms mean {a['mean']:.1f} ms (± {a['clock_bound_ms']:.3f} clock), "
+              f"local median {b['median']:.1f} ms mean {b['mean']:.1f} ms (± {b['clock_bound_ms']:.3f})")
+        if mid.endswith("/up"):
+            assert abs(a["median"] - b["median"]) <= clock + max(0.5 * b["median"], 5.0), mid
+        else:
+            assert 0.25 <= a["mean"] / b["mean"] <= 4, mid
