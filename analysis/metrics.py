@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import clock as clock_mod
 from . import stats
 from .load import Rep, Run
 
@@ -96,8 +97,14 @@ METRICS: dict[str, MetricInfo] = {
     "cell_delay_ms": MetricInfo(
         "Per-cell delay", "One-way delay per cell (ms)", "ms",
         "Replay workloads (cells.jsonl): for every replayed chunk (at most 498 bytes, one relay "
-        "cell's payload), receive time - send time, both on the host clock (the local backend's "
-        "namespaces share it); per client group and direction (down = replay server -> client "
+        "cell's payload), receive time - send time, read on the replay server's and the replay "
+        "client's clocks and corrected by the client's measured offset to the server "
+        "(clock.jsonl: NTP-style exchanges outside Tor, offset and drift fitted over the run; "
+        "one host, e.g. the local backend: ~0). '± clock' is how far the mean can be off "
+        "through that correction (the mean of the cells' bounds: half the best exchanges' "
+        "round trip plus the fit's residual); a difference of means within the two variants' "
+        "± clock is reported as such, not as a number. Quantiles can move by up to the largest "
+        "bound (the clock table). Per client group and direction (down = replay server -> client "
         "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
         "cell'. Chunks scheduled inside the warm-up are excluded. Groups whose flows differ in "
         "size are also split by flow: 'heavy' flows carried at least 50% of the busiest flow's "
@@ -141,6 +148,9 @@ class MetricSamples:
     params: dict
     values: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
     totals: dict[str, dict[int, tuple[float, float]]] | None = None
+    # Per-cell delays: each value's clock-correction bound (same shape as values; NaN where
+    # the repetition has no clock estimate), see analysis/clock.py.
+    clock_bounds: dict[str, dict[int, np.ndarray]] | None = None
 
     @property
     def info(self) -> MetricInfo:
@@ -177,6 +187,18 @@ class MetricSamples:
         reps = self.values.get(variant, {})
         parts = [reps[k] for k in sorted(reps)]
         return np.concatenate(parts) if parts else np.array([], dtype=float)
+
+    def clock_bound(self, variant: str) -> float | None:
+        """How far the pooled mean can be off through clock correction: the mean of the
+        values' bounds; None when any value's bound is unknown (or no clock bounds)."""
+        if self.clock_bounds is None:
+            return None
+        reps = self.clock_bounds.get(variant, {})
+        parts = [reps[k] for k in sorted(reps) if reps[k].size]
+        if not parts:
+            return None
+        b = np.concatenate(parts)
+        return None if np.isnan(b).any() else float(b.mean())
 
 
 @dataclass
@@ -411,8 +433,13 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
             for cls in ("light", "heavy"):
                 mid = f"cell_delay_ms/{g}/{d}/{cls}"
                 out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
+    for m in out.values():
+        if m.metric == "cell_delay_ms":
+            m.clock_bounds = {v: {k: np.array([]) for k in reps} for v, reps in m.values.items()}
     for r, t in tables:
-        delay = (t.t_recv - t.t_sent) * 1e3
+        add, bound = clock_mod.correction(r, t)
+        delay = (t.t_recv - t.t_sent + add) * 1e3
+        bound = bound * 1e3
         sched = (t.t_sent - t.t_sched) * 1e3
         keep = ~t.warmup
         cls_of = classes[(r.variant, r.index)]
@@ -423,11 +450,13 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
                 if not sel.any():
                     continue
                 out[f"cell_delay_ms/{g}/{d}"].values[r.variant][r.index] = delay[sel]
+                out[f"cell_delay_ms/{g}/{d}"].clock_bounds[r.variant][r.index] = bound[sel]
                 out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = sched[sel]
                 if g in mixed:
                     heavy = np.isin(t.flow, heavy_flows)
-                    out[f"cell_delay_ms/{g}/{d}/heavy"].values[r.variant][r.index] = delay[sel & heavy]
-                    out[f"cell_delay_ms/{g}/{d}/light"].values[r.variant][r.index] = delay[sel & ~heavy]
+                    for cls, part in (("heavy", sel & heavy), ("light", sel & ~heavy)):
+                        out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = delay[part]
+                        out[f"cell_delay_ms/{g}/{d}/{cls}"].clock_bounds[r.variant][r.index] = bound[part]
 
 
 def _cause(t: dict) -> str:

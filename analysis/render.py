@@ -84,10 +84,13 @@ def _family_table(s: dict, metric: str) -> tuple | None:
         return None
     unit = entries[0]["unit"]
     cell = metric == "cell_wait_ms"
+    delay = metric == "cell_delay_ms"
     headers = ["subject", "variant", "n", "median [95% CI]", "mean", "p25", "p75", "p90", "p99",
                "Δ median", "Δ mean", "KS p (descr.)", "MWU p (descr.)"]
     if cell:
         headers.insert(3, "wait/cell")
+    if delay:
+        headers.insert(5, "± clock")
     rows = []
     for e in entries:
         subject = e["title"].split(", ", 1)[1] if ", " in e["title"] else e["title"]
@@ -108,6 +111,11 @@ def _family_table(s: dict, metric: str) -> tuple | None:
                    fmt_p(vb.get("ks_pvalue")) if vb else DASH, fmt_p(vb.get("mwu_pvalue")) if vb else DASH]
             if cell:
                 row.insert(3, fmt_value(d.get("wait_per_cell_ms")))
+            if delay:
+                row.insert(5, _clock_cell(d))
+                if vb.get("mean_diff_within_clock"):
+                    # The difference could be the clock correction's error: no number.
+                    row[11] = f"within clock ±{fmt_value(vb['mean_diff_clock_bound_ms'])}"
             rows.append(row)
     return ("table", headers, rows)
 
@@ -194,6 +202,30 @@ def _power_table(s: dict) -> tuple:
                       f"reps for {s['settings']['target_change_pct']:.0f}%, α/{max(fam, 1)}"], rows)
 
 
+def _clock_cell(d: dict) -> str:
+    b = d.get("clock_bound_ms")
+    return "not measured" if b is None else f"±{fmt_value(b)}"
+
+
+def _clock_blocks(s: dict) -> list[tuple]:
+    """The replay clients' clock offsets to their replay servers (summary.json ``clock``)."""
+    rows = s.get("clock")
+    if not rows:
+        return []
+    ms = lambda x: DASH if x is None else f"{x * 1e3:.3f}"  # noqa: E731
+    return [("h", 3, "Replay clock offsets (client → replay server)"),
+            ("p", "Server clock - client clock, from NTP-style exchanges outside Tor before, during "
+                  "and after the replay (clock.jsonl); per-cell delays are corrected by it. The bound "
+                  "is half the round trip of the best exchanges plus the drift fit's residual: an "
+                  "asymmetric path biases the offset by an amount the exchanges cannot see, at most "
+                  "that much."),
+            ("table", ["variant", "rep", "client", "offset (ms)", "± bound (ms)", "drift (ppm)",
+                       "bursts", "exchanges", "lost", "min round trip (ms)"],
+             [[r["variant"], str(r["rep"]), r["client"], ms(r.get("offset_s")), ms(r.get("uncertainty_s")),
+               DASH if r.get("drift_ppm") is None else f"{r['drift_ppm']:.2f}", str(r.get("bursts")),
+               str(r.get("exchanges")), str(r.get("lost")), ms(r.get("min_delay_s"))] for r in rows])]
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -269,6 +301,8 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         unit = next(e["unit"] for e in s["metrics"].values() if e["metric"] == metric)
         b.append(("h", 3, f"{title} ({_unit_shown(unit)})"))
         b.append(t)
+        if metric == "cell_delay_ms":
+            b += _clock_blocks(s)
 
     b.append(("h", 3, "Error rate"))
     rows = []

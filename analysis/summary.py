@@ -15,18 +15,22 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
                        "median_ci95": [lo, hi] | null (cluster bootstrap), "median_ci_method",
                        "per_rep": {"<k>": {"n", "median", "p90", "mean", ["wait_per_cell"]}},
                        "rep_summary": {"statistic", "n", "estimate", "ci95", "scale"},
-                       ["wait_per_cell_ms"],
+                       ["wait_per_cell_ms"], ["clock_bound_ms"] (per-cell delays),
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
                                        "mwu_pvalue", "pooled_tests": "descriptive",
                                        "inference": {stats.compare_reps keys, "statistic",
                                                      "in_family", "pvalue_holm", "significant",
-                                                     "secondary"}}
+                                                     "secondary"},
+                                       ["mean_diff_ms", "mean_diff_clock_bound_ms",
+                                        "mean_diff_within_clock"] (per-cell delays)}
                                        (not for the baseline itself)},
          "power": {stats.power_analysis keys}}},
      "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
                    "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
-     "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}}}
+     "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
+     ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]]}
+                  (replay runs with clock.jsonl: analysis/clock.py)
 
 Public API:
 
@@ -44,6 +48,7 @@ import math
 import numpy as np
 
 from . import inference, stats
+from . import clock as clock_mod
 from . import metrics as metrics_mod
 from .load import Run
 from .metrics import Extracted
@@ -127,6 +132,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
             d["wait_per_cell_ms"] = t_sum / n_sum if n_sum else None
             for k, (t, n) in tot.items():
                 d["per_rep"].setdefault(str(k), {})["wait_per_cell_ms"] = t / n if n else None
+        if m.clock_bounds is not None:
+            d["clock_bound_ms"] = m.clock_bound(v)
         if v != baseline:
             tests = stats.two_sample_tests(pooled, base) or {
                 "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
@@ -139,6 +146,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 **tests, "pooled_tests": "descriptive",
                 "inference": inference.compare_arms(m, baseline, m, v, scale=scale,
                                                     rng=stats.rng_for(run.seed, "perm", m.id, v))}
+            if m.clock_bounds is not None:
+                d["vs_baseline"].update(_clock_comparison(m, v, baseline, d.get("mean"), base_desc.get("mean")))
         entry["variants"][v] = d
     return entry
 
@@ -163,6 +172,15 @@ def _inference_summary(run: Run, extracted: Extracted, entries: dict, baseline: 
                      for it in sig],
         "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
     }
+
+
+def _clock_comparison(m, v: str, baseline: str, mean, base_mean) -> dict:
+    """Difference of means against the clock uncertainty of the two (analysis/clock.py)."""
+    bv, bb = m.clock_bound(v), m.clock_bound(baseline)
+    diff = mean - base_mean if mean is not None and base_mean is not None else None
+    bound = bv + bb if bv is not None and bb is not None else None
+    return {"mean_diff_ms": diff, "mean_diff_clock_bound_ms": bound,
+            "mean_diff_within_clock": clock_mod.within(diff, bound)}
 
 
 def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
@@ -204,4 +222,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "metrics": entries,
         "inference": _inference_summary(run, extracted, entries, baseline),
         "errors": errors,
+        # Only for runs with replay clock records (keeps older summaries unchanged).
+        **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
     }

@@ -9,9 +9,14 @@ at their recorded times and receives the downstream chunks, recording each chunk
 delay in cells.jsonl (``direction: "d"``) and one ``transfer`` record per flow replay
 (workload ``replay``, file = the trace's name, size = downstream bytes) in transfers.jsonl.
 
-Workload config (made by the local backend): ``trace`` (path), ``trace_name``, ``flows``
+Around the replay it measures its clock offset to the replay server (replay/clock.py): a
+burst of exchanges once the circuits are built, one every ``clock.DURING_INTERVAL_S`` while
+flows run and one after the last flow, all in clock.jsonl (``clock_output``) with the
+client's own estimate at the end.
+
+Workload config (made by the backends): ``trace`` (path), ``trace_name``, ``flows``
 (ids), ``loop``, ``period_s`` (loop period), ``slack_s``, ``address``, ``port``,
-``cells_output``.
+``cells_output``, ``clock_output`` (optional: no clock exchanges without it).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import threading
 import time
 
 from ..records import RecordWriter
-from . import engine, wire
+from . import clock, engine, wire
 from .trace import DOWN, UP, Flow, read
 
 
@@ -62,6 +67,21 @@ def prepare(driver) -> None:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(build, sorted({_key(f) for f in _flows(driver)})))
+    rec = _clock(driver)
+    if rec is not None:
+        rec.burst("before", clock.BURST_BEFORE)
+
+
+def _clock(driver) -> "clock.Recorder | None":
+    """The client's clock recorder (made on first use), or None without ``clock_output``."""
+    cfg, wl = driver.cfg, driver.cfg["workload"]
+    if not wl.get("clock_output"):
+        return None
+    if "_clock" not in wl:
+        base = {"variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"], "group": cfg["group"],
+                "server": wl["server"], "address": wl["address"], "port": wl["port"]}
+        wl["_clock"] = clock.Recorder(RecordWriter(wl["clock_output"]), base, clock.Probe(wl["address"], wl["port"]))
+    return wl["_clock"]
 
 
 def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:
@@ -177,13 +197,27 @@ def run_replay(driver, slot: int, stop: threading.Event) -> int:
             if not wl["loop"]:
                 return
 
+    clk = _clock(driver)
+    flows_done = threading.Event()
+    during = clk.run_during(flows_done) if clk else None
     threads = [threading.Thread(target=one, args=(i, f), daemon=True) for i, f in enumerate(flows)]
     for t in threads:
         t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.5)
-    cells.close()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    finally:
+        cells.close()
+        if clk is not None:
+            flows_done.set()
+            during.join(5.0)
+            # Even when stopped early: the after-burst takes well under a second and closes
+            # the bracket the delays are corrected within.
+            clk.burst("after", clock.BURST_AFTER)
+            clk.finish()
+            clk.writer.close()
+            clk.probe.close()
     return sum(counts)
 
 

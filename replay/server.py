@@ -9,6 +9,12 @@ hello's arrival, as tagged chunks, and receives the upstream chunks the client s
 recording each upstream chunk's one-way delay in OUT (cells.jsonl, ``direction: "u"``). It
 closes the stream when both directions are done, or at the flow's deadline.
 
+It also answers the replay clients' clock exchanges (replay/clock.py) on the UDP port with
+the same number, so their delays can be corrected for this host's clock offset.
+``--clock-skew S`` / ``--clock-drift-ppm P`` (tests only; env TORBED_TEST_CLOCK_SKEW /
+TORBED_TEST_CLOCK_DRIFT_PPM) make the whole process read a clock
+S seconds ahead, drifting P ppm: a second host's clock, on one machine.
+
 Public API: ``ReplayServer(traces, bind, port, cells_path, log)``: ``.serve_forever()``,
 ``.shutdown()``; ``main(argv)``.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import socketserver
@@ -26,7 +33,7 @@ import time
 from pathlib import Path
 
 from ..records import RecordWriter
-from . import engine, wire
+from . import clock, engine, wire
 from .trace import DOWN, UP, read
 
 HELLO_TIMEOUT = 30.0
@@ -111,6 +118,7 @@ class ReplayServer:
         self.tcp = _TCPServer((bind, port), _Handler)
         self.tcp.owner = self   # type: ignore[attr-defined]
         self.lock = threading.Lock()
+        self.clock = clock.Responder(bind, port).start()
 
     def log(self, msg: str) -> None:
         if self.log_file:
@@ -125,6 +133,15 @@ class ReplayServer:
         self.stopping.set()
         self.tcp.shutdown()
         self.tcp.server_close()
+        self.clock.close()
+
+
+def skew_clock(skew: float, drift_ppm: float) -> None:
+    """Make every time.time() of this process read skew + drift * elapsed ahead (tests only:
+    engine, wire stamps and the clock responder all read time.time at call time)."""
+    real = time.time
+    t0 = real()
+    time.time = lambda: (lambda t: t + skew + drift_ppm * 1e-6 * (t - t0))(real())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH", help="a trace it can replay")
     ap.add_argument("--cells", type=Path, required=True, help="cells.jsonl for upstream records")
     ap.add_argument("--log", type=Path, default=None)
+    # Defaults from the environment so a test can skew the server of a whole `torbed run`.
+    ap.add_argument("--clock-skew", type=float, default=float(os.environ.get("TORBED_TEST_CLOCK_SKEW") or 0),
+                    help="tests only: read a clock this many seconds ahead (env TORBED_TEST_CLOCK_SKEW)")
+    ap.add_argument("--clock-drift-ppm", type=float, default=float(os.environ.get("TORBED_TEST_CLOCK_DRIFT_PPM") or 0),
+                    help="tests only: ... drifting this many ppm (env TORBED_TEST_CLOCK_DRIFT_PPM)")
     args = ap.parse_args(argv)
+    if args.clock_skew or args.clock_drift_ppm:
+        skew_clock(args.clock_skew, args.clock_drift_ppm)
     traces = {}
     for item in args.trace:
         name, _, path = item.partition("=")

@@ -12,6 +12,7 @@ so the chart's values are the scenario plus a few chart-only keys (``variant``, 
   chart resolves ``ewma-66`` exactly as ``torbed.variants`` does.
 
 Public API: ``ChartValues`` (the chart-only keys), ``values_schema() -> dict``,
+``inline_traces(scenario) -> dict`` (replayTraces.inline for traces the image lacks),
 ``generated_files() -> dict[relative path, text]``, ``write(chart_dir) -> list[changed paths]``.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import Field
@@ -79,6 +80,22 @@ class Resources(Strict):
     sidecar: dict = Field(default_factory=dict, description="resources of collector, shaper and shipper sidecars")
 
 
+# Inline traces travel in the Helm release (a Secret, at most 1 MiB with the chart) and in a
+# ConfigMap (at most 1 MiB): half of that for trace bytes leaves room for the rest.
+INLINE_TRACES_MAX_BYTES = 512 * 1024
+
+
+class ReplayTraces(Strict):
+    inline: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,253}$")], str] = Field(
+        default_factory=dict,
+        description=f"Replay trace files by file name, base64-encoded (gzip allowed), in a ConfigMap mounted at "
+                    f"/etc/torbed/traces, where pods look a scenario's traces up by file name before the ones "
+                    f"shipped in the client image; at most {INLINE_TRACES_MAX_BYTES // 1024} KiB in total. "
+                    f"torbed run --backend k8s fills it with the scenario's traces the image does not ship")
+    configMap: str = Field("", description="Instead: an existing ConfigMap of trace files (Kubernetes limits it to "
+                                           "1 MiB), e.g. kubectl create configmap my-traces --from-file=my.trace.jsonl.gz")
+
+
 class ChartValues(Strict):
     """Keys of the chart's values that are not part of a scenario."""
     variant: str = Field("", description="Which of the scenario's variants this release deploys (empty: the baseline)")
@@ -89,7 +106,35 @@ class ChartValues(Strict):
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
+    replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
+
+
+def inline_traces(scenario: Scenario) -> dict[str, str]:
+    """The chart value ``replayTraces.inline`` for a scenario: {file name: base64} of its
+    replay traces that the client image does not ship (it ships replay/traces/). Raises
+    ValueError naming the traces when they exceed INLINE_TRACES_MAX_BYTES."""
+    import base64
+    shipped = (constants.REPO_ROOT / "replay" / "traces").resolve()
+    out: dict[str, bytes] = {}
+    for c, cg in scenario.clients.items():
+        if cg.workload.kind != "replay":
+            continue
+        path = scenario.trace_path(cg.workload.trace)
+        if path.resolve().parent == shipped:
+            continue
+        data = path.read_bytes()
+        if out.get(path.name, data) != data:
+            raise ValueError(f"clients.{c}.workload.trace: two different traces are called {path.name}; "
+                             "pods look traces up by file name")
+        out[path.name] = data
+    total = sum(len(d) for d in out.values())
+    if total > INLINE_TRACES_MAX_BYTES:
+        raise ValueError(f"replay traces {', '.join(sorted(out))}: {total // 1024} KiB, more than the "
+                         f"{INLINE_TRACES_MAX_BYTES // 1024} KiB a Helm release can carry; shorten them "
+                         "(torbed trace slice) or put them in a ConfigMap of your own (at most 1 MiB) and "
+                         "pass --set replayTraces.configMap=NAME")
+    return {name: base64.b64encode(d).decode() for name, d in sorted(out.items())}
 
 
 def values_schema() -> dict:

@@ -13,6 +13,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VARIANTS_DIR = Path(os.environ.get("TORBED_VARIANTS_DIR", REPO_ROOT / "images" / "relay" / "variants"))
 BUILD_SCRIPT = REPO_ROOT / "images" / "relay" / "build-tor.sh"
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
+# Where pods look up replay traces by file name (the client image: traces shipped in it,
+# and a ConfigMap of user traces mounted first); empty outside the image.
+TRACE_DIRS = [Path(d) for d in os.environ.get("TORBED_TRACE_DIRS", "").split(os.pathsep) if d]
 
 # Where slow builds (tor per variant) are cached, keyed by content hash.
 CACHE_DIR = Path(os.environ.get("TORBED_CACHE", Path.home() / ".cache" / "torbed"))

@@ -277,14 +277,19 @@ class Scenario(Strict):
 
     def trace_path(self, trace: str) -> Path:
         """Where a replay workload's trace file is: absolute, else next to the scenario
-        file, else in the repository (the first that exists; the last tried otherwise)."""
+        file, else in the repository; failing those, a file of that name in a
+        TORBED_TRACE_DIRS directory (pods: no repository there). The first that exists;
+        the repository's path otherwise."""
         p = Path(trace)
-        if p.is_absolute():
+        if p.is_absolute() and p.exists():
             return p
-        for base in (self._base_dir, constants.REPO_ROOT):
+        for base in (() if p.is_absolute() else (self._base_dir, constants.REPO_ROOT)):
             if base is not None and (Path(base) / p).exists():
                 return (Path(base) / p).resolve()
-        return constants.REPO_ROOT / p
+        for d in constants.TRACE_DIRS:
+            if (d / p.name).is_file():
+                return d / p.name
+        return p if p.is_absolute() else constants.REPO_ROOT / p
 
 
 def _loc(loc: tuple) -> str:

@@ -26,17 +26,9 @@ K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
 
-def local_only(path: Path) -> bool:
-    """Scenarios the chart refuses on purpose: trace replay runs on the local backend only."""
-    data = yaml.safe_load(path.read_text()) or {}
-    return any((c.get("workload") or {}).get("kind") == "replay" for c in (data.get("clients") or {}).values())
-
-
 def scenario_variants():
     cases = []
     for path in SCENARIOS:
-        if local_only(path):
-            continue
         with open(path) as f:
             variants = (yaml.safe_load(f) or {}).get("variants") or []
         for v in variants:
@@ -148,10 +140,23 @@ def kubeconform_ok(tools, scenario, extra, apis) -> int:
     return found
 
 
-@pytest.mark.parametrize("scenario", [p for p in SCENARIOS if local_only(p)], ids=lambda p: p.stem)
-def test_local_only_scenarios_are_refused_with_the_reason(tools, scenario):
-    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(scenario))
-    assert t.returncode != 0 and "replay workloads run on the local backend only" in t.stderr, show(t)
+def test_replay_traces_inline_render_and_validate(tools, tmp_path):
+    """A replay scenario with its own trace inline (what torbed run --backend k8s passes for a
+    trace the image does not ship): a binaryData ConfigMap mounted by the replay pods."""
+    import base64
+    values = tmp_path / "traces.yaml"
+    data = (REPO / "tests" / "data" / "replay" / "two-flows.trace.jsonl").read_bytes()
+    values.write_text(yaml.safe_dump({"replayTraces": {"inline": {"two-flows.trace.jsonl": base64.b64encode(data).decode()}}}))
+    found = kubeconform_ok(tools, REPO / "scenarios" / "gopal-heninger-2012-exp2.yaml", ["-f", str(values)], [])
+    assert found == 1 + kubeconform_ok(tools, REPO / "scenarios" / "gopal-heninger-2012-exp2.yaml", [], [])
+
+
+def test_replay_traces_over_the_limit_are_refused(tools, tmp_path):
+    values = tmp_path / "big.yaml"
+    values.write_text(yaml.safe_dump({"replayTraces": {"inline": {"big.trace.jsonl.gz": "A" * 700000}}}))
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f",
+            str(REPO / "scenarios" / "gopal-heninger-2012-exp2.yaml"), "-f", str(values))
+    assert t.returncode != 0 and "replayTraces.inline: 512 KiB of traces" in t.stderr, show(t)
 
 
 def test_unittest(tools):

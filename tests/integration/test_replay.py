@@ -22,7 +22,7 @@ def _root():
     require_root()
 
 
-def _run(tmp_path, name: str, trace_path, **overrides) -> tuple:
+def _run(tmp_path, name: str, trace_path, env_extra: dict | None = None, **overrides) -> tuple:
     data = small_scenario(name, **{
         "servers.www": {"files": {"bulk": "100MB"}, "replay": {"port": 8000}},
         "clients.web": {"count": 2, "path": ["guard", "middle", "exit"],
@@ -32,7 +32,7 @@ def _run(tmp_path, name: str, trace_path, **overrides) -> tuple:
         **overrides,
     })
     out = tmp_path / name
-    p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"])
+    p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"], env_extra=env_extra)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = only_run_dir(out)
     rep = run / "kist" / "rep-0"
@@ -68,6 +68,14 @@ def test_replay_timing_and_delay_under_congestion(tmp_path):
           f"(down), {statistics.median(c['delay_s'] * 1e3 for c in up_a):.2f} ms (up)")
     assert 0 <= sched_med < 1.0
     assert all(c["delay_s"] > 0 for c in cells_a)
+    # One host, one clock: each client's offset estimate finds ~0, within a small bound.
+    estimates = [r for r in records(rep_a / "clock.jsonl") if r["type"] == "clock_estimate"]
+    assert sorted(r["client"] for r in estimates) == ["web0", "web1"]
+    for r in estimates:
+        print(f"clock {r['client']}: offset {r['offset_s'] * 1e3:.3f} ms ± {r['uncertainty_s'] * 1e3:.3f} ms, "
+              f"drift {r['drift_ppm']:.2f} ppm, {r['bursts']} bursts, {r['exchanges']} exchanges, {r['lost']} lost")
+        assert abs(r["offset_s"]) <= r["uncertainty_s"] < 5e-3
+        assert r["bursts"] >= 3 and r["lost"] == 0
 
     # A 2 mbit guard-middle link shared with three bulk downloads.
     run_b, rep_b = _run(tmp_path, "it-replay-loaded", trace_path, **{
@@ -94,3 +102,35 @@ def test_replay_timing_and_delay_under_congestion(tmp_path):
     assert m["n"] == len(down_b)
     assert abs(m["mean"] - mean_b) < 0.01 * mean_b
     assert (run_b / "report" / "figures" / "cdf-cell-delay.png").exists()
+
+
+def test_replay_server_on_another_clock_is_corrected(tmp_path):
+    """The replay server's process reads a clock 0.5 s ahead, drifting 300 ppm (a second host,
+    simulated): raw downstream delays come out about 0.5 s too small (negative), the clock
+    exchanges find the offset and drift, and the report's corrected delays are plausible
+    again, within the stated bound of raw + offset."""
+    trace_path = tmp_path / "synthetic.jsonl.gz"
+    write_trace(synth.interactive(flows=2, duration=20.0, mean_gap=0.15, seed=8), trace_path)
+    run, rep = _run(tmp_path, "it-replay-skew", trace_path,
+                    env_extra={"TORBED_TEST_CLOCK_SKEW": "0.5", "TORBED_TEST_CLOCK_DRIFT_PPM": "300"},
+                    **{"clients.web": {"count": 1, "path": ["guard", "middle", "exit"],
+                                       "workload": {"kind": "replay", "trace": str(trace_path)}}})
+    down = [c for c in records(rep / "cells.jsonl") if not c["warmup"] and c["direction"] == "d"]
+    assert len(down) > 100
+    raw_mean = statistics.mean(c["delay_s"] * 1e3 for c in down)
+    assert raw_mean < -400
+    [est] = [r for r in records(rep / "clock.jsonl") if r["type"] == "clock_estimate"]
+    print(f"skewed server: offset {est['offset_s'] * 1e3:.3f} ms ± {est['uncertainty_s'] * 1e3:.3f} ms, "
+          f"drift {est['drift_ppm']:.1f} ppm; raw mean delay {raw_mean:.1f} ms")
+    # 0.5 s when the server started, plus 300 ppm of the (< 2 minutes) until the first burst.
+    assert 0.5 - est["uncertainty_s"] <= est["offset_s"] <= 0.5 + 300e-6 * 120 + est["uncertainty_s"]
+    assert est["drift_ppm"] == pytest.approx(300, abs=50)
+    p = run_torbed(["report", str(run)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    m = summary["metrics"]["cell_delay_ms/web/down"]["variants"]["kist"]
+    print(f"corrected mean {m['mean']:.2f} ms ± {m['clock_bound_ms']:.3f} ms (clock)")
+    assert 0 < m["mean"] < 200
+    assert m["clock_bound_ms"] < 5
+    up = summary["metrics"]["cell_delay_ms/web/up"]["variants"]["kist"]
+    assert 0 < up["mean"] < 200

@@ -306,3 +306,78 @@ def test_think_config_is_seconds():
     assert think_config(None) is None
     assert think_config(ThinkTime(distribution="uniform", mean="5s", min="500ms", max="2s")) == {
         "distribution": "uniform", "mean_s": 5.0, "min_s": 0.5, "max_s": 2.0}
+
+
+def test_replay_container_replays_ships_cells_and_answers_the_clock(service, tmp_path):
+    """torbed.k8s.replayserver as the chart runs it (its scenario from the environment, the
+    traces found by file name in TORBED_TRACE_DIRS): one flow of the SSH trace over TCP on
+    loopback (no tor), clock exchanges over UDP on the same port number, and its upstream
+    cells arriving at the results service."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from torbed.replay import clock, engine, wire
+    from torbed.replay.trace import DOWN, UP, read
+    d, url = service
+    gopal = yaml.safe_load((REPO / "scenarios" / "gopal-heninger-2012-exp2.yaml").read_text())
+    for cg in gopal["clients"].values():
+        if cg["workload"]["kind"] == "replay":   # as in a pod: no such path, found by name
+            cg["workload"]["trace"] = "/nowhere/" + Path(cg["workload"]["trace"]).name
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TORBED_SCENARIO_JSON": json.dumps(gopal), "TORBED_RESULTS_URL": url,
+           "TORBED_VARIANT": "vanilla", "TORBED_TRACE_DIRS": str(REPO / "replay" / "traces"),
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "torbed.k8s.replayserver", "--scenario", "/nonexistent",
+                             "--group", "replay", "--port", str(port), "--results", str(tmp_path / "results")],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        probe = clock.Probe("127.0.0.1", port, timeout=0.5)
+        deadline = time.time() + 30
+        e = None
+        while e is None and time.time() < deadline:
+            e = probe.exchange(1)
+        assert e is not None, "no clock answer"
+        assert abs(e.offset) <= e.delay / 2 + 1e-4
+        probe.close()
+
+        trace = read(REPO / "replay" / "traces" / "ssh-session.trace.jsonl.gz")
+        # The first 3 s of a flow with keystrokes: the server replays the whole flow, the
+        # test sends and awaits only that much.
+        flow = next(f for f in trace.flows if f.count(UP))
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(json.dumps({"trace": "ssh-session", "flow": flow.id, "client": "ssh0", "group": "ssh",
+                                 "variant": "vanilla", "rep": 0, "t_measure": 0, "slack_s": 5}).encode() + b"\n")
+        up = [p for p in flow.packets if p.direction == UP and p.t - flow.start <= 3.0]
+        sent, _ = engine.send_packets(sock, up, time.time(), flow.start, threading.Event())
+        parser, got, t_end = wire.Parser(), 0, time.time() + 3.0 + 5
+        sock.settimeout(0.5)
+        want = sum(len(wire.chunk_sizes(p.size)) for p in flow.packets if p.direction == DOWN and p.t - flow.start <= 3.0)
+        while got < want and time.time() < t_end:
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            got += len(parser.feed(data))
+        sock.close()
+        assert sent > 0 and got >= want
+        deadline = time.time() + 15
+        while time.time() < deadline and not (d / "cells.jsonl").exists():
+            time.sleep(0.2)
+        cells = [json.loads(x) for x in (d / "cells.jsonl").read_text().splitlines()]
+        assert cells and all(c["direction"] == "u" and c["client"] == "ssh0" for c in cells)
+        assert len(cells) <= sent
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert "replay server replay: http-browsing" in err and "ssh-session" in err

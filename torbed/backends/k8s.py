@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__, constants, network, units
+from .. import __version__, chart, constants, network, units
 from ..scenario import Scenario
 # One exception tree, signal handling and run.json/meta.json writing for both backends.
 from .local import Interrupted, RunFailed, _on_signal, _write_json, utc_now  # noqa: F401 (re-exported)
@@ -196,12 +196,19 @@ def run_scenario(scenario: Scenario, scenario_path: Path, run_root: Path, consol
     cluster = Cluster(namespace, context)
     server_version = cluster.server_version()
     variants = variants or scenario.variants
+    try:
+        traces = chart.inline_traces(scenario)   # replay traces the client image lacks
+    except (ValueError, OSError) as e:
+        raise RunFailed(str(e)) from None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_root / f"{scenario.name}-{stamp}"
     run_dir.mkdir(parents=True)
     # The values file: the scenario as torbed decoded it (overrides such as --duration applied).
     values = run_dir / "values.yaml"
-    values.write_text(yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    values_data = scenario.model_dump(mode="json", exclude_none=True)
+    if traces:
+        values_data["replayTraces"] = {"inline": traces}
+    values.write_text(yaml.safe_dump(values_data, sort_keys=False))
     run_json = {"schema": 1, "name": scenario.name, "scenario": scenario.model_dump(mode="json"),
                 "seed": scenario.seed, "variants": variants,
                 "baseline": scenario.baseline_variant if scenario.baseline_variant in variants else variants[0],
@@ -341,6 +348,8 @@ def run_repetition(cluster: Cluster, helm: str, s: Scenario, values: Path, run_d
     finally:
         try:
             if rel.installed:
+                if any(cg.workload.kind == "replay" for cg in s.clients.values()):
+                    time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
                 _fetch(cluster, fn, rep_dir, fetched)
                 _save_logs(cluster, name, logs)
         except Exception as e:  # never let collection keep a release installed

@@ -710,7 +710,7 @@ def _measure(ctx: Context, plan: Plan, ids: Identities, sup: Supervisor, topo: n
                         # copies of the trace do not burst in lockstep.
                         "offset_s": c.index * period / cg.count if wl.distribute == "each" else 0.0, "slack_s": units.parse_duration(wl.timeout),
                         "timeout_s": units.parse_duration(wl.timeout), "concurrency": 1,
-                        "cells_output": str(rep_dir / "cells.jsonl")}
+                        "cells_output": str(rep_dir / "cells.jsonl"), "clock_output": str(rep_dir / "clock.jsonl")}
         else:
             workload = None
             entry = ctx.manifest[server_group][wl.file]

@@ -88,6 +88,48 @@ def wait_start(url: str, node: str, deadline: float) -> float | None:
     return None
 
 
+def replay_server_address(server_group: str, index: int, count: int, deadline: float) -> str:
+    """The address of the replay server pod this client replays against: one pod for the
+    replay stream and the clock exchanges alike (a ClusterIP could balance them onto two
+    pods, i.e. two clocks). Pod addresses from the group's headless Service, sorted; client
+    i takes number i mod the group's size, as on the local backend."""
+    while True:
+        try:
+            found = sorted({ai[4][0] for ai in socket.getaddrinfo(service_host(f"{server_group}-pods"), None,
+                                                                  socket.AF_INET, socket.SOCK_STREAM)},
+                           key=lambda a: tuple(int(x) for x in a.split(".")))
+        except socket.gaierror:
+            found = []
+        if len(found) >= count or (found and time.time() > deadline):
+            return found[index % len(found)]
+        if time.time() > deadline:
+            raise SystemExit(f"no address for the replay server group {server_group}")
+        time.sleep(1.0)
+
+
+def replay_workload(s, p, group: str, node: str, server_group: str, out: Path) -> dict:
+    """The driver's replay workload, as the local backend makes it (torbed.backends.local)."""
+    from ..backends.local import assign_flows, trace_name
+    from ..replay.trace import read as read_trace
+    cg = s.clients[group]
+    wl = cg.workload
+    sg = s.servers[server_group]
+    me = p.node(node)
+    path = s.trace_path(wl.trace)
+    trace = read_trace(path)
+    flows = assign_flows(trace, wl, p.group_nodes(group))
+    period = trace.duration + units.parse_duration(wl.gap)
+    address = replay_server_address(server_group, me.index, sg.count, time.time() + 60)
+    # "server" is the group, as for HTTP workloads here (pod ordinals do not follow the sorted
+    # addresses); the address names the pod.
+    return {"kind": "replay", "server": server_group, "address": address,
+            "port": sg.replay.port, "trace": str(path), "trace_name": trace_name(path), "flows": flows[node],
+            "loop": wl.loop, "period_s": period,
+            "offset_s": me.index * period / cg.count if wl.distribute == "each" else 0.0,
+            "slack_s": units.parse_duration(wl.timeout), "timeout_s": units.parse_duration(wl.timeout),
+            "concurrency": 1, "cells_output": str(out / "cells.jsonl"), "clock_output": str(out / "clock.jsonl")}
+
+
 def main(argv: list[str] | None = None) -> int:
     s = load_scenario()
     group = env("TORBED_GROUP")
@@ -132,13 +174,23 @@ def main(argv: list[str] | None = None) -> int:
         wl = cg.workload
         server_group = wl.server or next(iter(s.servers))
         sg = s.servers[server_group]
-        server_ip = socket.gethostbyname(service_host(server_group))
-        files = {name: units.parse_size(size) for name, size in sg.files.items()}
-        with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
-            manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
-        entry = manifest[wl.file]
         warmup = units.parse_duration(s.measure.warmup)
-        think = think_config(getattr(wl, "think", None))
+        if wl.kind == "replay":
+            workload = replay_workload(s, p, group, node, server_group, out)
+            server_ip = workload["address"]
+        else:
+            server_ip = socket.gethostbyname(service_host(server_group))
+            files = {name: units.parse_size(size) for name, size in sg.files.items()}
+            with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
+                manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
+            entry = manifest[wl.file]
+            think = think_config(getattr(wl, "think", None))
+            workload = {"kind": wl.kind, "server": f"{server_group}", "address": server_ip,
+                        "port": sg.port, "file": wl.file, "size": entry["size"], "sha256": entry["sha256"],
+                        "concurrency": wl.concurrency, "repeat": getattr(wl, "repeat", None),
+                        "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
+                        "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
+                        else constants.transfer_timeout(entry["size"])}
         cfg = {
             "client": node, "group": group, "variant": variant(), "rep": repetition(),
             "seed": s.seed + repetition(),
@@ -147,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "output": str(out / "transfers.jsonl"),
             "path": [[{"node": r.name, "fingerprint": fprs[r.name]} for r in p.group_nodes(g)]
                      for g in (cg.path or [])],
-            "workload": {"kind": wl.kind, "server": f"{server_group}", "address": server_ip,
-                         "port": sg.port, "file": wl.file, "size": entry["size"], "sha256": entry["sha256"],
-                         "concurrency": wl.concurrency, "repeat": getattr(wl, "repeat", None),
-                         "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
-                         "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
-                         else constants.transfer_timeout(entry["size"])},
+            "workload": workload,
             "t_workload": t_work, "t_measure": t_work + warmup,
             "t_end": t_work + units.parse_duration(s.measure.duration),
             "debug": False,

@@ -168,7 +168,7 @@ Args: (list $root $group).
 {{- end -}}
 
 {{- define "torbed.scenarioJson" -}}
-{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "clusterDomain" -}}
+{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "replayTraces" "clusterDomain" -}}
 {{- $s := dict -}}
 {{- range $k, $v := .Values -}}
 {{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
@@ -261,4 +261,23 @@ Args: (list $root $group).
     - {name: data, mountPath: /var/lib/torbed}
     - {name: run, mountPath: /run/torbed}
     - {name: tmp, mountPath: /tmp}
+{{- end -}}
+
+{{/* The release's own replay traces (replayTraces), mounted at /etc/torbed/traces: a volume,
+or nothing when there are none (pods then use the traces shipped in the client image). */}}
+{{- define "torbed.tracesVolume" -}}
+{{- $rt := .Values.replayTraces | default dict -}}
+{{- if $rt.configMap }}
+- name: traces
+  configMap: {name: {{ $rt.configMap }}}
+{{- else if $rt.inline }}
+- name: traces
+  configMap: {name: {{ include "torbed.fullname" . }}-traces}
+{{- end }}
+{{- end -}}
+{{- define "torbed.tracesMount" -}}
+{{- $rt := .Values.replayTraces | default dict -}}
+{{- if or $rt.configMap $rt.inline }}
+- {name: traces, mountPath: /etc/torbed/traces, readOnly: true}
+{{- end }}
 {{- end -}}

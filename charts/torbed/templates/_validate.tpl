@@ -69,9 +69,6 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 {{- $wl := $cg.workload -}}
-{{- if eq $wl.kind "replay" -}}
-{{- $problems = append $problems (printf "clients.%s.workload.kind: replay workloads run on the local backend only for now (on Kubernetes the replay server and its clients need one clock)" $c) -}}
-{{- else -}}
 {{- $server := $wl.server -}}
 {{- if not $server -}}
 {{- if ne (len $servers) 1 -}}
@@ -81,9 +78,10 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- if $server -}}
 {{- if not (hasKey $servers $server) -}}
 {{- $problems = append $problems (printf "clients.%s.workload.server: '%s' is not a server group (servers: %s)" $c $server (join ", " (keys $servers | sortAlpha))) -}}
-{{- else if not (hasKey (index $servers $server).files $wl.file) -}}
-{{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys (index $servers $server).files | sortAlpha))) -}}
-{{- end -}}
+{{- else if eq $wl.kind "replay" -}}
+{{- if not (index $servers $server).replay }}{{ $problems = append $problems (printf "clients.%s.workload.server: server '%s' has no replay server (add 'replay: {}' to it)" $c $server) }}{{ end -}}
+{{- else if not (hasKey ((index $servers $server).files | default dict) $wl.file) -}}
+{{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys ((index $servers $server).files | default dict) | sortAlpha))) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (eq $wl.kind "fetch") $wl.think -}}
@@ -95,7 +93,21 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 
 {{- range $g, $sg := $servers -}}
-{{- if $sg.replay }}{{ $problems = append $problems (printf "servers.%s.replay: replay servers run on the local backend only for now" $g) }}{{ end -}}
+{{- if not (or $sg.files $sg.replay) }}{{ $problems = append $problems (printf "servers.%s: a server needs 'files' (HTTP) or 'replay' (replay server), or both" $g) }}{{ end -}}
+{{- if $sg.replay -}}
+{{- $port := int ($sg.replay.port | default 8000) -}}
+{{- /* Containers run as non-root: no ports below 1024; 8080 is the file server's. */ -}}
+{{- if lt $port 1024 }}{{ $problems = append $problems (printf "servers.%s.replay.port: %d: on Kubernetes the replay server runs as non-root and needs a port from 1024" $g $port) }}{{ end -}}
+{{- if and $sg.files (eq $port 8080) }}{{ $problems = append $problems (printf "servers.%s.replay.port: 8080 is the file server container's port in the pod; choose another" $g) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Inline replay traces: the Helm release and the ConfigMap are each limited to 1 MiB. */ -}}
+{{- $rt := $v.replayTraces | default dict -}}
+{{- $b64 := 0 -}}
+{{- range $name, $data := $rt.inline | default dict }}{{ $b64 = add $b64 (len $data) }}{{ end -}}
+{{- if gt $b64 699051 -}}
+{{- $problems = append $problems (printf "replayTraces.inline: %d KiB of traces (base64: %d characters); at most 512 KiB fit in a Helm release: put larger ones in a ConfigMap of your own (replayTraces.configMap, at most 1 MiB) or shorten them (torbed trace slice)" (div (mul $b64 3) 4096) $b64) -}}
 {{- end -}}
 
 {{- /* Links. */ -}}
