@@ -229,7 +229,7 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             backend.start_run(r)
             failures = 0
             for i, (variant, k) in enumerate((v, k) for v in variants for k in range(scenario.repetitions)):
-                engine.begin(i, f"{variant} {k + 1}/{scenario.repetitions}")
+                engine.begin(i, f"{variant} rep {k + 1}/{scenario.repetitions}")
                 meta = _repetition(backend, r, variant, k)
                 engine.finish()
                 failures += meta["status"] != "ok"
