@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv test unit integration demo schema lint clean-runs clean bench reproduce tools chart-test images images-arm64 images-test
+.PHONY: setup deps venv lock test unit integration lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -17,11 +17,18 @@ $(STAMP)/deps: hack/install-deps.sh
 	@mkdir -p $(STAMP) && touch $@
 
 venv: $(BIN)/.installed
-$(BIN)/.installed: pyproject.toml
+# hack/constraints.txt pins every Python dependency (the client image uses it too).
+$(BIN)/.installed: pyproject.toml hack/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c hack/constraints.txt -e ".[test]"
 	@touch $@
+
+lock: venv  ## re-pin hack/constraints.txt to the newest versions pyproject.toml allows
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q --upgrade pip && .lock-venv/bin/pip install -q ".[test]"
+	{ sed -n '/^#/p' hack/constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -vi '^torbed[= ]'; } > hack/constraints.txt.new
+	mv hack/constraints.txt.new hack/constraints.txt && rm -rf .lock-venv
 
 test: setup  ## unit and integration tests (integration: real tor in network namespaces, needs root)
 	hack/run-tests.sh $(PYTEST_ARGS)
@@ -31,6 +38,9 @@ unit: setup
 
 integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+
+lint: venv  ## ruff (configured in pyproject.toml); part of `make test`
+	$(BIN)/ruff check .
 
 demo: setup  ## run scenarios/quickstart.yaml and write its report
 	hack/demo.sh

@@ -112,7 +112,6 @@ def aa_analyse(run_dir: str | Path, variant: str | None = None) -> dict:
     per_split = [_test_split(ex, variant, a, b, rng) for a, b in splits]
 
     tested = [row for rows in per_split for row in rows if row["inference"]["status"] == "tested"]
-    fam = [row for row in tested if row["inference"]["in_family"]]
     ks = [row["ks_pvalue"] for rows in per_split for row in rows if row["ks_pvalue"] is not None]
     mw = [row["mwu_pvalue"] for rows in per_split for row in rows if row["mwu_pvalue"] is not None]
     fam_splits = [rows for rows in per_split if any(r["inference"]["in_family"] and

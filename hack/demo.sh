@@ -11,9 +11,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 "$bin/torbed" validate "$scenario"
 "$bin/torbed" plan "$scenario"
-name=$("$bin/python" -c "import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$scenario")
-"$bin/torbed" run "$scenario" --out "$out"
-run_dir=$(readlink -f "$out/$name-latest")
+# `torbed run` prints the run directory on stdout (its progress goes to stderr).
+run_dir=$("$bin/torbed" run "$scenario" --out "$out")
 "$bin/torbed" report "$run_dir"
 echo
 echo "demo: the report is at $run_dir/report/report.html (also report.md, summary.json, figures/)"

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The test command behind `make test` (and so .ci/run): linkemu's cargo tests, unit tests,
+# The test command behind `make test` (and so .ci/run): ruff, linkemu's cargo tests, unit tests,
 # chart tests (helm lint/template/unittest, kubeconform), then integration tests with real
 # tor processes and network namespaces. pytest's exit 5
 # ("no tests ran") fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-# linkemu's scheduling logic (Rust unit tests, fake clock) first.
+# Lint first: it takes a second and its findings are real errors (unused or undefined names).
+if ! "$bin/ruff" check .; then
+  echo "run-tests: ruff found problems (configuration: pyproject.toml [tool.ruff])" >&2
+  exit 1
+fi
+# linkemu's scheduling logic (Rust unit tests, fake clock).
 cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
 if ! "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml; then
   echo "run-tests: linkemu's cargo tests failed (or cargo is missing: install Rust, https://rustup.rs)" >&2

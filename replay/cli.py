@@ -25,8 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import InputError
 from . import convert
-from .pcap import PcapError
 from .trace import TraceError, info, merge, read, slice_trace, write
 
 console = Console(stderr=True)
@@ -46,7 +46,10 @@ def _guard(fn):
     def wrapped(args) -> int:
         try:
             return fn(args)
-        except (TraceError, PcapError, OSError) as e:
+        except InputError as e:   # TraceError, PcapError: the file is named in the message
+            console.print(f"[red]error[/red] {e}", highlight=False)
+            return EXIT_BAD_INPUT
+        except OSError as e:
             console.print(f"[red]error[/red] {e}", highlight=False)
             return EXIT_BAD_INPUT
     return wrapped
@@ -194,7 +197,7 @@ def cmd_capture(args) -> int:
     args.from_ = "pcap"
     try:
         t = _convert(args, pcap)
-    except (TraceError, PcapError) as e:
+    except InputError as e:   # a capture we made but cannot convert: a failure, not bad input
         console.print(f"[red]error[/red] {e}", highlight=False)
         return EXIT_FAILED
     t.meta.setdefault("tool", "")

@@ -18,12 +18,17 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from ..errors import InputError
+from ..safeload import FileInputError, read_bytes
 
 LINK_NULL, LINK_ETHERNET, LINK_RAW, LINK_LOOP = 0, 1, 101, 108
 LINK_SLL, LINK_SLL2, LINK_IPV4, LINK_IPV6 = 113, 276, 228, 229
 
+# Captures are headers only (snap length 128); 256 MiB is hours of them.
+MAX_CAPTURE_BYTES = 256 << 20
 
-class PcapError(ValueError):
+
+class PcapError(InputError, ValueError):
     pass
 
 
@@ -48,7 +53,10 @@ class Segment:
 
 
 def read_segments(path: str | Path) -> list[Segment]:
-    data = Path(path).read_bytes()
+    try:
+        data = read_bytes(path, "capture", MAX_CAPTURE_BYTES)
+    except FileInputError as e:
+        raise PcapError(str(e)) from None
     if len(data) < 4:
         raise PcapError(f"{path}: too short to be a capture")
     magic = data[:4]

@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from ..errors import InputError
+from ..safeload import FileInputError, open_lines
 
 FORMAT = "torbed-trace"
 VERSION = 1
 DOWN, UP = "d", "u"
 
 
-class TraceError(ValueError):
+class TraceError(InputError, ValueError):
     """A trace that cannot be read; the message names the file and line."""
 
 
@@ -90,30 +91,35 @@ def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _open_text(path: Path):
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return io.StringIO(raw.decode("utf-8"))
+# Bounds on a trace file (uncompressed): far above real captures (a 10-minute capture of
+# 25 clients is ~30 MB), low enough that a gzip bomb stops within a second or so.
+MAX_TRACE_BYTES = 256 << 20
+MAX_LINE_BYTES = 64 << 20
 
 
 def read(path: str | Path) -> Trace:
-    """Read and check a trace file (plain or gzip). Raises TraceError naming file and line."""
+    """Read and check a trace file (plain or gzip). Raises TraceError naming file and line
+    (also for a file that is binary, not UTF-8, empty or too large: see torbed.safeload)."""
     path = Path(path)
     try:
-        f = _open_text(path)
-    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: cannot read: {e}") from None
+        return _read(path)
+    except FileInputError as e:
+        raise TraceError(str(e)) from None
+
+
+def _read(path: Path) -> Trace:
     header = None
     flows: list[Flow] = []
     ids: set[str] = set()
-    for i, line in enumerate(f, 1):
+    for i, line in open_lines(path, "trace", MAX_TRACE_BYTES, MAX_LINE_BYTES):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise TraceError(f"{path}:{i}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise TraceError(f"{path}:{i}: not JSON (nested too deeply)") from None
         if not isinstance(rec, dict):
             raise TraceError(f"{path}:{i}: expected a JSON object")
         if header is None:

@@ -447,7 +447,7 @@ def _terminate(signum, frame):
 
 
 def run(out_dir: Path, quick: bool, console) -> dict:
-    from .backends.local import host_info
+    from .provenance import host_info
     n_rtt, n_udp, n_loss, rate_s, tput_s = (100, 200, 10000, 4.0, 4.0) if quick else (500, 600, 50000, 10.0, 8.0)
     bench = Bench(quick, console)
     results: dict = {}

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from . import constants
 from .variants import Variant, stock_build_key
+from .errors import RunFailed
 
 
-class BuildError(RuntimeError):
+class BuildError(RunFailed):
     pass
 
 

@@ -1,16 +1,23 @@
 """The ``torbed`` command: one subcommand per stage, the run directory between stages.
 
     validate SCENARIO      check a scenario (nothing starts)
-    plan SCENARIO          print the concrete network: nodes, addresses, paths, links
+    plan SCENARIO          print the concrete network: nodes, addresses, paths, links, and
+                           what each backend cannot run
     schema                 print the scenario's JSON Schema
     chart-files            regenerate the chart's generated files (values schema, torrc, variants)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
-    run SCENARIO           bring the network up, measure, tear down -> RUN_DIR
+    run SCENARIO           bring the network up, measure, tear down -> RUN_DIR (on stdout)
     clean                  remove what a killed run left behind (namespaces, processes)
+    report RUN_DIR         statistics, figures and a report of a run
+    compare RUN_A RUN_B    compare two runs of one scenario
+    capture OUT            capture TCP flows (headers only) into a replay trace
+    trace ...              inspect, slice, merge and convert replay traces
+    aa SCENARIO|RUN_DIR    A/A calibration: the report's false-positive rate on one variant
+    nightly NIGHTLY        a night of a benchmark matrix: run, keep the history, flag changes
 
-Exit codes: 0 success, 1 the run or build failed, 2 bad input (scenario, arguments),
-130 interrupted.
+Exit codes: 0 success, 1 the run or build failed, 2 bad input (scenario, arguments, files),
+130 interrupted (see torbed.errors).
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from . import network, scenario as scenario_mod
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from . import __version__, network, scenario as scenario_mod
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted, TorbedError
+from .workloads import WORKLOADS
 
 console = Console(stderr=True)
 out = Console()
@@ -49,13 +56,13 @@ def cmd_plan(args) -> int:
     s = _load(args.scenario)
     variant = args.variant or s.variants[0]
     if variant not in s.variants:
-        console.print(f"[red]error[/red] --variant {variant!r} is not one of the scenario's variants "
-                      f"({', '.join(s.variants)})")
-        return EXIT_BAD_INPUT
+        raise InputError(f"--variant {variant!r} is not one of the scenario's variants ({', '.join(s.variants)})")
     p = network.plan(s, variant)
+    gaps = _backend_gaps(s)
     if args.json:
         print(json.dumps({"scenario": s.name, "variant": variant, "subnet": p.subnet,
-                          "nodes": [n.to_dict() for n in p.nodes]}, indent=2))
+                          "nodes": [n.to_dict() for n in p.nodes],
+                          "unsupported": {b: dict(g) for b, g in gaps.items()}}, indent=2))
         return EXIT_OK
     t = Table(title=f"{s.name}: variant {variant} ({p.subnet}, control plane {p.control_address})")
     for col in ("node", "role", "group", "variant", "address", "ports", "flags"):
@@ -69,11 +76,7 @@ def cmd_plan(args) -> int:
     for col in ("client group", "count", "path", "workload"):
         t.add_column(col)
     for g, cg in s.clients.items():
-        wl = cg.workload
-        if wl.kind == "replay":
-            desc = f"replay {wl.trace}" + (f" ({len(wl.flows)} flows)" if wl.flows else "") + f", {wl.distribute}"
-        else:
-            desc = f"{wl.kind} '{wl.file}'" + (f" x{wl.repeat}" if wl.kind == "fetch" else "")
+        desc = WORKLOADS[cg.workload.kind].describe(cg.workload)
         t.add_row(g, str(cg.count), " -> ".join(cg.path) if cg.path else "(tor chooses)", desc)
     out.print(t)
     t = Table(title="links (symmetric; per group pair)")
@@ -85,7 +88,26 @@ def cmd_plan(args) -> int:
     out.print(t)
     from . import shaping
     out.print(f"shaper: {shaping.describe_shaper(p)}")
+    for backend, missing in gaps.items():
+        for feature, why in missing:
+            out.print(f"[yellow]not on the {backend} backend[/yellow]: {feature}: {why}", highlight=False)
     return EXIT_OK
+
+
+def _backend_gaps(s) -> dict[str, list[tuple[str, str]]]:
+    """{backend: [(feature, why)]} for the scenario's features a backend lacks."""
+    from .backends import BACKENDS, backend_class
+    from .engine import unsupported
+    gaps = {}
+    for name in BACKENDS:
+        try:
+            cls = backend_class(name)
+        except ImportError as e:   # e.g. the kubernetes client missing: say so, plan the rest
+            gaps[name] = [("backend", f"cannot be loaded: {e}")]
+            continue
+        if unsupported(s, cls):
+            gaps[name] = unsupported(s, cls)
+    return gaps
 
 
 def cmd_schema(args) -> int:
@@ -108,6 +130,7 @@ def cmd_chart_files(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="torbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"torbed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a scenario file (nothing starts)", formatter_class=fmt)
@@ -148,10 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     args.argv_after_dashdash = rest
     try:
         return args.func(args)
-    except scenario_mod.ScenarioError as e:
-        for line in str(e).splitlines():
-            console.print(f"[red]error[/red] {line}", highlight=False)
-        return EXIT_BAD_INPUT
+    except Interrupted as e:
+        console.print(f"[yellow]interrupted[/yellow] ({e}): everything started was stopped and removed; "
+                      "records measured so far are kept", highlight=False)
+        return e.exit_code
+    except InputError as e:
+        # One line per problem, each naming its file and field.
+        for line in str(e).splitlines() or [type(e).__name__]:
+            console.print(f"[red]error[/red] {line}", highlight=False, soft_wrap=True)
+        return e.exit_code
+    except TorbedError as e:
+        console.print(f"[red]error[/red] {e}", highlight=False)
+        return e.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")
         return EXIT_INTERRUPTED

@@ -6,89 +6,48 @@ Each ``register_*`` adds one subcommand to the argparse subparsers; ``REGISTER``
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from . import builds, constants, variants as variants_mod
+from .errors import EXIT_FAILED, EXIT_OK, InputError
 
 console = Console(stderr=True)
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def _reexec_in_userns() -> None:
-    """Unprivileged (or TORBED_USERNS=1): re-run this command as root of a new user + network
-    + mount namespace, with a private /run (so `ip netns` works); everything we create dies
-    with it."""
-    if os.environ.get("TORBED_IN_USERNS"):
-        raise SystemExit("torbed: still unprivileged inside the user namespace")
-    unshare = shutil.which("unshare")
-    if not unshare:
-        raise SystemExit("torbed: not root and no `unshare` (util-linux) to make a user namespace")
-    inner = ("mount -t tmpfs torbed /run && mkdir -p /run/netns /run/torbed && "
-             'exec "$0" "$@"')
-    os.environ["TORBED_IN_USERNS"] = "1"
-    os.execv(unshare, [unshare, "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
-                       "sh", "-c", inner, sys.executable, "-m", "torbed.cli", *sys.argv[1:]])
 
 
 def cmd_run(args) -> int:
-    from .backends import local
-    from .scenario import load
-    s = load(args.scenario)
+    from . import engine, scenario as scenario_mod
+    from .backends import backend_class
+    from .shaping import ShapingError
+    s = scenario_mod.load(args.scenario)
     if args.variant:
         bad = [v for v in args.variant if v not in s.variants]
         if bad:
-            console.print(f"[red]error[/red] --variant {', '.join(bad)}: not in the scenario's variants ({', '.join(s.variants)})")
-            return EXIT_BAD_INPUT
-    if args.repetitions:
-        s.repetitions = args.repetitions
-    if args.duration:
-        s.measure.duration = args.duration
-    if args.backend == "k8s":
-        return _run_k8s(args, s)
-    if os.geteuid() != 0 or (os.environ.get("TORBED_USERNS") == "1" and not os.environ.get("TORBED_IN_USERNS")):
-        _reexec_in_userns()
+            raise InputError(f"--variant {', '.join(bad)}: not in the scenario's variants ({', '.join(s.variants)})")
+    s = scenario_mod.with_overrides(s, args.scenario, repetitions=args.repetitions, measure__duration=args.duration)
+    backend = backend_class(args.backend).from_args(args, console)
     try:
-        run_dir = local.run_scenario(s, Path(args.out), console, system_tor=args.system_tor, variants=args.variant)
-    except local.Interrupted:
-        console.print("[yellow]interrupted[/yellow]: everything started was stopped and removed; "
-                      "records measured so far are kept")
-        return EXIT_INTERRUPTED
-    except (local.RunFailed, builds.BuildError) as e:
-        console.print(f"[red]error[/red] {e}", highlight=False)
-        return EXIT_FAILED
-    return _finished(run_dir)
-
-
-def _finished(run_dir: Path) -> int:
-    import json
+        run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario)
+    except ShapingError as e:
+        raise InputError(f"{args.scenario}: links: {e}") from None
     info = json.loads((run_dir / "run.json").read_text())
+    # stdout carries only the run directory: RUN=$(torbed run ...) works.
+    print(run_dir, flush=True)
     console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
-                  f"next: torbed report {run_dir}")
+                  f"next: torbed report {run_dir}", highlight=False)
     return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
 
 
-def _run_k8s(args, s) -> int:
-    from .backends import k8s
-    try:
-        run_dir = k8s.run_scenario(s, Path(args.scenario), Path(args.out), console, namespace=args.namespace,
-                                   context=args.context, variants=args.variant, extra_set=args.set or [])
-    except k8s.Interrupted:
-        console.print("[yellow]interrupted[/yellow]: the release was uninstalled; records fetched so far are kept")
-        return EXIT_INTERRUPTED
-    except k8s.RunFailed as e:
-        console.print(f"[red]error[/red] {e}", highlight=False)
-        return EXIT_FAILED
-    return _finished(run_dir)
-
-
 def register_run(sub, fmt) -> None:
-    p = sub.add_parser("run", help="run a scenario (local backend, or --backend k8s) -> RUN_DIR", formatter_class=fmt)
+    from .backends import BACKENDS
+    p = sub.add_parser("run", help="run a scenario (local backend, or --backend k8s) -> RUN_DIR", formatter_class=fmt,
+                       description="Bring the scenario's network up, measure, tear it down, for every variant "
+                                   "x repetition. Prints the run directory on stdout (RUN=$(torbed run ...)); "
+                                   "progress goes to stderr. Next: torbed report RUN_DIR.")
     p.add_argument("scenario", help="scenario YAML file (check it first with `torbed validate`)")
     p.add_argument("--out", default="runs", help="directory in which the run directory is created")
     p.add_argument("--variant", action="append", default=None, help="run only this variant (repeatable)")
@@ -96,25 +55,14 @@ def register_run(sub, fmt) -> None:
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")
     p.add_argument("--system-tor", action="store_true",
                    help="config-only variants use the tor on PATH instead of the cached stock build")
-    p.add_argument("--backend", choices=["local", "k8s"], default="local",
+    p.add_argument("--backend", choices=list(BACKENDS), default="local",
                    help="local: network namespaces on this machine; k8s: helm install of charts/torbed "
                         "into the current kubeconfig context, one release per variant and repetition")
     p.add_argument("--namespace", default="default", help="k8s: namespace of the releases")
     p.add_argument("--context", default=None, help="k8s: kubeconfig context (default: the current one)")
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                    help="k8s: extra chart values, e.g. images.registry=reg:5000 (repeatable)")
-    p.set_defaults(func=_guard_shaping(cmd_run))
-
-
-def _guard_shaping(fn):
-    def wrapped(args):
-        from .shaping import ShapingError
-        try:
-            return fn(args)
-        except ShapingError as e:
-            console.print(f"[red]error[/red] {args.scenario}: links: {e}", highlight=False)
-            return EXIT_BAD_INPUT
-    return wrapped
+    p.set_defaults(func=cmd_run)
 
 
 def cmd_clean(args) -> int:
@@ -134,34 +82,34 @@ def register_clean(sub, fmt) -> None:
 
 
 def cmd_variants(args) -> int:
+    rows = []
+    for fam in variants_mod.list_families():
+        v = variants_mod.load_variant(fam)
+        rows.append({"family": fam, "parameters": list(v.parameters), "description": v.description,
+                     "patches": [p.name for p in v.patches], "build_key": v.build_key,
+                     "built": builds.cached(v.build_key) is not None})
+    if args.json:
+        print(json.dumps({"variants_dir": str(constants.VARIANTS_DIR), "variants": rows}, indent=2))
+        return EXIT_OK
     t = Table(title=f"relay variants ({constants.VARIANTS_DIR})")
     for col in ("family", "description", "patches", "build key", "built"):
         t.add_column(col)
-    for fam in variants_mod.list_families():
-        v = variants_mod.load_variant(fam)
-        t.add_row(fam + (" (-<" + next(iter(v.parameters)) + ">)" if v.parameters else ""), v.description,
-                  ", ".join(p.name for p in v.patches) or "-", v.build_key,
-                  "[green]yes[/green]" if builds.cached(v.build_key) else "no")
+    for r in rows:
+        t.add_row(r["family"] + (" (-<" + r["parameters"][0] + ">)" if r["parameters"] else ""), r["description"],
+                  ", ".join(r["patches"]) or "-", r["build_key"], "[green]yes[/green]" if r["built"] else "no")
     Console().print(t)
     return EXIT_OK
 
 
 def register_variants(sub, fmt) -> None:
     p = sub.add_parser("variants", help="list relay variants and their build status", formatter_class=fmt)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_variants)
 
 
 def cmd_build(args) -> int:
-    try:
-        v = variants_mod.load_variant(args.variant) if args.variant != "stock" else None
-    except variants_mod.VariantError as e:
-        console.print(f"[red]error[/red] {e}")
-        return EXIT_BAD_INPUT
-    try:
-        b = builds.ensure(v, console)
-    except builds.BuildError as e:
-        console.print(f"[red]error[/red] {e}", highlight=False)
-        return EXIT_FAILED
+    v = variants_mod.load_variant(args.variant) if args.variant != "stock" else None
+    b = builds.ensure(v, console)
     console.print(f"{args.variant}: {b.tor} (key {b.key}, sha256 {str(b.describe()['tor_sha256'])[:16]}...)")
     return EXIT_OK
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from . import constants, netns
 from .network import LinkSpec, Plan
 from .supervise import Supervisor, tail
+from .errors import RunFailed
 
 CRATE_DIR = constants.REPO_ROOT / "torbed" / "linkemu"
 BUILT_BINARY = CRATE_DIR / "target" / "release" / "linkemu"
@@ -60,7 +61,7 @@ CONTROL_NODE = "control"             # the control plane's port in the table (ne
 START_TIMEOUT = 10.0
 
 
-class EmulatorError(RuntimeError):
+class EmulatorError(RunFailed):
     pass
 
 

@@ -8,6 +8,8 @@ to verify every download.
 Public API:
 
 - ``generate_files(directory, files: {name: size}, seed) -> manifest``
+- ``prepare_files(scenario) -> {group: manifest}``: every server group's files, generated
+  once into the cache (content is deterministic) and reused; ``manifest["_dir"]`` is where
 - ``serve(directory, bind, port, log_path)`` (blocks; SIGTERM stops it)
 """
 
@@ -17,7 +19,9 @@ import argparse
 import hashlib
 import http.server
 import json
+import os
 import random
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -41,6 +45,33 @@ def generate_files(directory: Path, files: dict[str, int], seed: int) -> dict[st
         manifest[name] = {"size": size, "sha256": h.hexdigest()}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
+
+
+def files_key(group: str, files: dict[str, int], seed: int) -> str:
+    h = hashlib.sha256(json.dumps([seed, sorted(files.items())]).encode()).hexdigest()[:12]
+    return f"{group}-{h}"
+
+
+def prepare_files(scenario) -> dict[str, dict]:
+    """Generate (or reuse from the cache) every server group's files. Returns {group:
+    manifest}; files live in CACHE_DIR/files/<files_key>/."""
+    from . import constants
+    manifests = {}
+    for g, sg in scenario.servers.items():
+        if not sg.files:
+            continue   # a replay-only server
+        files = {name: size.bytes for name, size in sg.files.items()}
+        d = constants.CACHE_DIR / "files" / files_key(g, files, scenario.seed)
+        m = d / "manifest.json"
+        if m.exists():
+            manifests[g] = json.loads(m.read_text())
+        else:
+            tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+            manifests[g] = generate_files(tmp, files, scenario.seed)
+            shutil.rmtree(d, ignore_errors=True)
+            tmp.rename(d)
+        manifests[g]["_dir"] = str(d)
+    return manifests
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import __version__, constants
 from .variants import VariantError, list_families, load_variant
+from .errors import InputError, RunFailed
 
 REPO = constants.REPO_ROOT
 IMAGES = ("dirauth", "client", "relay")
@@ -42,11 +43,11 @@ ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "amd64": "amd64", "arm64": "arm
 LOG_DIR = constants.CACHE_DIR / "logs"
 
 
-class ImageError(RuntimeError):
+class ImageError(RunFailed):
     """An image could not be built (exit code 1)."""
 
 
-class ImageInputError(ImageError):
+class ImageInputError(ImageError, InputError):
     """Bad input: an unknown platform, image kind or variant family (exit code 2)."""
 
 

@@ -7,22 +7,28 @@ Public API:
   certificate's fingerprint, ``expires`` its ``dir-key-expires`` (UTC, ISO 8601).
 - ``make_relay_identity(datadir, nickname, tor) -> str`` runs ``tor --list-fingerprint``,
   which creates the relay keys in ``datadir`` and returns the RSA identity fingerprint.
-- ``KeyError_`` (``KeyGenerationError``) when a tool fails; the message has its output.
+- ``node_keys(node, datadir, tor_gencert, tor, cache) -> (fingerprint, AuthorityKeys | None,
+  "cached" | "generated")``: a node's keys from the per-scenario key cache or made afresh
+- ``KeyGenerationError`` when a tool fails; the message has its output.
 
 Keys are generated per run (never baked into images or committed).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from . import constants
+from .errors import RunFailed
 
 
-class KeyGenerationError(RuntimeError):
+class KeyGenerationError(RunFailed):
     """tor-gencert or tor --list-fingerprint failed; the message carries its output."""
 
 
@@ -83,3 +89,47 @@ def make_relay_identity(datadir: Path, nickname: str, tor: str = "tor") -> str:
     if name != nickname or len(fpr) != 40:
         raise KeyGenerationError(f"{datadir}/fingerprint: unexpected content {name!r} {fpr!r}")
     return fpr
+
+
+KEY_FILES = ("keys", "fingerprint", "fingerprint-ed25519")
+
+
+def node_keys(node, datadir: Path, tor_gencert: str, tor: str, cache: Path | None):
+    """Identity keys of an authority or relay (a ``network.Node``): from the per-scenario
+    key cache when present (same fingerprints run after run; certificates within 30 days
+    of expiry are remade), else generated with tor's tools and stored in the cache.
+    Returns (fingerprint, AuthorityKeys or None, "cached" | "generated")."""
+    entry = cache / f"{node.name}-{node.address}" if cache else None
+    if entry and (entry / "done").exists():
+        try:
+            auth = read_certificate(entry / "keys" / "authority_certificate") if node.role == "authority" else None
+            fresh = auth is None or dt.datetime.fromisoformat(auth.expires.rstrip("Z")) > \
+                dt.datetime.utcnow() + dt.timedelta(days=30)
+            if fresh:
+                _copy_key_files(entry, datadir, exist_ok=True)
+                if auth:
+                    auth = read_certificate(datadir / "keys" / "authority_certificate")
+                fpr = (datadir / "fingerprint").read_text().split()[1]
+                return fpr, auth, "cached"
+        except (OSError, IndexError, ValueError, KeyGenerationError):
+            pass  # a damaged cache entry is regenerated below
+    auth = make_authority_keys(datadir, node.address, node.ports["dir"], tor_gencert) if node.role == "authority" else None
+    fpr = make_relay_identity(datadir, node.nickname, tor)
+    if entry:
+        tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        _copy_key_files(datadir, tmp, exist_ok=False)
+        (tmp / "done").write_text("")
+        shutil.rmtree(entry, ignore_errors=True)
+        tmp.rename(entry)
+    return fpr, auth, "generated"
+
+
+def _copy_key_files(src_dir: Path, dst_dir: Path, exist_ok: bool) -> None:
+    for f in KEY_FILES:
+        src = src_dir / f
+        if src.is_dir():
+            shutil.copytree(src, dst_dir / f, dirs_exist_ok=exist_ok)
+        elif src.exists():
+            shutil.copy2(src, dst_dir / f)

@@ -35,9 +35,10 @@ import tempfile
 
 from . import constants
 from .network import Node, Plan
+from .errors import RunFailed
 
 
-class NetnsError(RuntimeError):
+class NetnsError(RunFailed):
     pass
 
 

@@ -88,10 +88,10 @@ def _linkspec(link: Link, base: LinkSpec | None = None) -> LinkSpec:
         except ValueError:
             queue_bytes, queue_s = None, units.parse_duration(link.queue)
     return LinkSpec(
-        rate_bps=units.parse_rate(link.rate) if link.rate else base.rate_bps,
-        delay_s=units.parse_duration(link.delay) if link.delay else base.delay_s,
-        jitter_s=units.parse_duration(link.jitter) if link.jitter else base.jitter_s,
-        loss=units.parse_percent(link.loss) if link.loss else base.loss,
+        rate_bps=link.rate.bps if link.rate else base.rate_bps,
+        delay_s=link.delay.seconds if link.delay else base.delay_s,
+        jitter_s=link.jitter.seconds if link.jitter else base.jitter_s,
+        loss=link.loss.fraction if link.loss else base.loss,
         jitter_dist=link.jitter_distribution or base.jitter_dist,
         loss_burst=link.loss_burst or base.loss_burst,
         queue_bytes=queue_bytes,

@@ -20,16 +20,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
                       ValidationError, model_validator)
 from pydantic_core import PydanticCustomError
 
-from . import constants, units
+from . import constants, safeload, units
 from .variants import VariantError, load_variant
+from .errors import InputError
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError, ValueError):
     """A scenario that cannot be used. ``problems`` is a list of (field path, message)."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
@@ -40,20 +40,21 @@ class ScenarioError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------
-# Unit-string field types: kept as the user's strings (so run.json round-trips), checked here.
+# Unit-string field types: parsed once, here, into units.Size/Rate/Duration/Percent (str
+# subclasses: the user's spelling round-trips through run.json and Helm values; every stage
+# reads .bytes / .bps / .seconds / .fraction instead of parsing again).
 
-def _checker(parse, pattern: str):
-    def check(v: str) -> str:
-        parse(v)
-        return v
+def _checker(quantity: type[units.Quantity], pattern: str):
+    def check(v: str) -> units.Quantity:
+        return quantity(v)
     return Annotated[str, AfterValidator(check), Field(json_schema_extra={"pattern": pattern})]
 
 
-Size = _checker(units.parse_size, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$")
-Rate = _checker(units.parse_rate,
+Size = _checker(units.Size, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$")
+Rate = _checker(units.Rate,
                 r"^[0-9]+(\.[0-9]+)?\s*(bit|kbit|mbit|gbit|B/s|KB/s|MB/s|GB/s|KiB/s|MiB/s|GiB/s)$")
-Duration = _checker(units.parse_duration, r"^[0-9]+(\.[0-9]+)?\s*(us|ms|s|m|h)$")
-Percent = _checker(units.parse_percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
+Duration = _checker(units.Duration, r"^[0-9]+(\.[0-9]+)?\s*(us|ms|s|m|h)$")
+Percent = _checker(units.Percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
 
 GROUP_NAME_RE = r"^[a-z][a-z0-9]{0,11}$"
 GroupName = Annotated[str, Field(pattern=GROUP_NAME_RE)]
@@ -114,7 +115,13 @@ def _parse_queue(text: object) -> float:
         raise ValueError(f"not a queue size: {text!r}; use a size ('64KB') or a time at the link rate ('50ms')") from None
 
 
-QueueSize = _checker(_parse_queue, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB|us|ms|s)$")
+def _check_queue(v: str) -> str:
+    _parse_queue(v)
+    return v
+
+
+# A size or a time: the shaper decides which, so it stays a checked string.
+QueueSize = Annotated[str, AfterValidator(_check_queue), Field(json_schema_extra={"pattern": r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB|us|ms|s)$"})]
 
 
 class Link(Strict):
@@ -413,7 +420,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             if wl.think is not None and wl.think.distribution == "uniform":
                 if wl.think.min is None or wl.think.max is None:
                     problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
-                elif units.parse_duration(wl.think.min) > units.parse_duration(wl.think.max):
+                elif wl.think.min.seconds > wl.think.max.seconds:
                     problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
 
     for g, sg in servers.items():
@@ -441,24 +448,24 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         if link.jitter is not None and link.delay is None:
             problems.append((f"{path}.jitter", "jitter needs a delay"))
         if link.jitter is not None and link.delay is not None and \
-                units.parse_duration(link.jitter) > units.parse_duration(link.delay):
+                link.jitter.seconds > link.delay.seconds:
             problems.append((f"{path}.jitter", "jitter larger than the delay would reorder packets"))
-        if link.rate is not None and units.parse_rate(link.rate) < 8000:
+        if link.rate is not None and link.rate.bps < 8000:
             problems.append((f"{path}.rate", f"{link.rate} is below 8kbit; tor cannot work that slowly"))
         if link.queue is not None and link.rate is None and s.links.default.rate is None:
             problems.append((f"{path}.queue", "a queue bounds the backlog of a rate-limited link: set a rate"))
         if link.loss_burst is not None and link.loss is None and s.links.default.loss is None:
             problems.append((f"{path}.loss_burst", "loss_burst shapes losses: set a loss"))
-        if link.loss_burst is not None and units.parse_percent(link.loss or s.links.default.loss or "0%") >= 1.0:
+        if link.loss_burst is not None and (link.loss or s.links.default.loss or units.Percent("0%")).fraction >= 1.0:
             problems.append((f"{path}.loss_burst", "bursts are meaningless with 100% loss"))
 
     # Measurement.
     m = s.measure
-    if units.parse_duration(m.duration) <= 0:
+    if m.duration.seconds <= 0:
         problems.append(("measure.duration", "must be longer than 0s"))
-    if units.parse_duration(m.warmup) >= units.parse_duration(m.duration):
+    if m.warmup.seconds >= m.duration.seconds:
         problems.append(("measure.warmup", f"warmup {m.warmup} is not shorter than duration {m.duration}"))
-    if units.parse_duration(m.bw_interval) < 0.1:
+    if m.bw_interval.seconds < 0.1:
         problems.append(("measure.bw_interval", "must be at least 100ms"))
     if len(set(m.collect)) != len(m.collect):
         problems.append(("measure.collect", "collectors must be unique"))
@@ -474,7 +481,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                              f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0)"))
         elif f.target not in relays and int(f.target[len(base):]) >= relays[base].count:
             problems.append((f"faults[{i}].target", f"'{f.target}': group '{base}' has {relays[base].count} node(s)"))
-        if units.parse_duration(f.at) >= units.parse_duration(m.duration):
+        if f.at.seconds >= m.duration.seconds:
             problems.append((f"faults[{i}].at", f"{f.at} is after the end of the workload ({m.duration})"))
     return problems, warnings
 
@@ -527,19 +534,35 @@ def parse(data: object, source: str = "<data>", variants_dir: Path = constants.V
 
 
 def load(path: str | Path, variants_dir: Path = constants.VARIANTS_DIR) -> Scenario:
-    """Read a scenario YAML file. Raises ScenarioError naming the file."""
+    """Read a scenario YAML file. Raises ScenarioError naming the file (also for a file
+    that is binary, not UTF-8, empty, enormous or nested absurdly deep: see safeload)."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ScenarioError(str(path), [("", f"cannot read: {e.strerror}")]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ScenarioError(str(path), [("", f"not valid YAML: {where}{getattr(e, 'problem', e)}")]) from None
+        data = safeload.load_yaml(path, "scenario")
+    except safeload.FileInputError as e:
+        raise ScenarioError(str(path), [("", e.why)]) from None
     return parse(data, str(path), variants_dir, base_dir=path.resolve().parent)
+
+
+def with_overrides(s: Scenario, source: str, **fields: object) -> Scenario:
+    """The scenario with command-line overrides applied and validated like the file's own
+    values (``repetitions=3``, ``measure.duration='60s'`` as ``measure__duration``).
+    Raises ScenarioError naming the option."""
+    data = s.model_dump(mode="json", exclude_none=True)
+    for key, value in fields.items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    try:
+        out = parse(data, source, base_dir=s._base_dir)
+    except ScenarioError as e:
+        names = {k.replace("__", "."): "--" + k.split("__")[-1] for k in fields}
+        raise ScenarioError(source, [(f"{names.get(p, p)}", m) for p, m in e.problems]) from None
+    return out
 
 
 def _close_maps(node: object) -> None:

@@ -27,11 +27,12 @@ import subprocess
 from dataclasses import dataclass
 
 from .network import LinkSpec, Node, Plan
+from .errors import InputError
 
 UNLIMITED = "10gbit"
 
 
-class ShapingError(RuntimeError):
+class ShapingError(InputError):
     """The scenario asks for link properties this machine cannot emulate."""
 
 

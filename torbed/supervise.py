@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from . import constants
+from .errors import RunFailed
 
 
-class NodeFailed(RuntimeError):
+class NodeFailed(RunFailed):
     def __init__(self, name: str, message: str, log: Path | None = None):
         self.name = name
         self.tail = tail(log) if log else ""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import constants, units
+from . import constants
 from .keys import AuthorityKeys
 from .network import Node, Plan
 from .variants import Variant
@@ -208,7 +208,7 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
             # costs a relay more CPU than an idle testbed does.
             lines.append("DirCache 0")
         if group.bandwidth:
-            bytes_per_s = units.parse_rate(group.bandwidth) // 8
+            bytes_per_s = group.bandwidth.bps // 8
             lines.append(f"BandwidthRate {bytes_per_s} bytes")
             lines.append(f"BandwidthBurst {bytes_per_s} bytes")
         if group.torrc.strip():

@@ -10,6 +10,10 @@ Public API:
 - ``parse_duration(text) -> float``   seconds ("20ms" = 0.02, "15m" = 900.0)
 - ``parse_percent(text) -> float``    fraction ("1%" = 0.01, "0.5%" = 0.005)
 - ``format_size / format_rate / format_duration`` for human-readable output.
+- ``Size``, ``Rate``, ``Duration``, ``Percent``: the user's string, parsed once. A scenario's
+  unit fields hold these (str subclasses, so files, run.json and Helm values keep the
+  user's spelling) and every stage reads the number: ``.bytes``, ``.bps``, ``.seconds``,
+  ``.fraction``.
 
 Every parser raises ``ValueError`` with a message that shows accepted spellings.
 """
@@ -96,3 +100,49 @@ def format_duration(s: float) -> str:
     if s >= 1:
         return f"{s:.3g} s"
     return f"{s * 1000:.3g} ms"
+
+
+class Quantity(str):
+    """A unit string as written, with its value parsed once (``.value``)."""
+
+    parse = staticmethod(lambda text: float(text))
+
+    def __new__(cls, text: str):
+        obj = super().__new__(cls, text)
+        obj.value = cls.parse(text)
+        return obj
+
+    def __reduce__(self):   # pickle/copy as the class, re-parsed
+        return (type(self), (str(self),))
+
+
+class Size(Quantity):
+    parse = staticmethod(parse_size)
+
+    @property
+    def bytes(self) -> int:
+        return self.value
+
+
+class Rate(Quantity):
+    parse = staticmethod(parse_rate)
+
+    @property
+    def bps(self) -> int:
+        return self.value
+
+
+class Duration(Quantity):
+    parse = staticmethod(parse_duration)
+
+    @property
+    def seconds(self) -> float:
+        return self.value
+
+
+class Percent(Quantity):
+    parse = staticmethod(parse_percent)
+
+    @property
+    def fraction(self) -> float:
+        return self.value

@@ -24,9 +24,10 @@ from pathlib import Path
 import yaml
 
 from . import constants
+from .errors import InputError
 
 
-class VariantError(ValueError):
+class VariantError(InputError, ValueError):
     """A variant name does not resolve or its variant.yaml is malformed."""
 
 

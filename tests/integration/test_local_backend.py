@@ -36,6 +36,8 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"])
     assert p.returncode == 0, p.stdout + p.stderr
     run = only_run_dir(out)
+    # stdout is the run directory alone (RUN=$(torbed run ...)); progress went to stderr.
+    assert p.stdout.splitlines() == [str(run)], p.stdout
     rep = run / "kist" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     assert meta["status"] == "ok"

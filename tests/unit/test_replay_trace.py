@@ -62,6 +62,73 @@ def test_bad_traces_name_file_and_line(tmp_path, lines, message):
     assert message in str(e.value) and str(p) in str(e.value)
 
 
+# Files that are not traces at all (plain and gzip): one line naming the file, bad input.
+def _gzip_bomb() -> bytes:
+    # A valid header, then 300 MiB of blank lines (which the reader skips): it compresses
+    # to ~300 KB; the reader's size and line-count limits stop it.
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [c.compress(b'{"format": "torbed-trace", "version": 1}\n')]
+    block = b"\n" * (1 << 20)
+    parts += [c.compress(block) for _ in range(300)]
+    return b"".join(parts) + c.flush()
+
+
+def _gzip_of_long_lines() -> bytes:
+    # 300 MiB of valid-looking but never-ending padding in few long lines: the size limit.
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [c.compress(b'{"format": "torbed-trace", "version": 1}\n')]
+    line = b" " * ((32 << 20) - 1) + b"\n"
+    parts += [c.compress(line) for _ in range(10)]
+    return b"".join(parts) + c.flush()
+
+
+BAD_TRACE_FILES = [
+    ("binary", b"\x00\x01\x02\x03" * 100, "binary data"),
+    ("not-utf8", b'{"format": "torbed-trace", "version": 1, "meta": {"x": "caf\xe9"}}\n', "not UTF-8 text"),
+    ("empty", b"", "empty file"),
+    ("blank", b"\n\n\n", "empty file"),
+    ("gzip-of-nothing", gzip.compress(b""), "empty file"),
+    ("truncated-gzip", gzip.compress(b'{"format": "torbed-trace", "version": 1}\n' * 1000)[:60], "damaged gzip data"),
+    ("endless-line", b"[" * (65 << 20), "longer than 64 MiB"),
+    ("gzip-bomb-of-blank-lines", _gzip_bomb(), "too large for a trace"),
+    ("gzip-bomb-of-long-lines", _gzip_of_long_lines(), "too large for a trace"),
+    ("deeply-nested", b'{"format": "torbed-trace", "version": 1}\n' + b"[" * 100_000 + b"\n", "not JSON"),
+]
+
+
+@pytest.mark.parametrize("case,content,text", BAD_TRACE_FILES, ids=[c[0] for c in BAD_TRACE_FILES])
+def test_files_that_are_not_traces(tmp_path, case, content, text):
+    p = tmp_path / f"{case}.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(TraceError) as e:
+        read(p)
+    message = str(e.value)
+    assert text in message and str(p) in message and "\n" not in message, message[:300]
+
+
+BAD_CAPTURES = [
+    ("empty", b"", "too short"),
+    ("text", b"this is a text file, not a capture\n", "not a pcap or pcapng file"),
+    ("truncated-header", b"\xd4\xc3\xb2\xa1" + b"\x00" * 10, "truncated pcap header"),
+    ("enormous", None, "too large for a capture"),
+]
+
+
+@pytest.mark.parametrize("case,content,text", BAD_CAPTURES, ids=[c[0] for c in BAD_CAPTURES])
+def test_files_that_are_not_captures(tmp_path, case, content, text):
+    p = tmp_path / f"{case}.pcap"
+    if content is None:   # sparse: big on paper, nothing on disk; only the limit is read
+        with open(p, "wb") as f:
+            f.truncate((256 << 20) + 1)
+    else:
+        p.write_bytes(content)
+    with pytest.raises(PcapError) as e:
+        read_segments(p)
+    assert text in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]
+
+
 def test_slice_and_merge():
     t = _trace()
     s = slice_trace(t, start=0.2, end=1.0)

@@ -215,3 +215,69 @@ def test_replay_workload_valid_and_trace_found_next_to_the_scenario(tmp_path, re
     f.write_text(yaml.safe_dump(data))
     s = scenario.load(f)
     assert s.trace_path("local.jsonl") == tmp_path / "local.jsonl"
+
+
+# ---------------------------------------------------------------------------------------
+# Files that are not scenarios at all: (case id, file content, text the one line must contain).
+# Each must fail as bad input (exit 2) with one line naming the file, before anything starts.
+NESTED = b"a: " + b"[" * 100_000
+ALIASES = b"a: &a [" + b"1," * 9 + b"1]\n" + b"".join(
+    b"%c: &%c [%s]\n" % (c, c, b",".join([b"*" + bytes([c - 1])] * 10)) for c in range(ord("b"), ord("h")))
+INVALID_FILES = [
+    ("binary", b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)), "binary data"),
+    ("not-utf8", "name: café\n".encode("latin-1"), "not UTF-8 text (byte 0xe9"),
+    ("utf16", "apiVersion: torbed/v1\n".encode("utf-16"), "not UTF-8"),
+    ("empty", b"", "empty file"),
+    ("whitespace-only", b"\n   \n\t\n", "empty file"),
+    ("enormous", b"# padding\n" * 500_000, "too large for a scenario"),
+    ("deeply-nested-flow", NESTED, "nested more than 64 levels deep"),
+    ("deeply-nested-block", b"".join(b" " * i + b"k:\n" for i in range(200)), "nested more than 64 levels deep"),
+    ("alias-bomb", ALIASES, "once aliases are expanded"),
+    ("a-list", b"- 1\n- 2\n", "a scenario is a mapping"),
+]
+
+
+@pytest.mark.parametrize("case,content,text", INVALID_FILES, ids=[c[0] for c in INVALID_FILES])
+def test_invalid_files(tmp_path, capsys, case, content, text):
+    from torbed import cli
+    f = tmp_path / f"{case}.yaml"
+    f.write_bytes(content)
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.load(f)
+    assert str(f) in str(err.value) and text in str(err.value), str(err.value)[:300]
+    rc = cli.main(["validate", str(f)])
+    out, errors = capsys.readouterr()
+    assert rc == 2
+    lines = [line for line in errors.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(f) in lines[0] and text in lines[0], errors[:500]
+    assert "Traceback" not in errors
+
+
+def test_unreadable_inputs_name_the_file(tmp_path):
+    with pytest.raises(scenario.ScenarioError, match="is a directory"):
+        scenario.load(tmp_path)
+    with pytest.raises(scenario.ScenarioError, match="too large for a scenario"):
+        scenario.load("/dev/zero")   # endless: only the limit is read
+
+
+def test_units_are_parsed_once_into_typed_values():
+    s = scenario.parse(patched({"links.default.delay": "20ms", "links.default.loss": "0.5%"}))
+    assert s.measure.duration == "1m" and s.measure.duration.seconds == 60.0
+    assert s.links.default.rate.bps == 10_000_000 and s.links.default.delay.seconds == pytest.approx(0.02)
+    assert s.links.default.loss.fraction == pytest.approx(0.005)
+    assert s.servers["www"].files["bulk"].bytes == 5 * 1024 * 1024
+    assert s.clients["web"].workload.pause.seconds == 1.0
+    # Defaults are typed too, and the user's spelling survives a dump (run.json, Helm values).
+    assert s.measure.ready_timeout.seconds == 180.0
+    assert s.model_dump(mode="json")["measure"]["duration"] == "1m"
+    assert type(s.model_dump(mode="json")["measure"]["duration"]) is str
+
+
+def test_overrides_are_validated_like_the_file():
+    s = scenario.parse(copy.deepcopy(BASE), "t.yaml")
+    o = scenario.with_overrides(s, "t.yaml", repetitions=3, measure__duration="90s")
+    assert o.repetitions == 3 and o.measure.duration.seconds == 90.0 and s.measure.duration == "1m"
+    with pytest.raises(scenario.ScenarioError, match="t.yaml: --duration: not a duration: '5q'"):
+        scenario.with_overrides(s, "t.yaml", measure__duration="5q")
+    with pytest.raises(scenario.ScenarioError, match="t.yaml: measure.warmup: warmup 5s is not shorter"):
+        scenario.with_overrides(s, "t.yaml", measure__duration="2s")

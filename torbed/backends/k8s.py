@@ -13,19 +13,23 @@ was installed; records already copied are kept.
 Talks to the cluster with the kubernetes client (current kubeconfig context, or in-cluster
 config) and to Helm through its CLI (the chart's interface).
 
-Public API: ``run_scenario(scenario, scenario_path, run_root, console, ...) -> run_dir``,
-``RunFailed``, ``Interrupted``.
+The engine (``torbed.engine``) runs the variants x repetitions loop, writes run.json and
+meta.json and handles signals; this module brings one repetition up, measures it and tears
+it down. An API error anywhere becomes ``KubernetesError`` (a RunFailed): the repetition
+ends ``failed`` with the reason in meta.json.
+
+Public API: ``K8sBackend`` (the engine's Backend), ``run_scenario(scenario, scenario_path,
+run_root, console, ...) -> run_dir``, ``Cluster``, ``Release``, ``release_name``,
+``fetch_records`` (``_fetch``: copy the results service's files), ``KubernetesError``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -33,10 +37,9 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__, chart, constants, network, units
+from .. import chart, constants, engine, network
+from ..errors import Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
 from ..scenario import Scenario
-# One exception tree, signal handling and run.json/meta.json writing for both backends.
-from .local import Interrupted, RunFailed, _on_signal, _write_json, utc_now  # noqa: F401 (re-exported)
 
 CHART = constants.REPO_ROOT / "charts" / "torbed"
 POLL_S = 1.0
@@ -62,8 +65,13 @@ def release_name(scenario: str, variant: str, rep: int, run_id: str) -> str:
     return f"{slug(scenario, 10)}-{slug(variant, 8)}-{rep}-{run_id}"
 
 
+class KubernetesError(RunFailed):
+    """A Kubernetes API call failed (an HTTP error status or no connection)."""
+
+
 class Cluster:
-    """The few API reads the backend needs, via the kubernetes client."""
+    """The few API calls the backend needs, via the kubernetes client. Every call raises
+    KubernetesError, never the client's own exception types."""
 
     def __init__(self, namespace: str, context: str | None = None):
         try:
@@ -83,11 +91,14 @@ class Cluster:
         self.custom = client.CustomObjectsApi()
         self.version = client.VersionApi()
         self.ApiException = client.exceptions.ApiException
+        import urllib3
+        # No answer at all: connection refused or reset, timeouts (urllib3's errors, OSError).
+        self.TransportError = (urllib3.exceptions.HTTPError, OSError)
 
     def server_version(self) -> str:
         try:
             return self.version.get_code().git_version
-        except Exception as e:
+        except (self.ApiException, *self.TransportError) as e:
             raise RunFailed(f"the Kubernetes API server is not reachable: {e}") from None
 
     def proxy_get(self, service: str, path: str, timeout: float = 10) -> tuple[int, bytes]:
@@ -98,32 +109,42 @@ class Cluster:
             return r.status, r.data
         except self.ApiException as e:
             return e.status, (e.body or b"") if isinstance(e.body, bytes) else str(e.body or "").encode()
-        except Exception as e:  # connection errors of urllib3
+        except self.TransportError as e:
             return 0, str(e).encode()
 
+    def _call(self, what: str, fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except self.ApiException as e:
+            raise KubernetesError(f"Kubernetes API: {what}: HTTP {e.status} {e.reason}") from None
+        except self.TransportError as e:
+            raise KubernetesError(f"Kubernetes API: {what}: {type(e).__name__}: {e}") from None
+
     def pods(self, release: str) -> list:
-        return self.core.list_namespaced_pod(self.ns, label_selector=f"app.kubernetes.io/instance={release}").items
+        return self._call(f"list pods of {release}", self.core.list_namespaced_pod, self.ns,
+                          label_selector=f"app.kubernetes.io/instance={release}").items
 
     def jobs(self, release: str) -> list:
-        return self.batch.list_namespaced_job(
-            self.ns, label_selector=f"app.kubernetes.io/instance={release},app.kubernetes.io/component=client").items
+        return self._call(f"list jobs of {release}", self.batch.list_namespaced_job, self.ns,
+                          label_selector=f"app.kubernetes.io/instance={release},app.kubernetes.io/component=client").items
 
     def configmap(self, name: str) -> dict:
-        return self.core.read_namespaced_config_map(name, self.ns).data or {}
+        return self._call(f"read configmap {name}", self.core.read_namespaced_config_map, name, self.ns).data or {}
 
     def log(self, pod: str, container: str) -> str:
         try:
-            return self.core.read_namespaced_pod_log(pod, self.ns, container=container, timestamps=True)
-        except Exception as e:
+            return self._call(f"log of {pod}/{container}", self.core.read_namespaced_pod_log, pod, self.ns,
+                              container=container, timestamps=True)
+        except KubernetesError as e:
             return f"(log unavailable: {e})\n"
 
     def delete_pod(self, pod: str) -> None:
-        self.core.delete_namespaced_pod(pod, self.ns)
+        self._call(f"delete pod {pod}", self.core.delete_namespaced_pod, pod, self.ns)
 
     def resume_podchaos(self, name: str) -> None:
-        self.custom.patch_namespaced_custom_object(
-            "chaos-mesh.org", "v1alpha1", self.ns, "podchaos", name,
-            {"metadata": {"annotations": {"experiment.chaos-mesh.org/pause": "false"}}})
+        self._call(f"resume podchaos {name}", self.custom.patch_namespaced_custom_object,
+                   "chaos-mesh.org", "v1alpha1", self.ns, "podchaos", name,
+                   {"metadata": {"annotations": {"experiment.chaos-mesh.org/pause": "false"}}})
 
 
 def _pod_problem(pod) -> str | None:
@@ -189,178 +210,186 @@ class Release:
         return None
 
 
-def run_scenario(scenario: Scenario, scenario_path: Path, run_root: Path, console, namespace: str = "default",
-                 context: str | None = None, variants: list[str] | None = None,
-                 extra_set: list[str] | None = None) -> Path:
-    helm = helm_binary()
-    cluster = Cluster(namespace, context)
-    server_version = cluster.server_version()
-    variants = variants or scenario.variants
-    try:
-        traces = chart.inline_traces(scenario)   # replay traces the client image lacks
-    except (ValueError, OSError) as e:
-        raise RunFailed(str(e)) from None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = run_root / f"{scenario.name}-{stamp}"
-    run_dir.mkdir(parents=True)
-    # The values file: the scenario as torbed decoded it (overrides such as --duration applied).
-    values = run_dir / "values.yaml"
-    values_data = scenario.model_dump(mode="json", exclude_none=True)
-    if traces:
-        values_data["replayTraces"] = {"inline": traces}
-    values.write_text(yaml.safe_dump(values_data, sort_keys=False))
-    run_json = {"schema": 1, "name": scenario.name, "scenario": scenario.model_dump(mode="json"),
-                "seed": scenario.seed, "variants": variants,
-                "baseline": scenario.baseline_variant if scenario.baseline_variant in variants else variants[0],
-                "repetitions": scenario.repetitions, "backend": "k8s", "shaper": "htb (per pod)",
-                "torbed_version": __version__, "tor_version": constants.TOR_VERSION,
-                "host": {"kubernetes": server_version, "namespace": namespace, "context": context},
-                "started": utc_now(), "finished": None, "status": "running", "source": str(scenario_path)}
-    _write_json(run_dir / "run.json", run_json)
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    status = "failed"
-    try:
-        failures = 0
-        for variant in variants:
-            for rep in range(scenario.repetitions):
-                meta = run_repetition(cluster, helm, scenario, values, run_dir, variant, rep, console,
-                                      extra_set or [])
-                failures += meta["status"] != "ok"
-        status = "ok" if failures == 0 else "partial"
-    except Interrupted:
-        status = "interrupted"
-        raise
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        run_json.update(finished=utc_now(), status=status)
-        _write_json(run_dir / "run.json", run_json)
-    return run_dir
+class K8sBackend:
+    """The engine's Backend on Kubernetes: one helm release per repetition. Per-repetition
+    state in ``rep.state``: release (``Release``), name, plan, fetched ({file: size})."""
 
+    name = "k8s"
+    unsupported = {
+        "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
+    }
+    bringup_estimate_s = 60.0
 
-def run_repetition(cluster: Cluster, helm: str, s: Scenario, values: Path, run_dir: Path, variant: str, rep: int,
-                   console, extra_set: list[str]) -> dict:
-    rep_dir = run_dir / variant / f"rep-{rep}"
-    logs = rep_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    run_id = secrets.token_hex(2)
-    name = release_name(s.name, variant, rep, run_id)
-    plan = network.plan(s, variant)
-    meta = {"schema": 1, "variant": variant, "rep": rep, "run_id": name, "backend": "k8s",
-            "release": name, "namespace": cluster.ns, "status": "running", "error": None,
-            "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None, "t_end": None,
-            "warmup_s": units.parse_duration(s.measure.warmup), "duration_s": units.parse_duration(s.measure.duration),
-            "shaper": "htb (per pod)", "nodes": [], "faults": [], "pod_restarts": {}, "failed_pods": {}}
-    _write_json(rep_dir / "meta.json", meta)
-    console.rule(f"[bold]{s.name}[/bold] on Kubernetes: variant [cyan]{variant}[/cyan], "
-                 f"repetition {rep + 1}/{s.repetitions} (release {name})")
-    rel = Release(cluster, helm, name, values, variant, rep, extra_set, console)
-    fn = name  # release names are <= 30 characters: the chart's fullname is the release name
-    fetched: dict[str, int] = {}
-    try:
-        ready_timeout = units.parse_duration(s.measure.ready_timeout)
-        with console.status("helm install (the keygen hook makes the keys)"):
-            rel.install(timeout_s=int(ready_timeout) + 120)
+    def __init__(self, console, scenario_path: Path | None = None, namespace: str = "default",
+                 context: str | None = None, extra_set: list[str] | None = None):
+        self.console, self.scenario_path = console, scenario_path
+        self.namespace, self.context, self.extra_set = namespace, context, extra_set or []
+        self.values: Path | None = None
+        self.traces: dict = {}
+
+    @classmethod
+    def from_args(cls, args, console) -> "K8sBackend":
+        return cls(console, Path(args.scenario), namespace=args.namespace, context=args.context,
+                   extra_set=args.set or [])
+
+    def preflight(self, scenario: Scenario) -> dict:
+        self.helm = helm_binary()
+        self.cluster = Cluster(self.namespace, self.context)
+        server_version = self.cluster.server_version()
+        try:
+            self.traces = chart.inline_traces(scenario)   # replay traces the client image lacks
+        except (ValueError, OSError) as e:
+            raise RunFailed(str(e)) from None
+        return {"shaper": "htb (per pod)", "tor_version": constants.TOR_VERSION,
+                "host": {"kubernetes": server_version, "namespace": self.namespace, "context": self.context}}
+
+    def start_run(self, run: engine.Run) -> None:
+        # The values file: the scenario as torbed decoded it (overrides such as --duration applied).
+        self.values = run.run_dir / "values.yaml"
+        values = run.scenario.model_dump(mode="json", exclude_none=True)
+        if self.traces:
+            values["replayTraces"] = {"inline": self.traces}
+        self.values.write_text(yaml.safe_dump(values, sort_keys=False))
+
+    def prepare(self, rep: engine.Repetition) -> None:
+        s, st = rep.scenario, rep.state
+        st["name"] = name = release_name(s.name, rep.variant, rep.index, secrets.token_hex(2))
+        st["plan"] = network.plan(s, rep.variant)
+        st["fetched"] = {}
+        st["release"] = Release(self.cluster, self.helm, name, self.values, rep.variant, rep.index,
+                                self.extra_set, self.console)
+        rep.meta.update(run_id=name, release=name, namespace=self.cluster.ns, shaper="htb (per pod)", nodes=[],
+                        pod_restarts={}, failed_pods={})
+        self.console.rule(f"[bold]{s.name}[/bold] on Kubernetes: variant [cyan]{rep.variant}[/cyan], "
+                          f"repetition {rep.index + 1}/{s.repetitions} (release {name})")
+
+    def bring_up(self, rep: engine.Repetition) -> None:
+        s, st, meta = rep.scenario, rep.state, rep.meta
+        name = st["name"]   # <= 30 characters: the chart's fullname is the release name
+        ready_timeout = s.measure.ready_timeout.seconds
+        rep.status("helm install (the keygen hook makes the keys)")
+        st["release"].install(timeout_s=int(ready_timeout) + 120)
         meta["t_installed"] = time.time()
         meta["install_s"] = round(meta["t_installed"] - meta["t_start"], 3)
-        fprs = json.loads(cluster.configmap(f"{fn}-identities").get("fingerprints.json", "{}"))
-        meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in plan.nodes]
-        _write_json(rep_dir / "meta.json", meta)
-
-        # Ready = every client's evidence (see torbed.k8s.client), announced by the barrier.
-        deadline = time.time() + ready_timeout + 60
-        with console.status("waiting for the network (clients report their evidence)") as st:
-            while True:
-                code, body = cluster.proxy_get(f"{fn}-results:http", "start")
-                if code == 200:
-                    start = json.loads(body)
-                    break
-                pods = cluster.pods(name)
-                for p in pods:
-                    why = _pod_problem(p)
-                    if why:
-                        raise RunFailed(why)
-                if time.time() > deadline:
-                    raise RunFailed(f"network not ready after {s.measure.ready_timeout}: "
-                                    + _fetch(cluster, fn, rep_dir, fetched, only="clients.jsonl"))
-                ready = sum(1 for p in pods if p.status.phase == "Running")
-                st.update(f"waiting for the network: {ready}/{len(pods)} pods running")
-                time.sleep(POLL_S)
+        fprs = json.loads(self.cluster.configmap(f"{name}-identities").get("fingerprints.json", "{}"))
+        meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in st["plan"].nodes]
+        rep.write_meta()
+        start = self._wait_start(rep, time.time() + ready_timeout + 60)
         meta["t_ready"] = start["t_all_ready"]
         meta["ready_s"] = round(meta["t_ready"] - meta["t_start"], 3)
         meta["t_workload_start"] = start["t_workload"]
-        console.log(f"[green]ready[/green] {meta['ready_s']:.1f} s after helm install started "
-                    f"({meta['install_s']:.1f} s install)")
-        _write_json(rep_dir / "meta.json", meta)
+        self.console.log(f"[green]ready[/green] {meta['ready_s']:.1f} s after helm install started "
+                         f"({meta['install_s']:.1f} s install)")
 
-        # Measure: faults on schedule; pods that fail or restart are recorded.
-        t_work, duration = start["t_workload"], units.parse_duration(s.measure.duration)
+    def _wait_start(self, rep: engine.Repetition, deadline: float) -> dict:
+        """Ready = every client's evidence (see torbed.k8s.client), announced by the
+        results service's start barrier. A pod that cannot start fails at once."""
+        name = rep.state["name"]
+        while True:
+            code, body = self.cluster.proxy_get(f"{name}-results:http", "start")
+            if code == 200:
+                return json.loads(body)
+            pods = self.cluster.pods(name)
+            for p in pods:
+                why = _pod_problem(p)
+                if why:
+                    raise RunFailed(why)
+            if time.time() > deadline:
+                raise RunFailed(f"network not ready after {rep.scenario.measure.ready_timeout}: "
+                                + _fetch(self.cluster, name, rep.dir, rep.state["fetched"], only="clients.jsonl"))
+            running = sum(1 for p in pods if p.status.phase == "Running")
+            rep.status(f"waiting for the network: {running}/{len(pods)} pods running")
+            time.sleep(POLL_S)
+
+    def measure(self, rep: engine.Repetition) -> None:
+        """Until every client Job is done: faults on schedule; pods that fail or restart
+        are recorded; records are copied out as they grow."""
+        s, st, meta = rep.scenario, rep.state, rep.meta
+        name = st["name"]
+        t_work, duration = meta["t_workload_start"], s.measure.duration.seconds
         hard_end = t_work + duration + 300
-        # Fault i of the scenario is PodChaos <release>-fault-i when the chart renders them.
-        faults = sorted((units.parse_duration(f.at), i, f) for i, f in enumerate(s.faults))
-        chaos_mesh = "chaosMesh.enabled=true" in extra_set
-        with console.status("measuring") as st:
-            while True:
-                now = time.time()
-                while faults and now >= t_work + faults[0][0]:
-                    _, i, f = faults.pop(0)
-                    targets = [n.name for n in plan.group_nodes(f.target)] or [f.target]
-                    pods = [f"{fn}-{plan.node(t).group}-{plan.node(t).index}" for t in targets]
-                    if chaos_mesh:
-                        cluster.resume_podchaos(f"{fn}-fault-{i}")
-                        how = f"Chaos Mesh PodChaos {fn}-fault-{i} resumed"
-                    else:
-                        for pod in pods:
-                            cluster.delete_pod(pod)
-                        how = "pod deleted"
-                    meta["faults"].append({"at": f.at, "kind": f.kind, "target": f.target, "nodes": targets,
-                                           "pods": pods, "t": now, "how": how,
-                                           "note": "the StatefulSet recreates the pod with the same keys"})
-                    console.log(f"fault: {how}: {', '.join(pods)}")
-                jobs = cluster.jobs(name)
-                done = [j for j in jobs if (j.status.succeeded or 0) + (j.status.failed or 0) >= (j.spec.completions or 1)]
-                pods = cluster.pods(name)
-                meta["pod_restarts"] = _restarts(pods)
-                for p in pods:
-                    if p.status.phase == "Failed":
-                        meta["failed_pods"][p.metadata.name] = p.status.reason or "Failed"
-                _fetch(cluster, fn, rep_dir, fetched)
-                if jobs and len(done) == len(jobs):
-                    break
-                if now > hard_end:
-                    raise RunFailed("client Jobs did not finish within the workload time + 300 s")
-                left = max(0, t_work + duration - now)
-                st.update(f"measuring: {left:.0f} s of workload left; {len(done)}/{len(jobs)} client groups done")
-                time.sleep(POLL_S * 2)
+        faults = sorted((f.at.seconds, i, f) for i, f in enumerate(s.faults))
+        while True:
+            now = time.time()
+            while faults and now >= t_work + faults[0][0]:
+                _, i, f = faults.pop(0)
+                self._fault(rep, i, f, now)
+            jobs = self.cluster.jobs(name)
+            done = [j for j in jobs if (j.status.succeeded or 0) + (j.status.failed or 0) >= (j.spec.completions or 1)]
+            pods = self.cluster.pods(name)
+            meta["pod_restarts"] = _restarts(pods)
+            for p in pods:
+                if p.status.phase == "Failed":
+                    meta["failed_pods"][p.metadata.name] = p.status.reason or "Failed"
+            _fetch(self.cluster, name, rep.dir, st["fetched"])
+            if jobs and len(done) == len(jobs):
+                break
+            if now > hard_end:
+                raise RunFailed("client Jobs did not finish within the workload time + 300 s")
+            rep.status(f"measuring: {max(0, t_work + duration - now):.0f} s of workload left; "
+                       f"{len(done)}/{len(jobs)} client groups done")
+            time.sleep(POLL_S * 2)
         meta["t_end"] = time.time()
         failed = {j.metadata.name: j.status.failed for j in jobs if j.status.failed}
         if failed:
             meta["failed_jobs"] = failed
-        meta["status"] = "ok" if not failed else "failed"
-        if failed:
-            meta["error"] = f"client Job(s) with failed pods: {failed}"
-    except Interrupted as e:
-        meta["status"], meta["error"] = "interrupted", f"interrupted by {e}"
-        raise
-    except RunFailed as e:
-        meta["status"], meta["error"] = "failed", str(e)
-        console.print(f"[red]failed[/red] {e}", highlight=False)
-    finally:
+            raise RunFailed(f"client Job(s) with failed pods: {failed}")
+
+    def _fault(self, rep: engine.Repetition, i: int, f, now: float) -> None:
+        name, plan = rep.state["name"], rep.state["plan"]
+        targets = [n.name for n in plan.group_nodes(f.target)] or [f.target]
+        pods = [f"{name}-{plan.node(t).group}-{plan.node(t).index}" for t in targets]
+        how = FAULTS[f.kind](self, name, i, pods)
+        rep.meta["faults"].append({"at": f.at, "kind": f.kind, "target": f.target, "nodes": targets,
+                                   "pods": pods, "t": now, "how": how,
+                                   "note": "the StatefulSet recreates the pod with the same keys"})
+        self.console.log(f"fault: {how}: {', '.join(pods)}")
+
+    def teardown(self, rep: engine.Repetition) -> None:
+        """Copy what the release measured and its logs, then uninstall it. Anything that
+        fails here is recorded in meta.json; the uninstall is attempted regardless."""
+        st, meta = rep.state, rep.meta
+        rel = st.get("release")
+        if rel is None:
+            return
         try:
             if rel.installed:
-                if any(cg.workload.kind == "replay" for cg in s.clients.values()):
+                if any(cg.workload.kind == "replay" for cg in rep.run.scenario.clients.values()):
                     time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
-                _fetch(cluster, fn, rep_dir, fetched)
-                _save_logs(cluster, name, logs)
-        except Exception as e:  # never let collection keep a release installed
+                _fetch(self.cluster, st["name"], rep.dir, st["fetched"])
+                _save_logs(self.cluster, st["name"], rep.logs)
+        except (RunFailed, OSError, ValueError) as e:   # ValueError: a garbled answer (JSON)
             meta.setdefault("collect_errors", []).append(str(e))
-        err = rel.uninstall()
-        if err:
-            meta["uninstall_error"] = err
-        meta["t_end"] = meta["t_end"] or time.time()
-        meta["files"] = fetched
-        _write_json(rep_dir / "meta.json", meta)
-    return meta
+        finally:   # never let collection keep a release installed
+            meta["files"] = st["fetched"]
+            try:
+                err = rel.uninstall()
+            except RunFailed as e:
+                err = str(e)
+            if err:
+                meta["uninstall_error"] = err
+
+
+def _kill(backend: K8sBackend, release: str, i: int, pods: list[str]) -> str:
+    # Fault i of the scenario is PodChaos <release>-fault-i when the chart renders them.
+    if "chaosMesh.enabled=true" in backend.extra_set:
+        backend.cluster.resume_podchaos(f"{release}-fault-{i}")
+        return f"Chaos Mesh PodChaos {release}-fault-{i} resumed"
+    for pod in pods:
+        backend.cluster.delete_pod(pod)
+    return "pod deleted"
+
+
+# Fault kinds: (backend, release, fault index, target pods) -> how it was done (meta.json).
+FAULTS = {"kill": _kill}
+
+
+def run_scenario(scenario: Scenario, scenario_path: Path, run_root: Path, console, namespace: str = "default",
+                 context: str | None = None, variants: list[str] | None = None,
+                 extra_set: list[str] | None = None) -> Path:
+    """The whole run on Kubernetes (``torbed run --backend k8s``): the engine with a K8sBackend."""
+    backend = K8sBackend(console, scenario_path, namespace, context, extra_set)
+    return engine.run(scenario, backend, run_root, console, variants, source=scenario_path)
 
 
 def _fetch(cluster: Cluster, fn: str, rep_dir: Path, fetched: dict[str, int], only: str | None = None) -> str:
@@ -393,3 +422,6 @@ def _save_logs(cluster: Cluster, release: str, logs: Path) -> None:
     for p in cluster.pods(release):
         for c in (p.spec.init_containers or []) + (p.spec.containers or []):
             (logs / f"{p.metadata.name}.{c.name}.log").write_text(cluster.log(p.metadata.name, c.name))
+
+
+fetch_records = _fetch

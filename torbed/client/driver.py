@@ -58,10 +58,9 @@ def think_config(think) -> dict | None:
     """The driver config's ``think`` entry from a scenario's ThinkTime (None: constant pause)."""
     if think is None:
         return None
-    from ..units import parse_duration
-    return {"distribution": think.distribution, "mean_s": parse_duration(think.mean),
-            "min_s": parse_duration(think.min) if think.min else None,
-            "max_s": parse_duration(think.max) if think.max else None}
+    return {"distribution": think.distribution, "mean_s": think.mean.seconds,
+            "min_s": think.min.seconds if think.min else None,
+            "max_s": think.max.seconds if think.max else None}
 
 
 class TransferError(Exception):

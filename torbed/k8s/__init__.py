@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .. import network
+from .. import network, safeload
 from ..scenario import Scenario, parse
 
 SCENARIO_FILE = Path("/etc/torbed/scenario/scenario.json")
@@ -40,8 +40,12 @@ def env(name: str) -> str:
 def load_scenario(path: Path | None = None) -> Scenario:
     """The release's scenario: TORBED_SCENARIO_JSON (hooks, which run before ConfigMaps
     exist) or the scenario ConfigMap's file."""
-    text = os.environ.get("TORBED_SCENARIO_JSON") or (path or SCENARIO_FILE).read_text()
-    return parse(json.loads(text), source="scenario (chart values)")
+    text = os.environ.get("TORBED_SCENARIO_JSON")
+    if text:
+        return parse(json.loads(text), source="scenario (chart values)")
+    path = path or SCENARIO_FILE
+    # The same bounds as every input file (size, UTF-8, nesting), with its path in the error.
+    return parse(safeload.load_json(path, "scenario (chart values)"), source=str(path))
 
 
 def variant() -> str:

@@ -14,10 +14,12 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from ..errors import RunFailed
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class ApiError(RuntimeError):
+class ApiError(RunFailed):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status

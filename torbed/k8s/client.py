@@ -21,14 +21,10 @@ from pathlib import Path
 import stem
 import stem.control
 
-from .. import constants, fileserver, units
+from .. import constants, fileserver, readiness, workloads
 from ..client import driver
-from ..client.driver import think_config
 from ..records import RecordWriter
 from . import Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant
-
-EXPECTED_FLAGS = {"Running", "Valid", "Fast", "Stable"}
-
 
 def _connect(deadline: float) -> stem.control.Controller:
     while True:
@@ -43,29 +39,9 @@ def _connect(deadline: float) -> stem.control.Controller:
 
 
 def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: list[str]) -> str | None:
-    """None when ready, else what is missing."""
-    phase = ctl.get_info("status/bootstrap-phase", "")
-    if "PROGRESS=100" not in phase:
-        return f"bootstrapping: {phase}"
-    flags = {e.fingerprint: set(e.flags) for e in ctl.get_network_statuses([])}
-    for n in p.by_role("relay"):
-        want = EXPECTED_FLAGS | ({"Guard"} if n.guard else set()) | ({"Exit"} if n.exit else set())
-        have = flags.get(fprs[n.name])
-        if have is None:
-            return f"{n.name} is not in the consensus yet"
-        if not want <= have:
-            return f"{n.name} has flags {sorted(have)}, waiting for {sorted(want)}"
-    for name in path_nodes:
-        # A consensus entry is not enough to extend a circuit: tor also needs the relay's
-        # microdescriptor ("No descriptor for ..." otherwise).
-        if fprs[name] not in flags:
-            return f"path relay {name} unknown"
-        try:
-            if not ctl.get_info(f"md/id/{fprs[name]}", ""):
-                return f"no microdescriptor of path relay {name} yet"
-        except stem.ControllerError:
-            return f"no microdescriptor of path relay {name} yet"
-    return None
+    """None when ready, else what is missing (torbed.readiness: the rule every backend uses;
+    here the client checks the flags in its own consensus)."""
+    return readiness.client_problem(ctl, p, fprs, path_nodes, check_flags=True)
 
 
 def wait_start(url: str, node: str, deadline: float) -> float | None:
@@ -108,8 +84,7 @@ def replay_server_address(server_group: str, index: int, count: int, deadline: f
 
 
 def replay_workload(s, p, group: str, node: str, server_group: str, out: Path) -> dict:
-    """The driver's replay workload, as the local backend makes it (torbed.backends.local)."""
-    from ..backends.local import assign_flows, trace_name
+    """The driver's replay workload, built as the local backend builds it (torbed.workloads)."""
     from ..replay.trace import read as read_trace
     cg = s.clients[group]
     wl = cg.workload
@@ -117,17 +92,15 @@ def replay_workload(s, p, group: str, node: str, server_group: str, out: Path) -
     me = p.node(node)
     path = s.trace_path(wl.trace)
     trace = read_trace(path)
-    flows = assign_flows(trace, wl, p.group_nodes(group))
-    period = trace.duration + units.parse_duration(wl.gap)
+    flows = workloads.assign_flows(trace, wl, p.group_nodes(group))
+    period = trace.duration + wl.gap.seconds
     address = replay_server_address(server_group, me.index, sg.count, time.time() + 60)
     # "server" is the group, as for HTTP workloads here (pod ordinals do not follow the sorted
     # addresses); the address names the pod.
-    return {"kind": "replay", "server": server_group, "address": address,
-            "port": sg.replay.port, "trace": str(path), "trace_name": trace_name(path), "flows": flows[node],
-            "loop": wl.loop, "period_s": period,
-            "offset_s": me.index * period / cg.count if wl.distribute == "each" else 0.0,
-            "slack_s": units.parse_duration(wl.timeout), "timeout_s": units.parse_duration(wl.timeout),
-            "concurrency": 1, "cells_output": str(out / "cells.jsonl"), "clock_output": str(out / "clock.jsonl")}
+    target = workloads.Target(server=server_group, address=address, ports={"replay": sg.replay.port})
+    return workloads.workload_entry(wl, target, trace=path, flows=flows[node], period_s=period,
+                                    offset_s=me.index * period / cg.count if wl.distribute == "each" else 0.0,
+                                    cells_output=out / "cells.jsonl")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1
     try:
         t0 = time.time()
-        deadline = t0 + units.parse_duration(s.measure.ready_timeout)
+        deadline = t0 + s.measure.ready_timeout.seconds
         ctl = _connect(deadline)
         path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
         why = "?"
@@ -172,38 +145,22 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         wl = cg.workload
-        server_group = wl.server or next(iter(s.servers))
+        server_group = workloads.server_group(s, wl)
         sg = s.servers[server_group]
-        warmup = units.parse_duration(s.measure.warmup)
         if wl.kind == "replay":
             workload = replay_workload(s, p, group, node, server_group, out)
             server_ip = workload["address"]
         else:
             server_ip = socket.gethostbyname(service_host(server_group))
-            files = {name: units.parse_size(size) for name, size in sg.files.items()}
             with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
-                manifest = fileserver.generate_files(Path(tmp), {wl.file: files[wl.file]}, s.seed)
-            entry = manifest[wl.file]
-            think = think_config(getattr(wl, "think", None))
-            workload = {"kind": wl.kind, "server": f"{server_group}", "address": server_ip,
-                        "port": sg.port, "file": wl.file, "size": entry["size"], "sha256": entry["sha256"],
-                        "concurrency": wl.concurrency, "repeat": getattr(wl, "repeat", None),
-                        "pause_s": units.parse_duration(getattr(wl, "pause", "0s")), "think": think,
-                        "timeout_s": units.parse_duration(wl.timeout) if wl.timeout
-                        else constants.transfer_timeout(entry["size"])}
-        cfg = {
-            "client": node, "group": group, "variant": variant(), "rep": repetition(),
-            "seed": s.seed + repetition(),
-            "control": {"address": "127.0.0.1", "port": constants.CONTROL_PORT},
-            "socks_port": constants.SOCKS_PORT,
-            "output": str(out / "transfers.jsonl"),
-            "path": [[{"node": r.name, "fingerprint": fprs[r.name]} for r in p.group_nodes(g)]
-                     for g in (cg.path or [])],
-            "workload": workload,
-            "t_workload": t_work, "t_measure": t_work + warmup,
-            "t_end": t_work + units.parse_duration(s.measure.duration),
-            "debug": False,
-        }
+                manifest = fileserver.generate_files(Path(tmp), {wl.file: sg.files[wl.file].bytes}, s.seed)
+            target = workloads.Target(server=server_group, address=server_ip, ports={"http": sg.port},
+                                      manifest=manifest)
+            workload = workloads.workload_entry(wl, target)
+        cfg = workloads.driver_config(
+            s, p, client=node, group=group, variant=variant(), rep=repetition(), fingerprints=fprs,
+            control={"address": "127.0.0.1", "port": constants.CONTROL_PORT}, socks_port=constants.SOCKS_PORT,
+            output=out / "transfers.jsonl", workload=workload, t_work=t_work)
         events.write({"client": node, "event": "ready", "t": t_ready, "ready_s": t_ready - t0,
                       "t_workload": t_work, "t_measure": cfg["t_measure"], "t_end": cfg["t_end"],
                       "server": server_group, "server_address": server_ip, "address": os.environ.get("POD_IP"),

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from .. import constants, keys, torrc
 from . import env, load_scenario, log, plan
-from .api import Api, ApiError
+from ..errors import RunFailed
+from .api import Api
 
 GENERATED_LABEL = "torbed.io/generated"
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return create() if argv[0] == "create" else delete()
-    except (ApiError, keys.KeyGenerationError) as e:
+    except RunFailed as e:   # ApiError, KeyGenerationError
         log(f"keygen: {e}")
         return 1
 

@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import collectors, constants, units
+from .. import collectors, constants
 from . import Shipper, env, load_scenario, log, node_name, repetition, variant
 
 
@@ -22,10 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {
         "variant": variant(), "rep": repetition(), "output": str(out),
         "collect": [c for c in s.measure.collect if c != "transfers"],
-        "bw_interval_s": units.parse_duration(s.measure.bw_interval),
-        "metrics_interval_s": units.parse_duration(s.measure.metrics_interval),
+        "bw_interval_s": s.measure.bw_interval.seconds,
+        "metrics_interval_s": s.measure.metrics_interval.seconds,
         # tor takes a while to open its control port; the collector waits for it.
-        "connect_timeout": units.parse_duration(s.measure.ready_timeout),
+        "connect_timeout": s.measure.ready_timeout.seconds,
         "relays": [{"name": node, "group": group,
                     "control": {"address": "127.0.0.1", "port": constants.CONTROL_PORT},
                     "metrics_url": f"http://{env('POD_IP')}:{constants.METRICS_PORT}/metrics"}],

@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..backends.local import trace_name
+from ..workloads import trace_name
 from ..replay.server import ReplayServer
 from . import Shipper, env, load_scenario, log
 

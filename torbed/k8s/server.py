@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import fileserver, units
+from .. import fileserver
 from . import load_scenario, log
 
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8080)
     args = ap.parse_args(argv)
     s = load_scenario(args.scenario)
-    files = {name: units.parse_size(size) for name, size in s.servers[args.group].files.items()}
+    files = {name: size.bytes for name, size in s.servers[args.group].files.items()}
     manifest = fileserver.generate_files(args.dir, files, s.seed)
     log(f"server {args.group}: {len(manifest)} files generated; serving on :{args.port}")
     fileserver.serve(args.dir, "0.0.0.0", args.port)

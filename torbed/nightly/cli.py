@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -19,18 +19,16 @@ console = Console(stderr=True)
 
 
 def _runner_for(args):
-    """A function (scenario, out_dir, variants) -> run_dir on the chosen backend."""
-    if args.backend == "k8s":
-        from ..backends import k8s
-
-        def run(s, out, variants):
-            return k8s.run_scenario(s, Path(args.nightly), Path(out), console, namespace=args.namespace,
-                                    context=args.context, variants=variants)
-        return run
-    from ..backends import local
+    """A function (scenario, out_dir, variants) -> run_dir on the chosen backend, through
+    the run engine as `torbed run` does."""
+    from .. import engine
+    from ..backends import backend_class
+    opts = argparse.Namespace(scenario=args.nightly, namespace=args.namespace, context=args.context,
+                              set=getattr(args, "set", None) or [], system_tor=False)
+    backend = backend_class(args.backend).from_args(opts, console)
 
     def run(s, out, variants):
-        return local.run_scenario(s, Path(out), console, variants=variants)
+        return engine.run(s, backend, Path(out), console, variants=variants, source=args.nightly)
     return run
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import scenario as scenario_mod
+from ..errors import Interrupted
 from .detect import detect
 from .history import History
 from .report import write_report
@@ -43,12 +44,12 @@ def tonight() -> str:
 
 
 def prepare(spec: NightlySpec, entry) -> tuple[scenario_mod.Scenario, list[str]]:
-    """The entry's scenario with its overrides applied, and the variants to run."""
-    s = scenario_mod.load(spec.scenario_path(entry))
-    if entry.repetitions:
-        s.repetitions = entry.repetitions
-    if entry.duration:
-        s.measure.duration = entry.duration
+    """The entry's scenario with its overrides applied (validated like `torbed run`'s
+    options), and the variants to run."""
+    path = spec.scenario_path(entry)
+    s = scenario_mod.load(path)
+    s = scenario_mod.with_overrides(s, str(path), repetitions=entry.repetitions,
+                                    measure__duration=entry.duration)
     return s, list(entry.variants or s.variants)
 
 
@@ -86,10 +87,10 @@ def run_night(spec: NightlySpec, history_dir: Path, run_scenario: Callable, cons
                     run_dir = run_scenario(s, out_dir, variants)
                 except (SystemExit, GeneratorExit):
                     raise
-                except BaseException as e:  # noqa: BLE001 - a backend's failure or its Interrupted
+                except BaseException as e:  # noqa: BLE001 - a failed run is recorded, then the next
                     rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
                     run_dir = getattr(e, "run_dir", None)
-                    if type(e).__name__ == "Interrupted" or isinstance(e, KeyboardInterrupt):
+                    if isinstance(e, (Interrupted, KeyboardInterrupt)):
                         rec["status"], interrupted = "interrupted", True
                     failed = True
                 if run_dir is None:

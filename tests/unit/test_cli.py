@@ -1,0 +1,63 @@
+"""CLI conventions: --version, the help lists every command, --json where a script reads
+a table, errors as one line with the exit code of torbed.errors."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from torbed import __version__, cli
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torbed {__version__}"
+
+
+def test_top_level_help_lists_every_command(capsys):
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"validate", "plan", "run", "report", "compare", "capture", "trace", "variants"} <= set(commands)
+    described = set(re.findall(r"^    ([a-z-]+)", cli.__doc__, re.M))
+    assert described == set(commands), f"cli docstring and subcommands differ: {described ^ set(commands)}"
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for c in commands:
+        assert c in out
+
+
+def test_variants_json(capsys):
+    assert cli.main(["variants", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    families = {v["family"]: v for v in data["variants"]}
+    assert {"vanilla", "ewma", "kist", "kistlite"} <= set(families)
+    assert families["ewma"]["parameters"] == ["halflife"]
+    assert families["vanilla"]["patches"] and isinstance(families["vanilla"]["built"], bool)
+
+
+def test_plan_json_says_what_a_backend_cannot_run(tmp_path, capsys, repo):
+    assert cli.main(["plan", str(repo / "scenarios" / "quickstart.yaml"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["unsupported"] == {}, "quickstart runs on every backend"
+    text = (repo / "scenarios" / "quickstart.yaml").read_text()
+    f = tmp_path / "d.yaml"
+    f.write_text(text.replace("default: {rate: 100mbit}", "default: {rate: 100mbit, delay: 5ms}"))
+    assert cli.main(["plan", str(f), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "links.delay" in data["unsupported"]["k8s"]
+
+
+def test_bad_arguments_are_input_errors(tmp_path, capsys, repo):
+    q = str(repo / "scenarios" / "quickstart.yaml")
+    assert cli.main(["run", q, "--variant", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--variant nope" in err[0]
+    assert cli.main(["run", q, "--duration", "5q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--duration" in err[0] and "5q" in err[0]
+    assert cli.main(["plan", q, "--variant", "nope"]) == 2

@@ -1,0 +1,300 @@
+"""The run engine: one loop over variants x repetitions for every backend.
+
+The engine owns what every run shares, so a backend only brings one repetition's network
+up, measures and tears it down:
+
+- the run directory: run.json (resolved scenario, seed, versions, host, status) and, per
+  repetition, ``<variant>/rep-<k>/meta.json``, written at every stage so a crash or a
+  Ctrl-C leaves a true record (status ``running`` only while torbed is alive);
+- signals: SIGINT / SIGTERM raise ``Interrupted``; teardown runs with both ignored, so a
+  second Ctrl-C cannot leave half a network behind; the run ends ``interrupted`` (exit 130);
+- failures: a repetition that fails (any ``TorbedError``, or an OS error) is recorded with
+  its reason and the run goes on; an unexpected exception is recorded, then re-raised;
+- progress: one bar over variants x repetitions with the time left (stderr); backends
+  report what they wait for through ``Repetition.status``.
+
+Public API:
+
+- ``Backend``: the protocol a backend implements (see its docstring), ``Capabilities``
+- ``run(scenario, backend, run_root, console, variants=None, source=None) -> Path``
+- ``Run``, ``Repetition``: what a backend is handed
+- ``write_json(path, data)``: atomic JSON file write (run.json, meta.json, configs)
+- ``unsupported(scenario, backend) -> [(feature, why)]``: what of a scenario a backend
+  cannot do (``torbed plan`` prints it)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
+
+from . import __version__
+from .errors import Interrupted, TorbedError
+from .provenance import host_info, python_dependencies, utc_now
+from .scenario import Scenario
+
+# A feature a backend lacks: {feature: why}; features are named as in ``features_used``.
+Capabilities = dict[str, str]
+
+
+class Backend(Protocol):
+    """One way to run a scenario's network (kind's provider pattern). The engine calls, in
+    order: ``preflight`` once (before the run directory exists), ``start_run`` once, then
+    for every variant x repetition ``prepare``, ``bring_up``, ``measure`` and, always,
+    ``teardown``.
+
+    - ``name``: "local", "k8s", ...; recorded in run.json and meta.json.
+    - ``unsupported``: {feature: why} for features of ``features_used`` it cannot run.
+    - ``bringup_estimate_s``: a first guess of bring-up + teardown, for the time left.
+    - ``preflight(scenario) -> dict``: checks that need nothing started (privileges, tools,
+      the cluster); returns run.json fields of its own (shaper, tor_version, host, ...).
+      Raises InputError or RunFailed.
+    - ``start_run(run)``: run-wide preparation (files, values) inside the signal handling.
+    - ``prepare(rep)``: this repetition's inputs (builds, keys, configuration); fills meta.
+    - ``bring_up(rep)``: start everything and wait for evidence of readiness; sets
+      ``rep.meta`` t_ready / ready_s (``rep.ready()``).
+    - ``measure(rep)``: run the workload to its end; records land in ``rep.dir``.
+    - ``teardown(rep)``: stop and remove everything this repetition started, whatever
+      state it is in (also after a failed or interrupted prepare); records what it could
+      not remove in ``rep.meta`` rather than raising.
+    """
+
+    name: str
+    unsupported: Capabilities
+    bringup_estimate_s: float
+
+    def preflight(self, scenario: Scenario) -> dict: ...
+    def start_run(self, run: "Run") -> None: ...
+    def prepare(self, rep: "Repetition") -> None: ...
+    def bring_up(self, rep: "Repetition") -> None: ...
+    def measure(self, rep: "Repetition") -> None: ...
+    def teardown(self, rep: "Repetition") -> None: ...
+
+
+def features_used(s: Scenario) -> list[str]:
+    """The scenario's features a backend might lack, by name."""
+    used = {f"workload.{cg.workload.kind}" for cg in s.clients.values()}
+    used |= {f"faults.{f.kind}" for f in s.faults}
+    used |= {f"collect.{c}" for c in s.measure.collect}
+    links = [s.links.default, *s.links.pairs]
+    if any(link.delay or link.jitter or link.loss for link in links):
+        used.add("links.delay")
+    if s.placement:
+        used.add("placement")
+    return sorted(used)
+
+
+def unsupported(s: Scenario, backend: type | Backend) -> list[tuple[str, str]]:
+    return [(f, backend.unsupported[f]) for f in features_used(s) if f in backend.unsupported]
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON atomically (a reader never sees half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+@dataclass
+class Run:
+    scenario: Scenario
+    run_dir: Path
+    console: object
+    variants: list[str]
+    info: dict                          # run.json
+    engine: "_Engine"
+    state: dict = field(default_factory=dict)   # the backend's run-wide state
+
+    def check(self) -> None:
+        """Raise Interrupted if a signal came (in case a broad except swallowed it)."""
+        self.engine.check()
+
+
+@dataclass
+class Repetition:
+    run: Run
+    variant: str
+    index: int
+    dir: Path
+    meta: dict
+    state: dict = field(default_factory=dict)   # the backend's per-repetition state
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.run.scenario
+
+    @property
+    def console(self):
+        return self.run.console
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    def write_meta(self) -> None:
+        write_json(self.dir / "meta.json", self.meta)
+
+    def status(self, text: str) -> None:
+        """What the repetition is doing or waiting for (the progress line); also the
+        place a long wait notices a signal a broad except swallowed."""
+        self.run.engine.status(text)
+        self.run.engine.check()
+
+    def ready(self, t0: float) -> None:
+        """Record readiness: t_ready now, ready_s counted from ``t0``."""
+        self.meta["t_ready"] = time.time()
+        self.meta["ready_s"] = round(self.meta["t_ready"] - t0, 3)
+        self.write_meta()
+
+
+class _Engine:
+    def __init__(self, console, total: int, estimate_s: float):
+        self.console = console
+        self.total = total
+        self.estimate_s = estimate_s
+        self.durations: list[float] = []
+        self.t_rep = time.time()
+        self.signalled: str | None = None
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TaskProgressColumn(), TextColumn("{task.fields[left]}"),
+                                 TextColumn("[dim]{task.fields[status]}"), console=console, transient=False)
+        self.task = self.progress.add_task("starting", total=total, left="", status="")
+
+    # signals
+    def on_signal(self, signum, frame):
+        self.signalled = signal.Signals(signum).name
+        raise Interrupted(self.signalled)
+
+    def check(self) -> None:
+        if self.signalled:
+            raise Interrupted(self.signalled)
+
+    # progress
+    def begin(self, done: int, label: str) -> None:
+        self.done = done
+        self.t_rep = time.time()
+        self.progress.update(self.task, description=label, completed=done)
+        self.status("")
+
+    def finish(self) -> None:
+        self.durations.append(time.time() - self.t_rep)
+        self.progress.update(self.task, completed=self.done + 1, status="")
+
+    def status(self, text: str) -> None:
+        per_rep = sum(self.durations) / len(self.durations) if self.durations else self.estimate_s
+        elapsed = time.time() - self.t_rep
+        left = (self.total - self.done - 1) * per_rep + max(0.0, per_rep - elapsed)
+        self.progress.update(self.task, completed=self.done + min(0.99, elapsed / per_rep), status=text,
+                             left=f"about {_fmt_left(left)} left")
+
+
+def _fmt_left(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
+
+
+def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants: list[str] | None = None,
+        source: str | Path | None = None) -> Path:
+    """Run every variant x repetition of ``scenario`` on ``backend``; returns the run
+    directory (status in its run.json: ok, partial, failed or interrupted). Raises
+    Interrupted after cleanup on SIGINT/SIGTERM; InputError / RunFailed from preflight
+    before anything exists."""
+    variants = variants or scenario.variants
+    extra = backend.preflight(scenario)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = run_root / f"{scenario.name}-{stamp}"
+    run_dir.mkdir(parents=True)
+    info = {"schema": 1, "name": scenario.name, "scenario": scenario.model_dump(mode="json"),
+            "seed": scenario.seed, "variants": variants,
+            "baseline": scenario.baseline_variant if scenario.baseline_variant in variants else variants[0],
+            "repetitions": scenario.repetitions, "backend": backend.name,
+            "torbed_version": __version__, "python_dependencies": python_dependencies(),
+            "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
+            **({"source": str(source)} if source else {}), **extra}
+    write_json(run_dir / "run.json", info)
+    engine = _Engine(console, len(variants) * scenario.repetitions,
+                     backend.bringup_estimate_s + scenario.measure.duration.seconds)
+    r = Run(scenario=scenario, run_dir=run_dir, console=console, variants=variants, info=info, engine=engine)
+    old = {s: signal.signal(s, engine.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    status = "failed"
+    try:
+        with engine.progress:
+            backend.start_run(r)
+            failures = 0
+            for i, (variant, k) in enumerate((v, k) for v in variants for k in range(scenario.repetitions)):
+                engine.begin(i, f"{variant} rep {k + 1}/{scenario.repetitions}")
+                meta = _repetition(backend, r, variant, k)
+                engine.finish()
+                failures += meta["status"] != "ok"
+                engine.check()
+        status = "ok" if failures == 0 else "partial" if failures < engine.total else "failed"
+    except Interrupted:
+        status = "interrupted"
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        info.update(finished=utc_now(), status=status)
+        write_json(run_dir / "run.json", info)
+        latest = run_root / f"{scenario.name}-latest"
+        if latest.is_symlink() or not latest.exists():
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(run_dir.name)
+    return run_dir
+
+
+def _repetition(backend: Backend, r: Run, variant: str, k: int) -> dict:
+    s = r.scenario
+    rep_dir = r.run_dir / variant / f"rep-{k}"
+    (rep_dir / "logs").mkdir(parents=True, exist_ok=True)
+    meta = {"schema": 1, "variant": variant, "rep": k, "backend": backend.name, "status": "running",
+            "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
+            "t_end": None, "warmup_s": s.measure.warmup.seconds, "duration_s": s.measure.duration.seconds,
+            "faults": []}
+    rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)
+    rep.write_meta()
+    try:
+        backend.prepare(rep)
+        rep.write_meta()
+        backend.bring_up(rep)
+        rep.write_meta()
+        backend.measure(rep)
+        r.check()
+        meta["status"] = "ok"
+    except Interrupted as e:
+        meta["status"], meta["error"] = "interrupted", f"interrupted by {e}"
+        raise
+    except TorbedError as e:
+        _failed(rep, str(e))
+    except OSError as e:   # the machine, not torbed: a full disk, a missing binary
+        _failed(rep, f"{type(e).__name__}: {e}")
+    except Exception as e:
+        meta["status"], meta["error"] = "failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        # Teardown must not be cut short by a second Ctrl-C.
+        old = {sg: signal.signal(sg, signal.SIG_IGN) for sg in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            backend.teardown(rep)
+        except Exception as e:  # recorded; the next repetition must still run
+            meta.setdefault("teardown_errors", []).append(f"{type(e).__name__}: {e}")
+        finally:
+            if r.engine.signalled and meta["status"] in ("ok", "running"):
+                meta["status"], meta["error"] = "interrupted", f"interrupted by {r.engine.signalled}"
+            meta["t_end"] = meta["t_end"] or time.time()
+            rep.write_meta()
+            for sg, h in old.items():
+                signal.signal(sg, h)
+    return meta
+
+
+def _failed(rep: Repetition, why: str) -> None:
+    rep.meta["status"], rep.meta["error"] = "failed", why
+    rep.console.print(f"[red]repetition failed[/red]: {why}", highlight=False)

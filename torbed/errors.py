@@ -1,0 +1,47 @@
+"""torbed's exception tree: every error a user can meet carries its exit code.
+
+    TorbedError (exit 1)
+    +-- InputError (exit 2)    bad input: scenario, trace, pcap, values, arguments; raised
+    |                          before anything starts; the message names the file and field
+    +-- RunFailed (exit 1)     a run, build or repetition failed
+    +-- Interrupted (exit 130) SIGINT or SIGTERM during a run; cleanup has happened
+
+The CLI maps them once (``torbed.cli.main``). Module errors subclass these (ScenarioError,
+TraceError, PcapError, VariantError are InputErrors; BuildError, NodeFailed, NetnsError are
+RunFailed), so a caller catches the class it means, never a tuple of unrelated ones.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class TorbedError(Exception):
+    """Base of torbed's errors. ``exit_code``: what ``torbed`` exits with."""
+
+    exit_code = EXIT_FAILED
+
+
+class InputError(TorbedError):
+    """Input that cannot be used (a file, a field, an argument). Exit 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RunFailed(TorbedError):
+    """A run, a repetition or a build failed. Exit 1."""
+
+    exit_code = EXIT_FAILED
+
+
+class Interrupted(TorbedError):
+    """SIGINT or SIGTERM during a run. Exit 130.
+
+    The engine's signal handler raises it and also remembers the signal, so a broad
+    ``except Exception`` deep in a backend cannot swallow it for good: the engine checks
+    again between polls and repetitions."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -1,0 +1,51 @@
+"""Where a result came from: time stamps, the host, torbed's Python dependencies.
+
+Public API:
+
+- ``utc_now() -> str``                 ISO 8601, seconds, UTC ("2026-11-23T20:01:02Z")
+- ``host_info() -> dict``              hostname, kernel, arch, cpus, memory, python
+- ``python_dependencies() -> dict``    {distribution: installed version} of every package
+  torbed's metadata requires (pyproject's dependencies), e.g. for run.json / summary.json
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import socket
+from importlib import metadata
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def host_info() -> dict:
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    return {"hostname": socket.gethostname(), "kernel": platform.release(), "arch": platform.machine(),
+            "cpus": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version()}
+
+
+def python_dependencies() -> dict[str, str | None]:
+    """Installed versions of torbed's runtime dependencies (extras excluded); None for one
+    that is missing. Empty when torbed itself is not installed (a bare source tree)."""
+    try:
+        requires = metadata.requires("torbed") or []
+    except metadata.PackageNotFoundError:
+        return {}
+    out: dict[str, str | None] = {}
+    for req in requires:
+        if "extra ==" in req:
+            continue
+        name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return dict(sorted(out.items()))
