@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from .. import units
+from .. import constants, units
 from ..scenario import Duration, Percent, ScenarioError, Strict, _loc, _message
 from .. import scenario as scenario_mod
 
@@ -98,8 +98,16 @@ class NightlySpec(Strict):
         return any(fnmatch.fnmatchcase(metric_id, pat) for pat in self.metrics)
 
     def scenario_path(self, entry: MatrixEntry) -> Path:
+        """Relative paths: beside the nightly file first, then in torbed's own scenarios
+        (so a definition mounted from a ConfigMap can name `scenarios/quickstart.yaml`)."""
         p = Path(entry.scenario)
-        return p if p.is_absolute() else (self._base_dir / p).resolve()
+        if p.is_absolute():
+            return p
+        here = (self._base_dir / p).resolve()
+        if here.exists():
+            return here
+        shipped = (constants.REPO_ROOT / p).resolve()
+        return shipped if shipped.exists() else here
 
     _base_dir: Path = Path(".")
 
