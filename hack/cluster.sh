@@ -539,9 +539,52 @@ cmd_up() {
     | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "deploying CoreDNS failed; see $LOGS/kubectl.log"
   wait_for "CoreDNS ready" "$LOGS/kubelet.log" kubelet coredns_ready
   dns_check
+  storage "$node"
   trap - EXIT
   log "cluster up in $(elapsed "$t0") s"
   cmd_env
+}
+
+# A default StorageClass with a few pre-made local volumes, so a chart's claim (the nightly
+# history) binds as on a real cluster; no dynamic provisioner exists here. The volumes are
+# directories under $STATE/volumes owned by the pods' user (uid 10000): local volumes get no
+# fsGroup ownership change. Emptied at every `down`, like the rest of the cluster's state.
+STORAGE_CLASS=torbed-local
+VOLUMES=4
+storage() {
+  local node=$1 i dir manifest
+  manifest="apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: $STORAGE_CLASS
+  annotations: {storageclass.kubernetes.io/is-default-class: \"true\"}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Retain"
+  for ((i = 0; i < VOLUMES; i++)); do
+    dir=$STATE/volumes/pv$i
+    mkdir -p "$dir"
+    chown 10000:10000 "$dir"
+    chmod 0770 "$dir"
+    manifest+="
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $STORAGE_CLASS-pv$i, labels: {torbed.io/volume: local}}
+spec:
+  capacity: {storage: 5Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: $STORAGE_CLASS
+  local: {path: $dir}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$node]}]"
+  done
+  printf '%s\n' "$manifest" | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 \
+    || die "creating the storage class and volumes failed; see $LOGS/kubectl.log"
+  log "storage class $STORAGE_CLASS (default) with $VOLUMES local volumes in $STATE/volumes"
 }
 
 up_failed() {
@@ -712,7 +755,7 @@ cmd_down() {
     die "mounts under $STATE or $RUN remain (findmnt); not deleting state"
   fi
   # Each `up` starts from an empty cluster; the certificates and the image store are kept.
-  rm -rf "$RUN" "$STATE/etcd" "$STATE/kubelet" "$STATE/cni/ipam"
+  rm -rf "$RUN" "$STATE/etcd" "$STATE/kubelet" "$STATE/cni/ipam" "$STATE/volumes"
   if [ $purge = 1 ]; then
     rm -rf "$STATE"
     [ $quiet = 1 ] || log "purged $STATE"

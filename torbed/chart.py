@@ -72,6 +72,34 @@ class PodMonitorValues(Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
 
 
+class NightlyStorage(Strict):
+    size: str = Field("2Gi", description="Size of the history claim (runs, reports, history.sqlite)")
+    storageClassName: str = Field("", description="Storage class of the claim (empty: the cluster's default class)")
+    existingClaim: str = Field("", description="Use this PersistentVolumeClaim instead of creating one")
+    keep: bool = Field(True, description="Keep the claim (and the history) when the release is uninstalled")
+
+
+class NightlyValues(Strict):
+    enabled: bool = Field(False, description="Nightly mode: this release renders only the nightly runner (a CronJob "
+                                             "that installs one release per variant and repetition, a claim for the "
+                                             "history, its least-privilege RBAC), never a network; no scenario needed")
+    schedule: str = Field("30 2 * * *", description="Cron schedule of the CronJob (overrides the definition's)")
+    timeZone: str = Field("Etc/UTC", description="IANA time zone of the schedule")
+    suspend: bool = Field(False, description="Create the CronJob suspended (trigger it by hand with kubectl create job --from)")
+    definition: dict | None = Field(None, description="The nightly definition (kind: Nightly, as in scenarios/nightly/), "
+                                                      "checked by the schema; scenario paths are looked up in nightly.scenarios, "
+                                                      "then in the image's scenarios/ (check them first: torbed nightly FILE --check)")
+    scenarios: dict[str, dict] = Field(default_factory=dict, description="Extra scenario files by file name, "
+                                                                         "mounted beside the definition (a ConfigMap: 1 MiB in all)")
+    activeDeadlineSeconds: int = Field(14400, ge=60, description="The night's Job is stopped after this long")
+    failOn: Literal["regression", "any", "never"] = Field("regression", description="Which flags fail the night's Job")
+    image: str = Field("torbed/nightly", description="Nightly runner image repository (make images IMAGES_ARGS=--images=nightly)")
+    set: list[str] = Field(default_factory=list, description="Extra KEY=VALUE chart values for every release the runner "
+                                                             "installs (images.* of this release are passed on already)")
+    storage: NightlyStorage = Field(default_factory=NightlyStorage)
+    resources: dict = Field(default_factory=dict, description="resources of the runner container")
+
+
 class Resources(Strict):
     authority: dict = Field(default_factory=dict, description="resources of authority tor containers")
     relay: dict = Field(default_factory=dict, description="resources of relay tor containers (overridden by nothing: the scenario has no per-group resources)")
@@ -108,6 +136,7 @@ class ChartValues(Strict):
     resources: Resources = Field(default_factory=Resources)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
+    nightly: NightlyValues = Field(default_factory=NightlyValues)
 
 
 def inline_traces(scenario: Scenario) -> dict[str, str]:
@@ -150,6 +179,22 @@ def values_schema() -> dict:
     if clash:
         raise RuntimeError(f"chart keys {sorted(clash)} are also scenario keys")
     schema["properties"].update(chart["properties"])
+    # A nightly-mode release deploys no network: the scenario keys are required only otherwise.
+    required = schema.pop("required", [])
+    schema["if"] = {"properties": {"nightly": {"properties": {"enabled": {"const": True}}, "required": ["enabled"]}},
+                    "required": ["nightly"]}
+    # ... and its definition is checked field by field, as `torbed nightly --check` decodes it
+    # (which also loads every scenario it names: run that before installing).
+    from .nightly.spec import NightlySpec
+    nightly = NightlySpec.model_json_schema(ref_template="#/$defs/{model}")
+    for name, d in nightly.pop("$defs", {}).items():
+        if name in schema["$defs"] and schema["$defs"][name] != d:
+            raise RuntimeError(f"nightly model '{name}' clashes with a scenario or chart model of that name")
+        schema["$defs"][name] = d
+    schema["$defs"]["NightlySpec"] = nightly
+    schema["then"] = {"required": ["nightly"], "properties": {"nightly": {"required": ["definition"],
+                      "properties": {"definition": {"$ref": "#/$defs/NightlySpec"}}}}}
+    schema["else"] = {"required": required}
     schema["title"] = "torbed chart values: a torbed scenario (apiVersion torbed/v1) plus chart keys"
     return schema
 

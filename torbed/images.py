@@ -8,7 +8,7 @@ architecture and shared by dirauth, client and the config-only families.
 
 Public API:
 
-- ``IMAGES`` the image kinds; ``Image`` one image to build (kind, tag, Dockerfile, build args)
+- ``IMAGES`` the image kinds (``TOR_IMAGES`` those with tor, built by default; ``nightly`` on request); ``Image`` one image to build (kind, tag, Dockerfile, build args)
 - ``plan(platform=None, kinds=IMAGES, families=None) -> list[Image]``
 - ``build(images, verbose=False, console=None) -> list[Result]`` raises
   ``ImageError`` (the message names the image and its log)
@@ -37,7 +37,11 @@ from .variants import VariantError, list_families, load_variant
 from .errors import InputError, RunFailed
 
 REPO = constants.REPO_ROOT
-IMAGES = ("dirauth", "client", "relay")
+IMAGES = ("dirauth", "client", "relay", "nightly")
+# The images with tor in them (they share the tor stages), built by `make images` by default;
+# the nightly runner only when asked (--images ...,nightly).
+TOR_IMAGES = DEFAULT_IMAGES = ("dirauth", "client", "relay")
+STAGE = REPO / ".stage"
 REGISTRY_PREFIX = "torbed"
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "amd64": "amd64", "arm64": "arm64"}
 LOG_DIR = constants.CACHE_DIR / "logs"
@@ -106,7 +110,7 @@ def _source_url() -> str:
     return url or f"file://{REPO}"
 
 
-def plan(platform: str | None = None, kinds: tuple[str, ...] | list[str] = IMAGES,
+def plan(platform: str | None = None, kinds: tuple[str, ...] | list[str] = DEFAULT_IMAGES,
          families: list[str] | None = None) -> list[Image]:
     """The images to build, in build order (dirauth first: it compiles the unpatched tor)."""
     arch = parse_platform(platform)
@@ -162,6 +166,19 @@ def ensure_base(arch: str, docker: str) -> str:
     return _run_hack("base-image.sh", "--arch", arch, env=dict(os.environ, DOCKER=docker))
 
 
+def _stage_helm() -> None:
+    """The pinned helm (hack/k8s-tools.sh builds it, cached) into the build context."""
+    _run_hack("k8s-tools.sh")
+    helm = constants.CACHE_DIR / "tools" / "bin" / "helm"
+    if not helm.exists():
+        raise ImageError(f"hack/k8s-tools.sh did not produce {helm}")
+    dest = STAGE / "nightly" / "helm"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not dest.exists() or dest.read_bytes() != helm.read_bytes():
+        dest.write_bytes(helm.read_bytes())
+        dest.chmod(0o755)
+
+
 def _ca_bundle() -> str | None:
     # For PyPI behind a TLS-inspecting proxy: the bundle this machine's pip trusts.
     for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
@@ -198,7 +215,9 @@ def build(images: list[Image], verbose: bool = False, console=None) -> list[Resu
                "-f", str(img.dockerfile.relative_to(REPO)), "-t", img.tag]
         for k, v in args.items():
             cmd += ["--build-arg", f"{k}={v}"]
-        if img.kind == "client" and ca:
+        if img.kind == "nightly":
+            _stage_helm()
+        if img.kind in ("client", "nightly") and ca:
             cmd += ["--secret", f"id=ca-certificates,src={ca}"]
         cmd.append(".")
         log = LOG_DIR / f"image-{img.tag.replace('/', '_').replace(':', '_')}.log"
@@ -255,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                     "with the local Docker engine, starting it if needed.")
     ap.add_argument("--platform", default=os.environ.get("PLATFORM") or None,
                     help="linux/amd64 or linux/arm64 (default: this machine's; env PLATFORM)")
-    ap.add_argument("--images", default=",".join(IMAGES),
-                    help=f"comma-separated image kinds to build (default: {','.join(IMAGES)})")
+    ap.add_argument("--images", default=",".join(DEFAULT_IMAGES),
+                    help=f"comma-separated image kinds to build (default: {','.join(DEFAULT_IMAGES)}; "
+                         f"known: {','.join(IMAGES)})")
     ap.add_argument("--variants", default=None,
                     help="comma-separated relay variant families (default: all under images/relay/variants)")
     ap.add_argument("--list", action="store_true", help="print the plan (tags, build args) and exit")

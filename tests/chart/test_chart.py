@@ -228,3 +228,43 @@ def test_schema_rejects(tools, tmp_path, mutate, expected):
     assert p.returncode != 0, "helm template accepted an invalid scenario\n" + show(p, limit=1500)
     assert any(e in p.stderr for e in expected), \
         f"helm's error does not name the field (expected one of {expected})\n" + show(p, limit=1500)
+
+
+# ------------------------------------------------------------------ nightly mode
+
+NIGHTLY_VALUES = CHART / "tests" / "nightly" / "values-nightly.yaml"
+
+
+def test_nightly_mode_renders_only_the_runner(tools):
+    """No scenario at all: the schema asks for one only outside nightly mode, and no network
+    object renders; what renders validates against Kubernetes 1.33."""
+    t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(NIGHTLY_VALUES))
+    assert t.returncode == 0, show(t)
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(t.stdout) if d)
+    assert kinds == ["ConfigMap", "CronJob", "PersistentVolumeClaim", "Role", "RoleBinding", "ServiceAccount"], kinds
+    assert kubeconform_ok(tools, NIGHTLY_VALUES, [], []) == 6
+    lint = run(tools, tools["helm"], "lint", str(CHART), "-f", str(NIGHTLY_VALUES))
+    assert lint.returncode == 0, show(lint)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    pytest.param(lambda n: n["definition"].update(lookbak=3), "lookbak", id="unknown-key"),
+    pytest.param(lambda n: n["definition"].update(kind="Scenario"), "/nightly/definition/kind", id="wrong-kind"),
+    pytest.param(lambda n: n["definition"]["matrix"][0].update(duration="soon"), "/nightly/definition/matrix/0/duration",
+                 id="bad-duration"),
+    pytest.param(lambda n: n.pop("definition"), "definition", id="no-definition"),
+])
+def test_nightly_definition_checked_by_the_schema(tools, tmp_path, mutate, expected):
+    values = yaml.safe_load(NIGHTLY_VALUES.read_text())
+    mutate(values["nightly"])
+    f = tmp_path / "v.yaml"
+    f.write_text(yaml.safe_dump(values))
+    t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(f))
+    assert t.returncode != 0 and expected in t.stderr, show(t, limit=1500)
+
+
+def test_without_nightly_mode_a_scenario_is_still_required(tools, tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text("variant: kist\n")
+    t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(f))
+    assert t.returncode != 0 and "apiVersion" in t.stderr, show(t, limit=1500)

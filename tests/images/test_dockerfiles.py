@@ -12,7 +12,7 @@ from torbed import __version__, constants, images
 from torbed.variants import list_families, load_variant
 
 REPO = constants.REPO_ROOT
-DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.IMAGES}
+DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.TOR_IMAGES}
 
 
 def shared_stages(text: str) -> str:
@@ -30,7 +30,7 @@ def test_shared_stages_are_identical():
     assert texts["client"] == texts["relay"]
 
 
-@pytest.mark.parametrize("kind", images.IMAGES)
+@pytest.mark.parametrize("kind", images.TOR_IMAGES)
 def test_dockerfile_conventions(kind):
     text = DOCKERFILES[kind].read_text()
     assert "FROM --platform=$BUILDPLATFORM debian:bookworm-slim AS tor" in text
@@ -51,6 +51,20 @@ def test_dockerfile_conventions(kind):
     for run in re.findall(r"RUN (?:[^\n]*\\\n)*[^\n]*", runtime):
         if "apt-get install" in run:
             assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run
+
+
+def test_nightly_runner_dockerfile():
+    text = (REPO / "images" / "nightly" / "Dockerfile").read_text()
+    runtime = text[text.rindex("\nFROM "):]
+    assert runtime.startswith("\nFROM ${BASE_IMAGE}\n") and "USER 10000:10000" in runtime
+    assert "COPY .stage/nightly/helm /usr/local/bin/helm" in runtime
+    # The chart and scenarios must be in the image, so .dockerignore must not drop them.
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "charts" not in ignored and "scenarios" not in ignored
+    for label in ("org.opencontainers.image.title", "org.opencontainers.image.version", "io.torbed.arch"):
+        assert label + "=" in runtime, label
+    assert "nightly" in images.IMAGES and "nightly" not in images.DEFAULT_IMAGES
+    assert [i.kind for i in images.plan(kinds=["nightly"])] == ["nightly"]
 
 
 def test_build_tor_lists_the_patches_torbed_variants_lists():

@@ -58,9 +58,10 @@ def test_invalid_definitions_name_the_field(tmp_path, over, path, words):
 @pytest.mark.parametrize("content, words", [
     (b"", "empty"),
     (b"\xff\xfe\x00garbage", "not UTF-8"),
-    (b"a: [" * 50, "not valid YAML"),
+    (b"a: [1, 2\n b: {", "not valid YAML"),
+    (b"a:\n" + b"".join(b"  " * i + b"- \n" for i in range(1, 200)), "nested more than"),
     (b"- just\n- a list\n", "mapping"),
-    (b"x" * (2 << 20), "at most 1 MiB"),
+    (b"x" * (2 << 20), "more than 1 MiB"),
 ])
 def test_unusable_files_fail_with_one_line(tmp_path, content, words):
     f = tmp_path / "n.yaml"

@@ -1,13 +1,15 @@
 """``torbed nightly``: the command (registered by torbed.commands).
 
     torbed nightly NIGHTLY.yaml --history DIR [--out DIR/runs] [--night YYYY-MM-DD]
-                   [--backend local|k8s] [--fail-on regression|any|never] [--detect-only] [--json]
+                   [--backend local|k8s [--set K=V]...] [--fail-on regression|any|never]
+                   [--detect-only] [--check] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -32,12 +34,46 @@ def _runner_for(args):
     return run
 
 
+class _Tee:
+    """stderr and a log file at once (the runner's own log, kept with the history)."""
+
+    def __init__(self, *files):
+        self.files = files
+
+    def write(self, text: str) -> int:
+        for f in self.files:
+            f.write(text)
+            f.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        for f in self.files:
+            f.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
 def cmd_nightly(args) -> int:
+    global console
+    if args.log:
+        import datetime as dt
+        log_dir = Path(args.log)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        console = Console(file=_Tee(sys.stderr, open(log_dir / f"nightly-{stamp}.log", "a")), width=160)
     try:
         spec = spec_mod.load(args.nightly)
     except spec_mod.NightlyError as e:
         for line in str(e).splitlines():
             console.print(f"[red]error[/red] {line}", highlight=False)
+        return 2
+    if args.check:
+        entries = ", ".join(f"{e.scenario} x {', '.join(e.variants or ['all variants'])}" for e in spec.matrix)
+        console.print(f"[green]ok[/green] {args.nightly}: nightly {spec.name}, {entries}", highlight=False)
+        return 0
+    if not args.history:
+        console.print("[red]error[/red] --history DIR is required (where the history store and reports live)")
         return 2
     if args.backend == "local" and not args.detect_only:
         import os
@@ -65,7 +101,8 @@ def register(sub, fmt) -> None:
     p = sub.add_parser("nightly", formatter_class=fmt,
                        help="run a nightly benchmark matrix, add it to a history, flag changes -> report")
     p.add_argument("nightly", help="nightly definition file (kind: Nightly; see scenarios/nightly/)")
-    p.add_argument("--history", required=True, help="history directory (history.sqlite, runs/, reports/)")
+    p.add_argument("--history", default=None,
+                   help="history directory (history.sqlite, runs/, reports/); required unless --check")
     p.add_argument("--out", default=None, help="where run directories go (default: HISTORY/runs)")
     p.add_argument("--night", default=None, help="label of this night (default: today's UTC date)")
     p.add_argument("--backend", choices=["local", "k8s"], default="local", help="where the scenarios run")
@@ -75,7 +112,12 @@ def register(sub, fmt) -> None:
                    help="which flags make the exit status 3")
     p.add_argument("--detect-only", action="store_true",
                    help="run nothing: assess the night already in the history and rewrite its report")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="k8s: extra chart values for every release, e.g. images.registry=reg:5000 (repeatable)")
+    p.add_argument("--check", action="store_true",
+                   help="only validate the definition and every scenario it names (exit 0 or 2); nothing runs")
     p.add_argument("--json", action="store_true", help="print the nightly report's JSON on stdout")
+    p.add_argument("--log", default=None, metavar="DIR", help="also write this command's messages to DIR/nightly-<time>.log")
     p.set_defaults(func=cmd_nightly)
 
 

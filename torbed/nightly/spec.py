@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from .. import units
+from .. import constants, safeload, units
 from ..scenario import Duration, Percent, ScenarioError, Strict, _loc, _message
 from .. import scenario as scenario_mod
 
@@ -30,6 +30,7 @@ COMPARE_KEYS = ("scenario", "scenario_sha256", "variant", "tor_version", "torbed
 # Metrics for which larger is better; for every other metric (times, waits) smaller is.
 HIGHER_IS_BETTER = ("relay_throughput_Bps",)
 CRON_FIELD = r"(\*|[0-9,\-*/]+)"
+MAX_BYTES = 1 << 20
 
 
 class NightlyError(ScenarioError):
@@ -98,8 +99,16 @@ class NightlySpec(Strict):
         return any(fnmatch.fnmatchcase(metric_id, pat) for pat in self.metrics)
 
     def scenario_path(self, entry: MatrixEntry) -> Path:
+        """Relative paths: beside the nightly file first, then in torbed's own scenarios
+        (so a definition mounted from a ConfigMap can name `scenarios/quickstart.yaml`)."""
         p = Path(entry.scenario)
-        return p if p.is_absolute() else (self._base_dir / p).resolve()
+        if p.is_absolute():
+            return p
+        here = (self._base_dir / p).resolve()
+        if here.exists():
+            return here
+        shipped = (constants.REPO_ROOT / p).resolve()
+        return shipped if shipped.exists() else here
 
     _base_dir: Path = Path(".")
 
@@ -137,24 +146,11 @@ def parse(data: object, source: str = "<data>", base_dir: Path | None = None) ->
 
 
 def load(path: str | Path) -> NightlySpec:
-    """Read a nightly file. Raises NightlyError naming the file and the field."""
+    """Read a nightly file (through torbed.safeload: bounded size and nesting, UTF-8 text).
+    Raises NightlyError naming the file and the field."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise NightlyError(str(path), [("", f"cannot read: {e.strerror}")]) from None
-    if len(raw) > 1 << 20:
-        raise NightlyError(str(path), [("", f"{len(raw)} bytes: a nightly file is at most 1 MiB")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise NightlyError(str(path), [("", f"not UTF-8 text (byte {e.start})")]) from None
-    if not text.strip():
-        raise NightlyError(str(path), [("", "the file is empty")])
-    try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise NightlyError(str(path), [("", f"not valid YAML: {where}{getattr(e, 'problem', e)}")]) from None
+        data = safeload.load_yaml(path, "nightly file", max_bytes=MAX_BYTES)
+    except safeload.FileInputError as e:
+        raise NightlyError(str(path), [("", e.why)]) from None
     return parse(data, str(path), base_dir=path.resolve().parent)

@@ -168,7 +168,7 @@ Args: (list $root $group).
 {{- end -}}
 
 {{- define "torbed.scenarioJson" -}}
-{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "replayTraces" "clusterDomain" -}}
+{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "replayTraces" "clusterDomain" "nightly" -}}
 {{- $s := dict -}}
 {{- range $k, $v := .Values -}}
 {{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
@@ -280,4 +280,26 @@ or nothing when there are none (pods then use the traces shipped in the client i
 {{- if or $rt.configMap $rt.inline }}
 - {name: traces, mountPath: /etc/torbed/traces, readOnly: true}
 {{- end }}
+{{- end -}}
+
+{{/* Nightly mode (nightly.enabled): only templates/nightly/ render; no network. */}}
+{{- define "torbed.nightlyMode" -}}
+{{- if and .Values.nightly .Values.nightly.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* Labels of the nightly runner's objects (no scenario or variant: it runs many). */}}
+{{- define "torbed.nightlyLabels" -}}
+app.kubernetes.io/name: torbed
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/component: nightly
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+{{- end -}}
+
+{{/* The nightly runner's image reference. */}}
+{{- define "torbed.nightlyImage" -}}
+{{- $reg := .Values.images.registry -}}
+{{- $tag := .Values.images.tag | default .Chart.AppVersion -}}
+{{- if $reg }}{{ printf "%s/%s:%s" (trimSuffix "/" $reg) .Values.nightly.image $tag }}{{ else }}{{ printf "%s:%s" .Values.nightly.image $tag }}{{ end -}}
 {{- end -}}
