@@ -19,7 +19,6 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from .. import constants, safeload, units
