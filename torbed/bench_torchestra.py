@@ -7,7 +7,7 @@ cell would show up as a failed transfer or a closed circuit.
 
 Public API:
 
-- ``scenario(name, duration, guard_variant=None, bulk=3, light=4, pause="1s") -> dict``
+- ``scenario(name, duration, guard_variant=None, bulk=1, surge=2, light=4) -> dict``
 - ``analyse(run_dir, variant) -> dict``: transfers, switches counted from the relays' notice
   lines, the relays' last MetricsPort counters, warnings
 - ``problems(summary) -> list[str]``: what makes a run fail (empty = fine)
@@ -38,28 +38,31 @@ METRIC = "tor_relay_torchestra_total"
 PROTO = "tor_relay_circ_proto_violation_total"
 
 
-def scenario(name: str, duration: str, guard_variant: str | None = None, bulk: int = 3, light: int = 4,
-             pause: str = "1s", variant: str = "torchestra") -> dict:
-    """Bulk downloads plus bursty fetches over guard -> middle -> exit (all torchestra unless
-    ``guard_variant`` names another variant for the guard, e.g. a stock build)."""
+def scenario(name: str, duration: str, guard_variant: str | None = None, bulk: int = 1, surge: int = 2,
+             light: int = 4, variant: str = "torchestra") -> dict:
+    """Continuous bulk downloads, "surge" clients (3 MB, then 4 s idle: heavy while they
+    download, back to light once idle) and bursty light clients (200 KB every 2 s) over
+    guard -> middle -> exit. All relays run ``variant`` unless ``guard_variant`` names
+    another one for the guard (e.g. ``kist``, the unpatched build)."""
     relays = {"guard": {"guard": True}, "middle": {}, "exit": {"exit": True}}
     if guard_variant:
         relays["guard"]["variant"] = guard_variant
+    path = ["guard", "middle", "exit"]
+    clients = {
+        "bulk": {"count": bulk, "path": path, "workload": {"kind": "bulk", "file": "bulk"}},
+        "surge": {"count": surge, "path": path,
+                  "workload": {"kind": "fetch", "file": "surge", "repeat": 1_000_000, "pause": "4s"}},
+        "burst": {"count": light, "path": path,
+                  "workload": {"kind": "fetch", "file": "burst", "repeat": 1_000_000, "pause": "2s"}},
+    }
     return {
         "apiVersion": "torbed/v1",
         "name": name,
         "variants": [variant],
         "network": {"authorities": 3, "relays": relays, "consensus_params": {"cc_alg": 0}},
         "links": {"default": {"rate": "100mbit"}, "pairs": [{"between": ["middle", "exit"], "rate": "20mbit"}]},
-        "servers": {"www": {"files": {"burst": "400KB", "bulk": "20MB"}}},
-        "clients": {
-            "bulk": {"count": bulk, "path": ["guard", "middle", "exit"],
-                     "workload": {"kind": "bulk", "file": "bulk"}},
-            # A burst, then a pause long enough for the idle decay (B) to bring the circuit
-            # back from the heavy connection: crossings in both directions all run long.
-            "burst": {"count": light, "path": ["guard", "middle", "exit"],
-                      "workload": {"kind": "fetch", "file": "burst", "repeat": 1_000_000, "pause": pause}},
-        },
+        "servers": {"www": {"files": {"burst": "200KB", "surge": "3MB", "bulk": "20MB"}}},
+        "clients": {k: v for k, v in clients.items() if v["count"] > 0},
         "measure": {"warmup": "0s", "duration": duration, "ready_timeout": "180s",
                     "collect": ["transfers", "metrics"], "metrics_interval": "2s"},
     }
@@ -85,7 +88,7 @@ def analyse(run_dir: Path, variant: str) -> dict:
     relays: dict[str, dict] = {}
     for log in sorted((rep / "logs").glob("*.log")):
         name = log.stem
-        if not any(name.startswith(g) for g in ("guard", "middle", "exit")):
+        if "." in name or not any(name.startswith(g) for g in ("guard", "middle", "exit")):
             continue
         text = log.read_text(errors="replace")
         moves = {"to_heavy": 0, "to_light": 0}
@@ -128,9 +131,10 @@ def problems(summary: dict) -> list[str]:
     for name, r in summary["relays"].items():
         if r.get("proto_violations"):
             out.append(f"{name}: {r['proto_violations']:.0f} circuits closed for a protocol violation")
-        if r.get("abandoned"):
-            out.append(f"{name}: {r['abandoned']} switches abandoned")
-        torch_warn = [w for w in r.get("warnings", []) if "Torchestra" in w or "protocol" in w.lower()]
+        if r.get("abandoned") or r.get("metrics", {}).get("aborted"):
+            out.append(f"{name}: {max(r.get('abandoned', 0), r.get('metrics', {}).get('aborted', 0)):.0f} "
+                       f"switches abandoned (a circuit closed mid-switch)")
+        torch_warn = [w for w in r.get("warnings", []) if "Torchestra" in w]
         if torch_warn:
             out.append(f"{name}: warnings {torch_warn[:3]}")
     return out
@@ -141,14 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                                              "both ways; zero failed transfers required, switches reported.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--duration", default="5m", help="measurement duration")
-    ap.add_argument("--bulk", type=int, default=3, help="bulk clients")
-    ap.add_argument("--light", type=int, default=6, help="bursty fetch clients")
+    ap.add_argument("--bulk", type=int, default=1, help="continuous bulk clients")
+    ap.add_argument("--surge", type=int, default=4, help="clients fetching 3 MB every 4 s (cross both ways)")
+    ap.add_argument("--light", type=int, default=6, help="clients fetching 200 KB every 2 s")
     ap.add_argument("--out", default="runs/bench", help="results directory (torchestra-stress.json)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="torchestra-stress-") as tmp:
-        data = scenario("torchestra-stress", a.duration, bulk=a.bulk, light=a.light)
+        data = scenario("torchestra-stress", a.duration, bulk=a.bulk, surge=a.surge, light=a.light)
         path = Path(tmp) / "torchestra-stress.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         runs = out / "torchestra-stress-runs"
