@@ -70,3 +70,21 @@ def test_parser_matches_the_patchs_notice_lines():
     m = bench_torchestra.SWITCHED.search(done)
     assert m and m.group(1) == "heavy", done
     assert bench_torchestra.ABANDONED in PATCH.read_text()
+
+
+def _summary(**relay):
+    base = {"status": "ok", "transfers_ok": 10, "transfers_failed": 0, "failures": []}
+    return {**base, "relays": {"middle0": {"proto_violations": 0.0, "tiny_network_closes": 0, "abandoned": 0,
+                                           "warnings": [], "metrics": {}, **relay}}}
+
+
+def test_problems_flags_lost_cells_not_stock_tiny_network_closes():
+    assert bench_torchestra.problems(_summary()) == []
+    # tor's own close for a path through the hop it came from (3-relay networks) is not ours
+    assert bench_torchestra.problems(_summary(proto_violations=3.0, tiny_network_closes=3)) == []
+    assert bench_torchestra.problems(_summary(proto_violations=4.0, tiny_network_closes=3))
+    assert bench_torchestra.problems(_summary(warnings=["[warn] Didn't recognize a cell, but circ stops here!"]))
+    assert bench_torchestra.problems(_summary(metrics={"aborted": 1.0}))
+    failed = _summary()
+    failed["transfers_failed"] = 1
+    assert bench_torchestra.problems(failed)
