@@ -9,6 +9,7 @@ one minute each.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -40,8 +41,10 @@ def test_tor_unit_tests_with_our_patch_pass_under_werror(tmp_path):
             cmd += ["--patch", str(p)]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         assert p.returncode == 0, p.stderr[-4000:]
-        assert "torchestra/" in p.stderr and "8 tests ok" in p.stderr, p.stderr[-3000:]
+        ours = re.findall(r"^torchestra/(\S+): \[forking\] OK", p.stderr, re.M)
+        assert len(ours) == 8 and re.search(r"^\d+ tests ok", p.stderr, re.M), p.stderr[-3000:]
         done.parent.mkdir(parents=True, exist_ok=True)
+        (done.parent / "check.log").write_text(p.stderr)
         shutil.copy(out / "build.json", done.with_suffix(".tmp"))
         done.with_suffix(".tmp").rename(done)
     info = json.loads(done.read_text())
@@ -49,6 +52,8 @@ def test_tor_unit_tests_with_our_patch_pass_under_werror(tmp_path):
     assert "--enable-fatal-warnings" in info["configure_flags"]
     assert "torchestra/.." in info["check_test_groups"]
     assert [x["file"] for x in info["patches"]] == [p.name for p in v.patches]
+    log = (done.parent / "check.log").read_text()
+    assert "torchestra/receiver_holds_early_cells: [forking] OK" in log
 
 
 def _run(tmp_path, name: str, guard_variant: str | None) -> dict:
