@@ -23,4 +23,8 @@ part linkemu "$bin/python" -m torbed.bench_linkemu --out "$out" ${BENCH_QUICK:+-
 # Local backend: seconds to a ready network and per-node RSS/CPU (quickstart, 100 relays).
 part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+--runs 1 --soak 30}
 
+# Torchestra: many circuits crossing the light/heavy thresholds both ways for minutes;
+# zero failed (sha256-checked) transfers required, switches reported.
+part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
+
 exit $rc

@@ -69,9 +69,10 @@ TOOL_DEPS=(gcc make pkg-config dpkg-dev)
 AUTOTOOLS_DEPS=(autoconf automake)
 
 # Unit test groups run by --check, if the test binary has them (circuitmux_rr/
-# only exists with the round-robin patch of variants/vanilla).  Set
+# only exists with the round-robin patch of variants/vanilla, torchestra/ with
+# variants/torchestra).  Set
 # TORBED_CHECK_ALL=1 to run tor's whole unit test suite as well (~1 min).
-CHECK_TEST_CANDIDATES=(circuitmux circuitmux_ewma circuitmux_rr)
+CHECK_TEST_CANDIDATES=(circuitmux circuitmux_ewma circuitmux_rr torchestra)
 
 log() { printf '[build-tor] %s\n' "$*" >&2; }
 die() { printf '[build-tor] ERROR: %s\n' "$*" >&2; exit 1; }
