@@ -367,9 +367,11 @@ def test_replay_container_replays_ships_cells_and_answers_the_clock(service, tmp
         sock.close()
         assert sent > 0 and got >= want
         deadline = time.time() + 15
-        while time.time() < deadline and not (d / "cells.jsonl").exists():
+        # The results service creates the file before the shipped lines land in it.
+        path = d / "cells.jsonl"
+        while time.time() < deadline and not (path.exists() and path.read_text().endswith("\n")):
             time.sleep(0.2)
-        cells = [json.loads(x) for x in (d / "cells.jsonl").read_text().splitlines()]
+        cells = [json.loads(x) for x in path.read_text().splitlines()]
         assert cells and all(c["direction"] == "u" and c["client"] == "ssh0" for c in cells)
         assert len(cells) <= sent
     finally:
