@@ -19,7 +19,6 @@ Estimate}``, ``correction(rep, table) -> (offset_s, bound_s)`` per cells.jsonl r
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from ..replay.clock import Estimate, estimate, read_exchanges
 from .errors import RecordError
-from .load import Rep, Run
+from .load import Rep, Run, iter_jsonl
 
 CLOCK_FILE = "clock.jsonl"
 TYPES = ("clock_exchange", "clock_estimate")
@@ -40,18 +39,10 @@ def _num(x) -> bool:
 def read_clock(path: Path) -> list[dict]:
     """clock.jsonl's records; a truncated last line is dropped. Raises RecordError (file,
     line) for a record that is not a clock record or lacks its fields."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
     out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+    for i, rec in iter_jsonl(path):
+        if rec is None:
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines) and not text.endswith("\n"):
-                continue
-            raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict) or rec.get("type") not in TYPES:
             raise RecordError(path, i, f"expected a clock record (type {' or '.join(TYPES)})")
         if not isinstance(rec.get("client"), str):

@@ -161,6 +161,25 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def iter_jsonl(path: Path):
+    """(line number, parsed value) for every non-blank line of a JSON-lines file; a final
+    line without newline that does not parse (a crash mid-write) yields (line, None).
+    Raises RecordError(path, line) for any other line that is not JSON."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    unterminated = not text.endswith("\n") and text != ""
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+            if unterminated and i == len(lines):
+                yield i, None
+                continue
+            raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+
+
 def read_jsonl(path: Path, kind: str) -> tuple[list[dict], list[str]]:
     """Read one JSON-lines record file of ``kind`` (a key of FILES).
 
@@ -169,21 +188,12 @@ def read_jsonl(path: Path, kind: str) -> tuple[list[dict], list[str]]:
     line without newline that does not parse is dropped with a note (a crash mid-write).
     """
     rtype, required = FILES[kind]
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    unterminated = not text.endswith("\n") and text != ""
     records: list[dict] = []
     notes: list[str] = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+    for i, rec in iter_jsonl(path):
+        if rec is None:
+            notes.append(f"{kind} line {i}: truncated record (written when the run stopped) ignored")
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if unterminated and i == len(lines):
-                notes.append(f"{kind} line {i}: truncated record (written when the run stopped) ignored")
-                continue
-            raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict):
             raise RecordError(path, i, f"expected a JSON object, got {type(rec).__name__}")
         if rec.get("type", rtype) != rtype:
