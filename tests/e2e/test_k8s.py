@@ -53,9 +53,14 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
         assert records(rep / name), f"{name} is empty"
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
     assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
+    # Where every node ran, and that node's hardware (API server + the pods' /proc/cpuinfo).
+    assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]
+    hw = next(iter(meta["hardware"].values()))
+    assert hw["arch"] in ("amd64", "arm64") and hw["cpu_model"] and "middle0" in hw["ran"], hw
     r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run_dir / "report" / "report.html").exists()
+    assert hw["cpu_model"] in (run_dir / "report" / "report.md").read_text()
     assert leftovers(kube, meta["release"]) == []
 
 

@@ -44,6 +44,9 @@ from ..scenario import Scenario
 CHART = constants.REPO_ROOT / "charts" / "torbed"
 POLL_S = 1.0
 INSTALL_POLL_S = 2.0
+# Node labels that say what hardware a node is (recorded in meta.json "hardware").
+HARDWARE_LABELS = ("torbed.io/", "kubernetes.io/arch", "node.kubernetes.io/instance-type",
+                   "feature.node.kubernetes.io/cpu-model", "feature.node.kubernetes.io/cpu-hardware")
 # Waiting reasons that will not resolve by waiting longer.
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -166,6 +169,21 @@ class Cluster:
                         raise KubernetesError(f"Kubernetes API: delete {kind} {obj.metadata.name}: "
                                               f"HTTP {e.status} {e.reason}") from None
         return gone
+
+    def node_hardware(self, names: set[str]) -> dict[str, dict]:
+        """What the API server knows of these nodes' hardware: architecture, OS, kernel,
+        runtime, capacity and the labels that describe hardware (torbed.io/*, the
+        architecture, instance type, Node Feature Discovery's CPU labels)."""
+        out = {}
+        for name in sorted(names):
+            n = self._call(f"read node {name}", self.core.read_node, name)
+            info, cap, labels = n.status.node_info, n.status.capacity or {}, n.metadata.labels or {}
+            out[name] = {"arch": info.architecture, "os": info.os_image, "kernel": info.kernel_version,
+                         "container_runtime": info.container_runtime_version, "kubelet": info.kubelet_version,
+                         "cpus": cap.get("cpu"), "memory": cap.get("memory"),
+                         "labels": {k: v for k, v in labels.items() if k.startswith(HARDWARE_LABELS)},
+                         "taints": [f"{t.key}={t.value or ''}:{t.effect}" for t in n.spec.taints or []]}
+        return out
 
     def delete_pod(self, pod: str) -> None:
         self._call(f"delete pod {pod}", self.core.delete_namespaced_pod, pod, self.ns)
@@ -445,6 +463,7 @@ class K8sBackend:
                     time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
                 _fetch(self.cluster, st["name"], rep.dir, st["fetched"])
                 _save_logs(self.cluster, st["name"], rep.logs)
+                _record_hardware(self.cluster, st["name"], rep)
         except (RunFailed, OSError, ValueError) as e:   # ValueError: a garbled answer (JSON)
             meta.setdefault("collect_errors", []).append(str(e))
         finally:   # never let collection keep a release installed
@@ -503,6 +522,40 @@ def _fetch(cluster: Cluster, fn: str, rep_dir: Path, fetched: dict[str, int], on
         ready = [r["client"] for r in lines if r.get("event") == "ready"]
         return "; ".join(not_ready) or f"{len(ready)} client(s) ready"
     return f"{len(sizes)} file(s)"
+
+
+def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> None:
+    """meta.json: ``hardware`` {Kubernetes node: what the API says, plus the CPU model the
+    release's pods saw there and which torbed nodes ran on it}; each node entry gets
+    ``k8s_node``. Pods report themselves in hardware.jsonl (relays' collectors, clients);
+    the API's pod list places the rest (authorities, servers)."""
+    placed: dict[str, str] = {}
+    cpu: dict[str, str] = {}
+    path = rep.dir / "hardware.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("k8s_node"):
+            placed[r["node"]] = r["k8s_node"]
+            if r.get("cpu_model"):
+                cpu[r["k8s_node"]] = r["cpu_model"]
+    pods = {p.metadata.name: p.spec.node_name for p in cluster.pods(release) if p.spec.node_name}
+    for n in rep.meta.get("nodes") or []:
+        k8s_node = placed.get(n["name"]) or next((v for pod, v in pods.items() if _pod_is(pod, release, n)), None)
+        n["k8s_node"] = k8s_node
+    hw = cluster.node_hardware({n["k8s_node"] for n in rep.meta.get("nodes") or [] if n.get("k8s_node")})
+    for name, h in hw.items():
+        h["cpu_model"] = cpu.get(name)
+        h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
+    rep.meta["hardware"] = hw
+
+
+def _pod_is(pod: str, release: str, node: dict) -> bool:
+    """Whether a StatefulSet pod <release>-<group>-<i> is this torbed node (<group><i>)."""
+    m = re.fullmatch(rf"{re.escape(release)}-(.+)-(\d+)", pod)
+    return bool(m) and f"{m.group(1)}{m.group(2)}" == node["name"]
 
 
 def _save_logs(cluster: Cluster, release: str, logs: Path) -> None:

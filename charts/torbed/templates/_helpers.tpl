@@ -195,6 +195,8 @@ Args: (list $root $group).
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 - name: HOST_IP
   valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
 {{- end -}}
 
 {{/* Rate string ("4mbit", "1MB/s") -> bits per second, an integer (as torbed.units). */}}
