@@ -49,6 +49,8 @@ class Images(Strict):
     relay: str = Field("torbed/relay", description="Relay image repository (one tag per variant family)")
     dirauth: str = Field("torbed/dirauth", description="Directory authority image repository")
     client: str = Field("torbed/client", description="Client, server and tooling image repository (tor, Python driver, tc)")
+    pullSecrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets (type kubernetes.io/dockerconfigjson) "
+                                   "in the release's namespace, for a private registry; every pod gets them")
 
 
 class Toggle(Strict):

@@ -67,6 +67,17 @@ torbed.io/repetition: {{ .Values.repetition | quote }}
 {{/* Image references. */}}
 {{- define "torbed.tag" -}}{{ .Values.images.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "torbed.registryPrefix" -}}{{ with .Values.images.registry }}{{ trimSuffix "/" . }}/{{ end }}{{- end -}}
+{{/* imagePullSecrets of every pod (images.pullSecrets: names of Secrets of type
+kubernetes.io/dockerconfigjson in the release's namespace); nothing when empty. */}}
+{{- define "torbed.pullSecrets" -}}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "torbed.image.client" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.client }}:{{ include "torbed.tag" . }}{{- end -}}
 {{- define "torbed.image.dirauth" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.dirauth }}:{{ include "torbed.tag" . }}{{- end -}}
 {{- define "torbed.image.relay" -}}
