@@ -41,8 +41,11 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
     rep = run_dir / "ewma-66" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     assert meta["status"] == "ok", meta
-    print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; helm install "
-          f"{meta['install_s']:.1f} s, network ready {meta['ready_s']:.1f} s after install began")
+    b = meta["bringup"]
+    assert abs(b["install_s"] + b["containers_s"] + b["readiness_s"] - meta["ready_s"]) < 0.01, b
+    print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; network ready "
+          f"{meta['ready_s']:.1f} s after helm install began: helm install (key hook) {b['install_s']:.1f} s, "
+          f"containers started {b['containers_s']:.1f} s later, clients ready {b['readiness_s']:.1f} s after that")
     transfers = records(rep / "transfers.jsonl")
     ok = [t for t in transfers if t["status"] == "ok"]
     # The driver checks every body's sha256 against the seeded file: ok means it matched.
