@@ -102,6 +102,7 @@ def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells
     sock = None
     port = None
     key = _key(flow)
+    driver.metrics.transfer_started()
     try:
         circ = driver.get_circuit(key)
         if circ.id is not None:

@@ -88,6 +88,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("links.delay")
     if s.placement:
         used.add("placement")
+    if s.measure.prometheus.enabled:
+        used.add("measure.prometheus")
     return sorted(used)
 
 
