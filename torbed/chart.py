@@ -72,6 +72,16 @@ class PodMonitorValues(Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
 
 
+class DashboardsValues(Strict):
+    enabled: bool = Field(True, description="Ship torbed's Grafana dashboards (files/grafana/dashboards, generated) "
+                                            "as ConfigMaps for Grafana's dashboard sidecar")
+    label: str = Field("grafana_dashboard", description="Label the sidecar looks for (kube-prometheus-stack's "
+                                                        "grafana.sidecar.dashboards.label)")
+    labelValue: str = Field("1", description="Value of that label (grafana.sidecar.dashboards.labelValue)")
+    folder: str = Field("torbed", description="Grafana folder (grafana_folder annotation, used when the sidecar's "
+                                              "folderAnnotation is grafana_folder)")
+
+
 class NightlyStorage(Strict):
     size: str = Field("2Gi", description="Size of the history claim (runs, reports, history.sqlite)")
     storageClassName: str = Field("", description="Storage class of the claim (empty: the cluster's default class)")
@@ -132,6 +142,7 @@ class ChartValues(Strict):
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
+    dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
@@ -218,6 +229,8 @@ def generated_files() -> dict[str, str]:
     for name, lines in torrc.static_fragments(K8S_METRICS_ACCEPT).items():
         out[f"files/torrc/{name}"] = f"# {GENERATED_NOTE}\n" + "\n".join(lines) + "\n"
     out["files/variants.yaml"] = _variants_file()
+    from . import dashboards
+    out.update(dashboards.generated_files())
     return out
 
 

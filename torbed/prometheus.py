@@ -301,8 +301,9 @@ def _free_port() -> int:
 
 
 def graph_url(base: str, expr: str, t0: float, t1: float) -> str:
-    """Prometheus' own graph page showing ``expr`` from t0 to t1 (UNIX seconds)."""
-    end = dt.datetime.fromtimestamp(t1, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    q = {"g0.expr": expr, "g0.tab": "0", "g0.range_input": f"{max(60, int(t1 - t0) + 1)}s",
-         "g0.end_input": end, "g0.moment_input": end}
+    """Prometheus' own graph page showing ``expr`` from t0 to t1 (UNIX seconds). The classic
+    page reads its end time to the minute, so the window ends at the next whole minute."""
+    end = (int(t1) // 60 + 1) * 60
+    q = {"g0.expr": expr, "g0.tab": "0", "g0.range_input": f"{max(60, int(end - t0) + 1)}s",
+         "g0.end_input": dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")}
     return f"{base}/graph?{urllib.parse.urlencode(q)}"
