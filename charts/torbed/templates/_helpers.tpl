@@ -168,7 +168,7 @@ Args: (list $root $group).
 {{- end -}}
 
 {{- define "torbed.scenarioJson" -}}
-{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "replayTraces" "clusterDomain" "nightly" -}}
+{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "dashboards" "chaosMesh" "resources" "replayTraces" "clusterDomain" "nightly" -}}
 {{- $s := dict -}}
 {{- range $k, $v := .Values -}}
 {{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
