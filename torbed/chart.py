@@ -66,7 +66,8 @@ class ChaosMeshValues(Strict):
 
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
-        "auto", description="PodMonitor for the relays' MetricsPort: auto renders it when the cluster serves "
+        "auto", description="PodMonitors for the relays' MetricsPort and the drivers' exporters, and a "
+                            "ServiceMonitor for the results service: auto renders them when the cluster serves "
                             "monitoring.coreos.com/v1 (Prometheus Operator)")
     interval: str = Field("10s", description="Scrape interval")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
