@@ -3,7 +3,8 @@ afterwards, what a person sees in its graph page (headless Chromium), and the ge
 dashboards' queries against it.
 
 One short run (linkemu as the shaper, so its counters are scraped; a kill fault, so failures
-and a relay going down are in the data) serves every test of this module.
+and a relay going down are in the data) serves every test of this module: watched live
+through the URL torbed prints, then its kept TSDB served by `torbed prometheus`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,17 +22,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.helpers import REPO, TORBED, env, run_torbed, small_scenario, write_scenario
+from tests.integration.helpers import REPO, TORBED, env, run_torbed, small_scenario, start_torbed, write_scenario
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The run, watched while it measures: 15 s into the workload (before the fault) the
+    live URL torbed printed is asked for its targets and opened in headless Chromium."""
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces)")
-    if not shutil.which("prometheus"):
-        pytest.fail("prometheus is not installed: `make setup` installs it (hack/install-deps.sh)")
+    for tool in ("prometheus", "chromium"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} is not installed: `make setup` installs it (hack/install-deps.sh)")
+    from torbed import prometheus
     tmp = tmp_path_factory.mktemp("prom")
     s = small_scenario("prom-it", **{
         "links.emulator": "linkemu",
@@ -41,11 +47,34 @@ def run(tmp_path_factory):
         # The middle dies 30 s in: failures by cause and a relay target going down are in the data.
         "faults": [{"at": "30s", "kind": "kill", "target": "middle"}],
     })
-    p = run_torbed(["run", str(write_scenario(tmp, s)), "--out", str(tmp / "runs")], timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    run_dir = Path(p.stdout.strip())
+    out = tmp / "runs"
+    proc = start_torbed(["run", str(write_scenario(tmp, s)), "--out", str(out)], tmp / "torbed.log")
+    live: dict = {}
+    try:
+        deadline = time.time() + 300
+        while proc.poll() is None and time.time() < deadline and not live:
+            for path in out.glob("prom-it-*/kist/rep-0/meta.json"):
+                m = json.loads(path.read_text())
+                url = (m.get("prometheus") or {}).get("live_url")
+                if url and m.get("t_workload_start") and time.time() > m["t_workload_start"] + 15:
+                    with urllib.request.urlopen(f"{url}/api/v1/targets", timeout=30) as r:
+                        live["targets"] = json.load(r)["data"]["activeTargets"]
+                    live["data_pixels"] = _screenshot_pixels(
+                        prometheus.graph_url(url, prometheus.RELAY_THROUGHPUT, m["t_start"], time.time()),
+                        tmp / "live.png")
+                    live["empty_pixels"] = _screenshot_pixels(
+                        prometheus.graph_url(url, 'tor_relay_traffic_bytes{node="none"}', m["t_start"], time.time()),
+                        tmp / "live-empty.png")
+            time.sleep(1)
+        rc = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp / "torbed.log").read_text()
+    assert rc == 0, log[-3000:]
+    run_dir = Path(next(line for line in log.splitlines() if line.startswith(str(out))).strip())
     rep = run_dir / "kist" / "rep-0"
-    return {"dir": run_dir, "rep": rep, "meta": json.loads((rep / "meta.json").read_text())}
+    return {"dir": run_dir, "rep": rep, "meta": json.loads((rep / "meta.json").read_text()), "live": live}
 
 
 @pytest.fixture(scope="module")
@@ -166,24 +195,31 @@ def _colored_pixels(png: Path) -> int:
     return int(((s > 90) & (v > 90) & ~((h >= 140) & (h <= 160))).sum())
 
 
-def test_browser_shows_relay_throughput(run, served, tmp_path):
-    """Prometheus' own graph page in headless Chromium: the relay-throughput graph of the run
-    must draw lines a person can see (compared with the same page for a query with no data)."""
-    from torbed import prometheus
-    chromium = shutil.which("chromium")
-    if not chromium:
-        pytest.fail("chromium is not installed: `make setup` installs it (hack/install-deps.sh)")
-    meta = run["meta"]
-    shots = {}
-    for name, expr in (("data", prometheus.RELAY_THROUGHPUT), ("empty", 'tor_relay_traffic_bytes{node="none"}')):
-        out = tmp_path / f"{name}.png"
-        url = prometheus.graph_url(served, expr, meta["t_start"], meta["t_end"])
-        p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                            "--window-size=1280,900", "--virtual-time-budget=10000", f"--screenshot={out}", url],
-                           capture_output=True, text=True, timeout=120)
-        assert out.exists(), p.stderr[-2000:]
-        shots[name] = _colored_pixels(out)
-    assert shots["data"] > shots["empty"] + 500, shots
+def _screenshot_pixels(url: str, out: Path) -> int:
+    p = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1280,900", "--virtual-time-budget=10000", f"--screenshot={out}", url],
+                       capture_output=True, text=True, timeout=120)
+    assert out.exists(), p.stderr[-2000:]
+    return _colored_pixels(out)
+
+
+def test_live_prometheus_has_every_target_up(run):
+    """Through the live URL torbed printed, while the workload ran: every planned target up."""
+    targets = run["live"].get("targets")
+    assert targets is not None, "the live URL was never reachable while the run measured"
+    jobs = run["meta"]["prometheus"]["jobs"]
+    assert {(t["labels"]["job"], t["labels"]["instance"]) for t in targets} == \
+        {(j, i) for j, insts in jobs.items() for i in insts}
+    assert {t["labels"]["instance"]: t["health"] for t in targets if t["health"] != "up"} == {}
+
+
+def test_browser_shows_live_relay_throughput(run):
+    """Prometheus' own graph page in headless Chromium, during the run: the relay-throughput
+    graph must draw lines a person can see (compared with the same page for a query with no
+    data, taken at the same time)."""
+    live = run["live"]
+    assert "data_pixels" in live, "the live graph page was never loaded"
+    assert live["data_pixels"] > live["empty_pixels"] + 500, live
 
 
 def test_every_dashboard_panel_query_returns_series(run, served):
