@@ -37,7 +37,7 @@ import stem
 import stem.control
 from stem.control import EventType
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .records import RecordWriter
@@ -235,6 +235,7 @@ def run(cfg: dict, stop: threading.Event) -> list[str]:
         exporter = Exporter(cfg.get("linkemu_socket"))
         registry = CollectorRegistry()
         registry.register(exporter)
+        ProcessCollector(registry=registry)   # the collector process's own CPU and memory
         start_http_server(cfg["metrics_listen"][1], addr=cfg["metrics_listen"][0], registry=registry)
     collectors = [RelayCollector(r, cfg, writers, exporter) for r in cfg["relays"]]
     errors: list[str] = []

@@ -137,6 +137,8 @@ def test_series_of_every_exporter(run, served):
     cells = query(served, f"max_over_time(torbed_relay_cells_total[{span}s]) > 0", t)
     assert {r["metric"]["relay"] for r in cells} == {"guard0", "middle0", "exit0"}
     assert query(served, f"max_over_time(torbed_relay_cell_queue_wait_seconds_total[{span}s])", t)
+    cpu = query(served, f"max_over_time(process_cpu_seconds_total[{span}s])", t)
+    assert {r["metric"]["job"] for r in cpu} == {"prometheus", "driver", "collector"}
     ports = query(served, f"max_over_time(torbed_linkemu_port_tx_bytes_total[{span}s]) > 0", t)
     assert {"guard0", "exit0"} <= {r["metric"]["node"] for r in ports}
 

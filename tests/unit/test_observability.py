@@ -84,6 +84,8 @@ def test_driver_metrics_count_like_transfers_jsonl():
     assert get("torbed_transfer_ttlb_seconds_bucket", {**labels, "le": "1.5"}) == 1
     assert get("torbed_transfer_ttlb_seconds_bucket", {**labels, "le": "1.0"}) == 0
     assert get("torbed_circuits_built_total", labels) == 1 and get("torbed_circuits_failed_total", labels) == 1
+    # Its own cost, for the emulator dashboard's CPU panel and make bench.
+    assert get("process_cpu_seconds_total") is not None
 
 
 def test_collector_exporter_sums_cellstats_per_relay_and_direction():

@@ -16,7 +16,7 @@ Public API:
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 
 # Seconds: from sub-second web fetches to multi-minute bulk transfers on slow links.
 TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
@@ -25,6 +25,8 @@ TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30
 class DriverMetrics:
     def __init__(self, cfg: dict, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        # process_cpu_seconds_total & co.: what the driver (exporter included) costs.
+        ProcessCollector(registry=self.registry)
         names = ["group", "variant", "client", "workload"]
         self.values = [cfg["group"], cfg["variant"], cfg["client"], cfg["workload"]["kind"]]
         r = self.registry
