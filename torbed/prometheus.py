@@ -159,6 +159,7 @@ def start(rep, console) -> "Forwarder | None":
     tsdb = rep.dir / "prometheus"
     tsdb.mkdir(exist_ok=True)
     log = rep.logs / "prometheus.log"
+    t_start = time.time()
     ns = st["topo"].switch
     proc = st["sup"].start("prometheus", netns.exec_prefix(ns) + _argv(path, config, tsdb, f"127.0.0.1:{PORT}"), log)
 
@@ -171,7 +172,7 @@ def start(rep, console) -> "Forwarder | None":
     _wait_ready(factory, proc, log)
     fwd = Forwarder(ns, "127.0.0.1", PORT)
     rep.meta["prometheus"] = {
-        "enabled": True, "version": version(path), "scrape_interval_s": float(round(interval) or 1),
+        "enabled": True, "version": version(path), "start_s": round(time.time() - t_start, 3), "scrape_interval_s": float(round(interval) or 1),
         "scrape_timeout_s": float(round(interval) or 1), "tsdb": "prometheus",
         "config": "config/prometheus.yml", "namespace": ns, "listen": f"127.0.0.1:{PORT}",
         "jobs": {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in conf["scrape_configs"]},
