@@ -88,8 +88,6 @@ def features_used(s: Scenario) -> list[str]:
         used.add("links.delay")
     if s.placement:
         used.add("placement")
-    if s.measure.prometheus.enabled:
-        used.add("measure.prometheus")
     return sorted(used)
 
 

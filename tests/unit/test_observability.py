@@ -50,14 +50,6 @@ def test_scrape_interval_must_be_whole_seconds():
     assert _quickstart(prometheus={"enabled": False}).measure.prometheus.enabled is False
 
 
-def test_switched_off_prometheus_is_a_feature_k8s_names():
-    from torbed.backends.k8s import K8sBackend
-    from torbed.engine import features_used, unsupported
-    assert "measure.prometheus" in features_used(_quickstart())
-    assert "measure.prometheus" not in features_used(_quickstart(prometheus={"enabled": False}))
-    assert [f for f, _ in unsupported(_quickstart(), K8sBackend)] == ["measure.prometheus"]
-
-
 def _driver_cfg():
     return {"group": "web", "variant": "kist", "client": "web0", "workload": {"kind": "fetch"}}
 

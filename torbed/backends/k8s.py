@@ -217,8 +217,6 @@ class K8sBackend:
     name = "k8s"
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
-        "measure.prometheus": "no Prometheus server is started: relays carry scrape annotations and a "
-                              "PodMonitor for the cluster's own Prometheus (docs/observability.md)",
     }
     bringup_estimate_s = 60.0
 
