@@ -17,8 +17,9 @@ packages=(
   chromium            # the browser check of Prometheus' graph page (tests/integration)
 )
 # `hack/install-deps.sh --capture`: what hack/capture-traces.sh needs to make the project's
-# own traces (a headless browser, an SSH server and client, ethtool to turn veth offloads
-# off so captures show wire-sized segments); not needed by `make test`.
+# own traces (an SSH server and client, ethtool to turn veth offloads off so captures show
+# wire-sized segments; its headless browser, chromium, is in the list above); not needed by
+# `make test`.
 if [ "${1:-}" = "--capture" ]; then
   packages+=(openssh-server openssh-client ethtool)
 fi
