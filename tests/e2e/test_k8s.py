@@ -53,9 +53,14 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
         assert records(rep / name), f"{name} is empty"
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
     assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
+    # Where every node ran, and that node's hardware (API server + the pods' /proc/cpuinfo).
+    assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]
+    hw = next(iter(meta["hardware"].values()))
+    assert hw["arch"] in ("amd64", "arm64") and hw["cpu_model"] and "middle0" in hw["ran"], hw
     r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run_dir / "report" / "report.html").exists()
+    assert hw["cpu_model"] in (run_dir / "report" / "report.md").read_text()
     assert leftovers(kube, meta["release"]) == []
 
 
@@ -223,3 +228,46 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
         assert e.value.status == 422
     finally:
         ext.delete_custom_resource_definition(name)
+
+
+def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp_path):
+    """A cluster whose nodes lack an image: the first pod that needs it (the key hook) cannot
+    start; the run must say which image on which node and what to do, at once, not after
+    helm's timeout, and remove everything it created (the pre-delete hook cannot run either)."""
+    t0 = time.time()
+    p, run_dir = torbed_run(tmp_path, QUICKSTART, "--variant", "vanilla", "--duration", "20s",
+                            "--set", "images.tag=not-built-0")
+    took = time.time() - t0
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and run_dir, out[-3000:]
+    meta = json.loads((run_dir / "vanilla" / "rep-0" / "meta.json").read_text())
+    assert meta["status"] == "failed", meta
+    assert "image torbed/client:not-built-0 is not available on node" in meta["error"], meta["error"]
+    assert "make images" in meta["error"]
+    # Seconds, not helm's timeout (ready_timeout + 120 s): generous for a loaded machine.
+    assert took < 120, f"{took:.0f} s"
+    assert leftovers(kube, meta["release"]) == [], "left behind"
+    print(f"missing image reported after {took:.1f} s: {meta['error'][:200]}")
+
+
+def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes(kube, helm):
+    rel = "plain"
+    base = [helm["bin"], "-n", "default"]
+    try:
+        p = subprocess.run([*base, "install", rel, str(REPO / "charts" / "torbed"), "--set", ISOLATE,
+                            "--set", "measure.duration=30s", "--timeout", "300s"],
+                           capture_output=True, text=True, env=helm["env"])
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert 'scenario "quickstart"' in p.stdout
+        t = subprocess.run([*base, "test", rel, "--logs", "--timeout", "600s"],
+                           capture_output=True, text=True, env=helm["env"])
+        assert t.returncode == 0 and "Phase:          Succeeded" in t.stdout, t.stdout[-3000:] + t.stderr[-3000:]
+        assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
+        print(t.stdout.splitlines()[-1] if t.stdout else "")
+    finally:
+        subprocess.run([*base, "uninstall", rel, "--wait", "--timeout", "180s"],
+                       capture_output=True, text=True, env=helm["env"])
+    deadline = time.time() + 120
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
