@@ -27,4 +27,8 @@ part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+-
 # zero failed (sha256-checked) transfers required, switches reported.
 part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
 
+# Prometheus: its and the exporters' CPU during quickstart; bring-up time and TTLB with it
+# on vs off (same seed, alternating order).
+part prometheus "$bin/python" -m torbed.bench_prometheus --out "$out" ${BENCH_QUICK:+--runs 1 --duration 60s}
+
 exit $rc

@@ -113,6 +113,7 @@ def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells
     sock = None
     port = None
     key = _key(flow)
+    driver.metrics.transfer_started()
     retry_until = min(cfg["t_end"], rec["t_start"] + wl.get("open_retry_s", OPEN_RETRY_S))
     backoff = OPEN_BACKOFF_S
     try:

@@ -72,10 +72,21 @@ class ChaosMeshValues(Strict):
 
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
-        "auto", description="PodMonitor for the relays' MetricsPort: auto renders it when the cluster serves "
+        "auto", description="PodMonitors for the relays' MetricsPort and the drivers' exporters, and a "
+                            "ServiceMonitor for the results service: auto renders them when the cluster serves "
                             "monitoring.coreos.com/v1 (Prometheus Operator)")
     interval: str = Field("10s", description="Scrape interval")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
+
+
+class DashboardsValues(Strict):
+    enabled: bool = Field(True, description="Ship torbed's Grafana dashboards (files/grafana/dashboards, generated) "
+                                            "as ConfigMaps for Grafana's dashboard sidecar")
+    label: str = Field("grafana_dashboard", description="Label the sidecar looks for (kube-prometheus-stack's "
+                                                        "grafana.sidecar.dashboards.label)")
+    labelValue: str = Field("1", description="Value of that label (grafana.sidecar.dashboards.labelValue)")
+    folder: str = Field("torbed", description="Grafana folder (grafana_folder annotation, used when the sidecar's "
+                                              "folderAnnotation is grafana_folder)")
 
 
 class NightlyStorage(Strict):
@@ -143,6 +154,7 @@ class ChartValues(Strict):
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
+    dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
@@ -242,6 +254,8 @@ def generated_files() -> dict[str, str]:
     out["files/default-scenario.yaml"] = (f"# {GENERATED_NOTE}\n# A copy of scenarios/quickstart.yaml: what the "
                                           "chart deploys when its values name no scenario.\n"
                                           + (constants.REPO_ROOT / "scenarios" / "quickstart.yaml").read_text())
+    from . import dashboards
+    out.update(dashboards.generated_files())
     return out
 
 

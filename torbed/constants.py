@@ -29,6 +29,8 @@ DIR_PORT = 7000
 SOCKS_PORT = 9050
 CONTROL_PORT = 9051
 METRICS_PORT = 9035
+DRIVER_METRICS_PORT = 9036     # measurement driver's Prometheus exporter (client address)
+COLLECTOR_METRICS_PORT = 9037  # collectors' exporter (control plane)
 HTTP_PORT = 80
 REPLAY_PORT = 8000
 

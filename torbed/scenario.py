@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
-                      ValidationError, model_validator)
+                      ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from . import constants, safeload, units
@@ -226,6 +226,21 @@ class ClientGroup(Strict):
 COLLECTORS = ("transfers", "cellstats", "relay_bw", "metrics")
 
 
+class PrometheusCfg(Strict):
+    enabled: bool = Field(True, description="Run a Prometheus server beside the network (local backend) "
+                                            "scraping relays, drivers and collectors; its TSDB is kept in "
+                                            "the run directory")
+    scrape_interval: Duration = Field("5s", description="Scrape interval of every target (whole seconds, "
+                                                        "at least 1 s; recorded in meta.json)")
+
+    @field_validator("scrape_interval")
+    @classmethod
+    def _whole_seconds(cls, v):
+        if v.seconds < 1 or v.seconds != int(v.seconds):
+            raise ValueError(f"{v} is not a whole number of seconds >= 1s")
+        return v
+
+
 class Measure(Strict):
     warmup: Duration = Field("30s", description="Start of the measured window after the network is ready")
     duration: Duration = Field("5m", description="Workload run time per repetition")
@@ -234,6 +249,8 @@ class Measure(Strict):
     bw_interval: Duration = Field("500ms", description="Relay bandwidth sampling interval")
     metrics_interval: Duration = Field("10s", description="MetricsPort scrape interval")
     ready_timeout: Duration = Field("180s", description="Time allowed for the network to become ready")
+    prometheus: PrometheusCfg = Field(default_factory=PrometheusCfg,
+                                      description="Live metrics: Prometheus (see docs/observability.md)")
 
 
 class Placement(Strict):

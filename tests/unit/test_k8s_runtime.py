@@ -399,3 +399,22 @@ def test_bringup_breakdown_adds_up_to_ready_time():
     assert _bringup_breakdown(pods, meta) == {"install_s": 10.0, "containers_s": 10.0, "readiness_s": 11.0}
     # No container running yet (or clock skew): the parts still add up.
     assert _bringup_breakdown([], meta) == {"install_s": 10.0, "containers_s": 0.0, "readiness_s": 21.0}
+
+
+def test_results_service_exports_what_it_received(service, tmp_path):
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    d, url = service
+    src = tmp_path / "out"
+    src.mkdir()
+    (src / "transfers.jsonl").write_text('{"a": 1}\n{"b": 2}\n')
+    assert Shipper(src, url, interval=3600).ship()
+    urllib.request.urlopen(urllib.request.Request(url + "/ready/web0", data=b"", method="POST"))
+    with urllib.request.urlopen(url + "/metrics") as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        samples = {(s.name, s.labels.get("file")): s.value
+                   for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+    assert samples[("torbed_results_appended_lines_total", "transfers.jsonl")] == 2
+    assert samples[("torbed_results_appended_bytes_total", "transfers.jsonl")] == len('{"a": 1}\n{"b": 2}\n')
+    assert samples[("torbed_results_clients_ready", None)] == 1
+    assert samples[("torbed_results_workload_started", None)] == 1   # make_handler waits for no client by default

@@ -36,7 +36,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from .. import builds, constants, emulator, engine, netns, readiness, shaping
+from .. import builds, constants, emulator, engine, netns, prometheus, readiness, shaping
 from ..errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
 from ..fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
 from ..keys import node_keys
@@ -110,7 +110,10 @@ class LocalBackend:
         if self.shaper == "linkemu":
             emulator.ensure_binary(self.console)
         stock = builds.ensure(None, self.console, self.system_tor)
-        return {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
+        extra = {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
+        if scenario.measure.prometheus.enabled:
+            extra["prometheus_version"] = prometheus.version(prometheus.binary())
+        return extra
 
     def start_run(self, run: engine.Run) -> None:
         self.manifest = prepare_files(run.scenario)
@@ -183,6 +186,8 @@ class LocalBackend:
     def bring_up(self, rep: engine.Repetition) -> None:
         st = rep.state
         self._network(rep)
+        # Prometheus first, so its TSDB holds the bring-up too.
+        st["prometheus"] = prometheus.start(rep, self.console)
         torrc_dir = self._torrc(rep)
         self._start_servers(rep)
         # Every tor starts now, clients with their network off. Relays ask for a consensus
@@ -229,8 +234,8 @@ class LocalBackend:
         plan, topo = st["plan"], st["topo"]
         topo.create()
         if self.shaper == "linkemu":
-            emulator.start(st["sup"], topo, plan, st["scratch"], rep.logs / "linkemu.log",
-                           stats_file=rep.dir / "linkemu.stats.json")
+            st["emulator"] = emulator.start(st["sup"], topo, plan, st["scratch"], rep.logs / "linkemu.log",
+                                            stats_file=rep.dir / "linkemu.stats.json")
         elif self.shaper != "none":
             for n in plan.nodes:
                 batch = shaping.tc_batch(plan, n, netem=self.shaper == "htb+netem")
@@ -316,6 +321,10 @@ class LocalBackend:
                            "control": {"socket": st["paths"][r.name].control_socket},
                            "metrics_url": f"http://{r.address}:{r.ports['metrics']}/metrics"}
                           for r in st["plan"].by_role("relay")]}
+        if s.measure.prometheus.enabled:
+            cfg["metrics_listen"] = ["127.0.0.1", constants.COLLECTOR_METRICS_PORT]
+            if st.get("emulator"):
+                cfg["linkemu_socket"] = str(st["emulator"].socket)
         (cfg_dir / "collector.json").write_text(json.dumps(cfg, indent=1))
         st["sup"].start("collector", netns.exec_prefix(st["topo"].switch) + [
             sys.executable, "-m", "torbed.collectors", str(cfg_dir / "collector.json")],
@@ -354,6 +363,8 @@ class LocalBackend:
                                 socks_port=c.ports["socks"], output=rep.dir / "transfers.jsonl",
                                 workload=workload_entry(wl, target, **extra), t_work=t_work,
                                 debug=bool(os.environ.get("TORBED_DEBUG")))
+            if s.measure.prometheus.enabled:
+                cfg["metrics"] = {"address": c.address, "port": constants.DRIVER_METRICS_PORT}
             longest = max(longest, cfg["workload"]["timeout_s"])
             path = cfg_dir / f"{c.name}.driver.json"
             path.write_text(json.dumps(cfg, indent=1))
@@ -365,6 +376,8 @@ class LocalBackend:
 
     def teardown(self, rep: engine.Repetition) -> None:
         st = rep.state
+        if st.get("prometheus") is not None:
+            st["prometheus"].close()
         sup = st.get("sup")
         if sup is not None:
             sup.stop_all()

@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             s, p, client=node, group=group, variant=variant(), rep=repetition(), fingerprints=fprs,
             control={"address": "127.0.0.1", "port": constants.CONTROL_PORT}, socks_port=constants.SOCKS_PORT,
             output=out / "transfers.jsonl", workload=workload, t_work=t_work)
+        # The driver's exporter, on the pod address (the chart's scrape annotations and
+        # client PodMonitor point at it).
+        cfg["metrics"] = {"address": os.environ.get("POD_IP") or "0.0.0.0", "port": constants.DRIVER_METRICS_PORT}
         events.write({"client": node, "event": "ready", "t": t_ready, "ready_s": t_ready - t0,
                       "t_workload": t_work, "t_measure": cfg["t_measure"], "t_end": cfg["t_end"],
                       "server": server_group, "server_address": server_ip, "address": os.environ.get("POD_IP"),
