@@ -31,6 +31,8 @@ CONTROL_PORT = 9051
 METRICS_PORT = 9035
 HTTP_PORT = 80
 REPLAY_PORT = 8000
+LOCUST_MASTER_PORT = 5557     # Locust's default master port (workers connect to it)
+LOCUST_WEB_PORT = 8089        # Locust's web UI (Kubernetes: kubectl port-forward)
 
 # Default private address range of the testbed (RFC 1918). .0.1 is the control plane
 # (the switch namespace / collector), nodes are numbered from FIRST_NODE_HOST.
