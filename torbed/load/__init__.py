@@ -12,12 +12,12 @@ Public API:
 - ``locust_config(s, plan, manifest, *, variant, rep, output) -> dict``: the locustfile's JSON
 - ``torrc_lines(s, plan, fingerprints) -> [str]``: a load node's path restriction
 - ``master_argv(...)`` / ``worker_argv(...)``: the Locust command lines
-- ``read(path) -> [dict]``; ``summary(records) -> dict``: load.jsonl for the report
+
+load.jsonl is read for the report by ``torbed.analysis.background``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -68,31 +68,3 @@ def master_argv(s, plan, *, run_time_s: float, csv_prefix: Path) -> list[str]:
 def worker_argv(plan) -> list[str]:
     master = plan.by_role("loadmaster")[0]
     return _locust() + ["--worker", "--master-host", master.address, "--master-port", str(master.ports["master"])]
-
-
-def read(path: Path) -> list[dict]:
-    if not Path(path).exists():
-        return []
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue   # a line cut by a crash
-    return out
-
-
-def summary(records: list[dict]) -> dict | None:
-    """What the load carried in one repetition: totals and response-time percentiles of
-    the last record, peak users, mean requests/s and bytes/s while users ran."""
-    if not records:
-        return None
-    last = records[-1]["total"]
-    busy = [r for r in records if r["users"] > 0]
-    span = busy[-1]["t"] - busy[0]["t"] if len(busy) > 1 else 0.0
-    first = busy[0]["total"] if busy else last
-    return {"users": max(r["users"] for r in records), "requests": last["requests"], "failures": last["failures"],
-            "bytes": last["bytes"],
-            "rps": round((last["requests"] - first["requests"]) / span, 3) if span else None,
-            "bytes_per_s": round((last["bytes"] - first["bytes"]) / span, 1) if span else None,
-            **{k: last.get(k) for k in ("p50_ms_all", "p90_ms_all", "p99_ms_all")}}
