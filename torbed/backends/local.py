@@ -560,6 +560,9 @@ class _Load:
         return {**child_env(), "TORBED_LOAD_CONFIG": str(self.cfg_path), "TORBED_LOAD_NODE": node}
 
     def tick(self, now: float) -> None:
+        """Start the master when load.start comes; fail the repetition if a Locust process
+        ends before load.stop (its variant would be measured without the load it claims)."""
+        self._check(now)
         if self.master is None and now >= self.t_start:
             master = self.plan.by_role("loadmaster")[0]
             self.master = f"{master.name}.locust"
@@ -570,6 +573,14 @@ class _Load:
             self.rep.console.log(f"background load: {self.rep.scenario.load.users} Locust users on "
                                  f"{len(self.workers)} worker(s) until +{self.t_stop - self.t_work:.0f} s")
             self.rep.write_meta()
+
+    def _check(self, now: float) -> None:
+        if now >= self.t_stop - 2:   # the master ends the load itself at load.stop, the workers with it
+            return
+        names = self.workers + ([self.master] if self.master else [])
+        for name, rc in self.sup.exited(names).items():
+            raise RunFailed(f"{name} exited ({rc}) while the background load was due to run:\n"
+                            + tail(self.sup.log_of(name), 8))
 
     def stop(self) -> dict[str, int]:
         """Stop the master (it writes its last statistics) and then the workers. Returns the
