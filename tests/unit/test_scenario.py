@@ -310,14 +310,15 @@ def test_overrides_are_validated_like_the_file():
 
 
 def test_load_defaults_to_the_mccoy_mix():
-    """The default mix: weights are McCoy et al. 2008's connection shares (HTTP 92, BitTorrent 3);
-    its sizes give byte shares near the paper's 58% / 40% (normalised over the two: 59% / 41%)."""
+    """The default mix: weights are McCoy et al. 2008's connection shares (HTTP 92.45%, BitTorrent
+    3.33%, as Tang & Goldberg 2010 quote them); its sizes give byte shares near the paper's
+    57.97% / 40.20% (41% BitTorrent of the two together)."""
     s = scenario.parse(patched({"load": {}}), "load.yaml")
     mix = s.load.mix
-    assert {n: r.weight for n, r in mix.items()} == {"web": 92, "bulk": 3}
+    assert {n: r.weight for n, r in mix.items()} == {"web": 92.45, "bulk": 3.33}
     by = {n: r.weight * r.size.bytes for n, r in mix.items()}
     share = by["bulk"] / sum(by.values())
-    assert abs(share - 40 / 98) < 0.02, share
+    assert abs(share - 40.20 / (57.97 + 40.20)) < 0.02, share
     assert s.load.stop is None and s.load.start.seconds == 0
     assert s.load_server() == "www" and set(s.load_files()) == {"load-web", "load-bulk"}
 

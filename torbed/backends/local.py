@@ -40,7 +40,7 @@ from .. import builds, constants, emulator, engine, load, netns, readiness, shap
 from ..errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
 from ..fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
 from ..keys import node_keys
-from ..network import plan as make_plan
+from ..network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
 from ..records import RecordWriter
 from ..replay.trace import read as read_trace
 from ..scenario import Scenario
@@ -497,10 +497,12 @@ def _count_lines(path: Path) -> int:
 
 class ResourceSampler:
     """Per-node RSS and CPU time of the tor processes, from /proc, as JSON lines
-    (resources.jsonl): at readiness, every RESOURCE_INTERVAL seconds, and at the end."""
+    (resources.jsonl): at readiness, every RESOURCE_INTERVAL seconds, and at the end.
+    ``extra()``: further supervised processes to sample, as (process name, role, group)
+    (the Locust processes of a background load: what the load itself costs)."""
 
-    def __init__(self, sup: Supervisor, nodes: list, path: Path, variant: str, rep: int):
-        self.sup, self.nodes, self.variant, self.rep = sup, nodes, variant, rep
+    def __init__(self, sup: Supervisor, nodes: list, path: Path, variant: str, rep: int, extra=lambda: []):
+        self.sup, self.nodes, self.variant, self.rep, self.extra = sup, nodes, variant, rep, extra
         self.writer = RecordWriter(path)
         self.next_t = time.time() + RESOURCE_INTERVAL
         self.ticks = os.sysconf("SC_CLK_TCK")
@@ -517,12 +519,12 @@ class ResourceSampler:
 
     def sample(self, label: str) -> None:
         now = time.time()
-        for n in self.nodes:
-            proc = self.sup.procs.get(n.name)
+        for name, role, group in [(n.name, n.role, n.group) for n in self.nodes] + list(self.extra()):
+            proc = self.sup.procs.get(name)
             got = self._proc(proc[0].pid) if proc and proc[0].poll() is None else None
             if got:
-                self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": n.name,
-                                   "role": n.role, "group": n.group, "t": now, "label": label,
+                self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": name,
+                                   "role": role, "group": group, "t": now, "label": label,
                                    "rss_bytes": got[0], "rss_peak_bytes": got[1], "cpu_s": got[2]})
 
     def maybe_sample(self, now: float) -> None:
@@ -554,7 +556,14 @@ class _Load:
                            rep.logs / f"{name}.log", env=self._env(n.name))
             self.workers.append(name)
         self.master = None
+        self.resources: ResourceSampler | None = None
+        self.sampled = False
         rep.meta["load"] = {"t_start": None, "t_stop": None, "workers": self.workers}
+
+    def processes(self) -> list[tuple[str, str, str]]:
+        """The Locust processes running now, for resources.jsonl: (name, role, group)."""
+        return [(w, "locust-worker", LOAD_GROUP) for w in self.workers] + \
+            ([(self.master, "locust-master", LOAD_MASTER_GROUP)] if self.master else [])
 
     def _env(self, node: str) -> dict:
         return {**child_env(), "TORBED_LOAD_CONFIG": str(self.cfg_path), "TORBED_LOAD_NODE": node}
@@ -563,6 +572,10 @@ class _Load:
         """Start the master when load.start comes; fail the repetition if a Locust process
         ends before load.stop (its variant would be measured without the load it claims)."""
         self._check(now)
+        if self.resources and not self.sampled and now >= self.t_stop - 1.5:
+            # Locust ends itself at load.stop: its cost is sampled just before.
+            self.resources.sample("load-end")
+            self.sampled = True
         if self.master is None and now >= self.t_start:
             master = self.plan.by_role("loadmaster")[0]
             self.master = f"{master.name}.locust"
@@ -613,7 +626,10 @@ class _Watch:
         self.plan, self.sup = st["plan"], st["sup"]
         self.tors = [n for n in self.plan.nodes if n.runs_tor]
         self.faults = sorted(((f.at.seconds, f) for f in rep.scenario.faults), key=lambda x: x[0])
-        self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index)
+        self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index,
+                                         extra=background.processes if background else lambda: [])
+        if background:
+            background.resources = self.resources
 
     def run(self) -> None:
         self.resources.sample("ready")
