@@ -28,6 +28,6 @@ part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+-
 part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
 
 # Background load (Locust through tor): users carried, CPU per user, at rising user counts.
-part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users 10,50 --duration 30}
+part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users 10,100 --duration 30}
 
 exit $rc

@@ -9,8 +9,10 @@ user counts, one `torbed run` per level, and reports per level:
   resources.jsonl ("ready" to "load-end"); CPU per user = their sum / users
 - web-page response time p50 / p90 (Locust's whole-run percentiles)
 
-A level is *carried* when at most 1% of requests fail and no Locust worker exceeds 90% of
-a core (Locust's own warning threshold: beyond it its timings are no longer trustworthy).
+A level is *carried* when every user started, at most 1% of requests fail, no Locust worker
+exceeds 90% of a core (Locust's own warning threshold: beyond it its timings are no longer
+trustworthy), and each user still makes at least 75% of the requests per second a user
+makes at the smallest level (the users' think time, not the testbed, sets the pace).
 Results are printed and written to <out>/load-<stamp>.json; exit 1 if the smallest level
 is not carried. Usage: python -m torbed.bench_load [--users 10,50,100,200] [--workers 1]
 [--duration 60] [--out runs/bench]
@@ -33,9 +35,10 @@ from rich.table import Table
 
 from . import constants
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 CPU_LIMIT = 0.90          # of one core, per Locust worker
 FAILURE_LIMIT = 0.01
+RATE_LIMIT = 0.75         # of the smallest level's requests/s per user
 
 
 def scenario(users: int, workers: int, duration_s: int) -> dict:
@@ -93,13 +96,13 @@ def one_level(users: int, workers: int, duration_s: int, out: Path) -> dict:
             "cpu_pct_per_user": total_cpu / users, "web_p50_ms": web.get("p50_ms_all"),
             "web_p90_ms": web.get("p90_ms_all"),
             "carried": failure_ratio <= FAILURE_LIMIT and all(x < 100 * CPU_LIMIT for x in w)
-            and max(r["users"] for r in loads) == users,
+            and max(r["users"] for r in loads) == users,   # and the rate, judged in main()
             "run_dir": str(run.resolve())}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--users", default="10,50,100,200", help="comma-separated user counts")
+    ap.add_argument("--users", default="10,100,200,400,800", help="comma-separated user counts, smallest first")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--duration", type=int, default=60, help="seconds of load per level")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -110,23 +113,30 @@ def main(argv: list[str] | None = None) -> int:
     for u in [int(x) for x in args.users.split(",")]:
         console.log(f"load: {u} users on {args.workers} worker(s) for {args.duration} s")
         levels.append(one_level(u, args.workers, args.duration, out / "load-runs"))
+    ok = [lv for lv in levels if "error" not in lv]
+    if ok:
+        pace = ok[0]["requests_per_s"] / ok[0]["users"]
+        for lv in ok:
+            lv["rate_per_user_vs_smallest"] = lv["requests_per_s"] / lv["users"] / pace if pace else 0.0
+            lv["carried"] = lv["carried"] and lv["rate_per_user_vs_smallest"] >= RATE_LIMIT
     t = Table(title=f"background load cost ({args.workers} Locust worker(s); default mix)")
-    for col in ("users", "reached", "requests", "fail %", "req/s", "worker CPU %", "master CPU %",
+    for col in ("users", "reached", "requests", "fail %", "req/s", "req/s per user vs smallest", "worker CPU %", "master CPU %",
                 "load tor CPU %", "CPU %/user", "web p50/p90 ms", "carried"):
         t.add_column(col)
     f1 = lambda xs: ", ".join(f"{x:.1f}" for x in xs) or "-"  # noqa: E731
     for lv in levels:
         if "error" in lv:
-            t.add_row(str(lv["users"]), *["-"] * 9, f"failed: {lv['error'][:60]}")
+            t.add_row(str(lv["users"]), *["-"] * 10, f"failed: {lv['error'][:60]}")
             continue
         t.add_row(str(lv["users"]), str(lv["users_reached"]), str(lv["requests"]), f"{100 * lv['failure_ratio']:.2f}",
-                  f"{lv['requests_per_s']:.2f}", f1(lv["cpu_pct_workers"]), f1(lv["cpu_pct_master"]),
+                  f"{lv['requests_per_s']:.2f}", f"{lv['rate_per_user_vs_smallest']:.0%}", f1(lv["cpu_pct_workers"]), f1(lv["cpu_pct_master"]),
                   f1(lv["cpu_pct_load_tors"]), f"{lv['cpu_pct_per_user']:.2f}",
                   f"{lv['web_p50_ms']}/{lv['web_p90_ms']}", "yes" if lv["carried"] else "no")
     console.print(t)
     carried = [lv["users"] for lv in levels if lv.get("carried")]
     console.print(f"largest level carried: {max(carried) if carried else 'none'} users "
-                  f"(failures <= {FAILURE_LIMIT:.0%}, every worker < {CPU_LIMIT:.0%} of a core)")
+                  f"(failures <= {FAILURE_LIMIT:.0%}, every worker < {CPU_LIMIT:.0%} of a core, requests/s per "
+                  f"user >= {RATE_LIMIT:.0%} of the smallest level's)")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     (out / f"load-{stamp}.json").write_text(json.dumps(
         {"host_cpus": __import__("os").cpu_count(), "t": time.time(), "levels": levels}, indent=2))
