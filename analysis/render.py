@@ -65,7 +65,8 @@ def _run_table(s: dict) -> tuple:
     host = r.get("host") or {}
     mem = host.get("memory_bytes")
     host_s = ", ".join(str(x) for x in (
-        host.get("hostname"), host.get("arch"), host.get("kernel") and f"Linux {host.get('kernel')}",
+        host.get("hostname"), host.get("arch"), host.get("cpu_model"),
+        host.get("kernel") and f"Linux {host.get('kernel')}",
         host.get("cpus") and f"{host.get('cpus')} CPUs", mem and f"{fmt_size(mem)} RAM") if x) or "not recorded"
     variants = ", ".join(f"{v} (baseline)" if v == s["baseline"] else v for v in r["variants"])
     rows = [("Scenario", r.get("scenario")), ("Run directory", r.get("directory")),
@@ -273,6 +274,15 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
     b += [("h", 2, "Run"), _run_table(s)]
+    hw = s["run"].get("hardware") or {}
+    if hw:
+        b.append(("p", "Kubernetes nodes the network ran on (the API server's node status; CPU model as the "
+                       "release's pods read it from /proc/cpuinfo):"))
+        b.append(("table", ["node", "arch", "CPU model", "CPUs", "memory", "labels", "ran"],
+                  [[name, h.get("arch") or DASH, h.get("cpu_model") or DASH, str(h.get("cpus") or DASH),
+                    str(h.get("memory") or DASH),
+                    ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or DASH,
+                    ", ".join(h.get("ran") or []) or DASH] for name, h in sorted(hw.items())]))
 
     b.append(("h", 2, "Repetitions"))
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],

@@ -60,6 +60,8 @@ VOTE_LEAD = 7
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
 POLL_S = 0.2               # readiness polling
+# Longest wait for the directory caches before clients go online anyway (see bring_up).
+CACHE_WAIT_S = 20.0
 MEASURE_POLL_S = 0.5
 
 
@@ -183,23 +185,37 @@ class LocalBackend:
         self._network(rep)
         torrc_dir = self._torrc(rep)
         self._start_servers(rep)
-        # Every tor starts now. Relays and clients ask for a consensus before it exists and
-        # back off (up to ~10 s); once it exists, SIGHUP makes tor reset its download
-        # failures and fetch at once (main.c do_hup()), so nobody waits out the back-off.
+        # Every tor starts now, clients with their network off. Relays ask for a consensus
+        # before it exists and back off (up to ~10 s); once it exists, SIGHUP makes tor reset
+        # its download failures and fetch at once (main.c do_hup()), so nobody waits out the
+        # back-off. Clients go online only once the directory caches hold the consensus and
+        # every microdescriptor: a client that asks a cache too early gets a 404 for the
+        # microdescriptors, and SIGHUP relaunches only consensus downloads, so it then waits
+        # for tor's 10 s descriptor retry (the slow bring-up of issue 26).
         deadline = time.time() + rep.scenario.measure.ready_timeout.seconds
         env = tor_env()
-        rep.meta["bootstrap"]["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
-        rep.meta["bootstrap"]["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
+        boot = rep.meta["bootstrap"]
+        boot["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
+        boot["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
         tors = [n for n in st["plan"].nodes if n.runs_tor]
         for n in tors:
+            offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + [
-                st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")],
+                st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
                 rep.logs / f"{n.name}.stdout.log", env=env)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
-            if n.role != "authority":
+            if n.role == "relay":
                 st["sup"].signal(n.name, signal.SIGHUP)
+        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S))
+        boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
+        if why is not None:
+            boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
+        self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
+                         f"({time.time() - st['t0']:.1f} s); clients online")
+        _clients_online(rep)
+        boot["clients_online_after_caches"] = True
         _wait_clients(rep, deadline)
         _relax_voting(rep)
         rep.ready(st["t0"])
@@ -435,6 +451,57 @@ def _relax_voting(rep: engine.Repetition) -> None:
         with _controller(rep.state["paths"][a.name].control_socket) as ctl:
             ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
+
+
+def _microdescs_held(datadir: Path) -> int:
+    """How many microdescriptors a tor's data directory holds (each starts "onion-key")."""
+    n = 0
+    for name in ("cached-microdescs", "cached-microdescs.new"):
+        try:
+            data = (datadir / name).read_bytes()
+        except OSError:
+            continue
+        n += data.count(b"\nonion-key\n") + data.startswith(b"onion-key\n")
+    return n
+
+
+def _cache_problem(datadir: Path, relays: int) -> str | None:
+    """What a directory cache still lacks before it can answer a client's bootstrap."""
+    if not (datadir / "cached-microdesc-consensus").exists():
+        return "no microdescriptor consensus"
+    held = _microdescs_held(datadir)
+    return None if held >= relays else f"{held} of {relays} microdescriptors"
+
+
+def _wait_caches(rep: engine.Repetition, until: float) -> str | None:
+    """Until every relay a client may ask for directory documents (a directory guard: Guard
+    and V2Dir in the consensus; every V2Dir relay if none is a guard) holds the
+    microdescriptor consensus and every relay's microdescriptor; returns None then, or what
+    one still lacked at ``until``."""
+    st = rep.state
+    plan, paths, sup = st["plan"], st["paths"], st["sup"]
+    relays = plan.by_role("relay")
+    flags = rep.meta["consensus_flags"]
+    caches = [r.name for r in relays if "V2Dir" in flags.get(r.name, [])]
+    caches = [c for c in caches if "Guard" in flags.get(c, [])] or caches
+    names = list(sup.procs)
+    while True:
+        sup.check(names)
+        problems = {c: why for c in caches if (why := _cache_problem(Path(paths[c].datadir), len(relays)))}
+        if not problems:
+            return None
+        c = sorted(problems)[0]
+        if time.time() >= until:
+            return f"{c}: {problems[c]} ({len(problems)} of {len(caches)} caches)"
+        rep.status(f"waiting for the directory caches: {c}: {problems[c]} ({len(problems)} left)")
+        time.sleep(POLL_S)
+
+
+def _clients_online(rep: engine.Repetition) -> None:
+    plan = rep.state["plan"]
+    for c in plan.by_role("client") + plan.by_role("loadworker"):   # load nodes' tors are clients too
+        with _controller(rep.state["paths"][c.name].control_socket) as ctl:
+            ctl.set_conf("DisableNetwork", "0")
 
 
 def _relay_has_consensus(datadir: str) -> bool:

@@ -24,7 +24,8 @@ import stem.control
 from .. import constants, fileserver, readiness, workloads
 from ..client import driver
 from ..records import RecordWriter
-from . import Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant
+from . import (Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
+               write_hardware)
 
 def _connect(deadline: float) -> stem.control.Controller:
     while True:
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
     events = RecordWriter(out / "clients.jsonl")
+    write_hardware(out, node, group)
     rc = 1
     try:
         t0 = time.time()
