@@ -218,6 +218,45 @@ def _save(fig, path: Path, legend_rows: int) -> None:
     plt.close(fig)
 
 
+def plot_load(run: Run, variants: list[str], path: Path) -> bool:
+    """Background load over time (load.jsonl): requests/s and failures/s (top) and Locust's
+    current-window p50 / p90 response times (bottom), per variant and repetition, from the
+    workload's start."""
+    from . import background
+    series = []
+    for r in run.reps:
+        if r.path is None or not (r.path / background.LOAD_FILE).is_file() or r.t0 is None:
+            continue
+        recs = [x for x in background.read(r.path / background.LOAD_FILE) if x.get("label") != "end"]
+        if recs:
+            series.append((r.variant, r.index, np.array([x["t"] - r.t0 for x in recs]), recs))
+    if not series:
+        return False
+    colors = _colors(variants)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for v, k, t, recs in series:
+        style = REP_STYLES[k % len(REP_STYLES)]
+        top.plot(t, [x["total"]["rps"] for x in recs], color=colors[v], linestyle=style, label=f"{v} rep {k} requests/s")
+        fails = [x["total"]["fail_per_s"] for x in recs]
+        if any(fails):
+            top.plot(t, fails, color=colors[v], linestyle=style, alpha=0.5, linewidth=3, label=f"{v} rep {k} failures/s")
+        for q, width in (("p50_ms", 2.0), ("p90_ms", 0.8)):
+            y = [np.nan if x["total"].get(q) is None else x["total"][q] / 1e3 for x in recs]
+            bottom.plot(t, y, color=colors[v], linestyle=style, linewidth=width, label=f"{v} rep {k} {q[:3]}")
+    top.set_ylabel("per second")
+    top.set_title("Background load: Locust requests and failures per second")
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=7)
+    bottom.set_ylabel("response time (s)")
+    bottom.set_title("Locust response time, current 10 s window (thick p50, thin p90)")
+    bottom.set_xlabel("seconds since the workload started")
+    bottom.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
     """Relay throughput over time (``metrics.throughput_series``): one panel per relay; per
     variant and repetition (line style = repetition) a thin line of the per-sample rate, a
@@ -449,6 +488,13 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         figs.append(Figure(p, "Circuits opened over time",
                            "Circuits each relay had opened since it started, at each MetricsPort scrape "
                            "(tor_relay_circuits_total; metrics.jsonl): the relay's load in circuits.", "Relays"))
+    p = out_dir / "timeseries-load.png"
+    if plot_load(run, variants, p):
+        figs.append(Figure(p, "Background load over time",
+                           "The Locust master's statistics (load.jsonl) every load.stats_interval: requests "
+                           "and failures per second, and response-time percentiles over Locust's current "
+                           "10 s window.", "Background load"))
+
     cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms"})
     for relay in cw_relays:
         panels = [(f"{d.capitalize()} ({'toward the client' if d == 'inbound' else 'toward the exit'})",

@@ -227,6 +227,26 @@ def _clock_blocks(s: dict) -> list[tuple]:
                str(r.get("exchanges")), str(r.get("lost")), ms(r.get("min_delay_s"))] for r in rows])]
 
 
+def _load_blocks(s: dict) -> list[tuple]:
+    """Background load per repetition (summary.json ``load``) beside the foreground's numbers."""
+    rows = s.get("load")
+    if not rows:
+        return []
+    num = lambda x, f="{:.1f}": DASH if x is None else f.format(x)  # noqa: E731
+    return [("h", 2, "Background load (Locust)"),
+            ("p", "What the background users carried in each repetition (load.jsonl: the Locust master's "
+                  "statistics), beside the foreground clients' measured transfers. Requests/s and MB/s are "
+                  "means while users ran; response times are Locust's (from the request's start, including "
+                  "the SOCKS connection and the circuit, to its last byte) over every request of the repetition."),
+            ("table", ["variant", "rep", "users", "requests", "failures", "requests/s", "MB", "MB/s",
+                       "p50 / p90 / p99 (ms)", "foreground transfers", "foreground median TTLB (s)"],
+             [[r["variant"], str(r["rep"]), str(r["users"]), str(r["requests"]), str(r["failures"]),
+               num(r.get("requests_per_s"), "{:.2f}"), num(r["bytes"] / 1e6), num(
+                   None if r.get("bytes_per_s") is None else r["bytes_per_s"] / 1e6, "{:.2f}"),
+               " / ".join(num(r.get(k), "{:.0f}") for k in ("p50_ms", "p90_ms", "p99_ms")),
+               str(r["foreground_transfers"]), num(r.get("foreground_ttlb_median_s"), "{:.3f}")] for r in rows])]
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -268,6 +288,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
+    b += _load_blocks(s)
 
     b.append(("h", 2, "Missing or incomplete data"))
     if s["missing"]:

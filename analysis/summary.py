@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from . import inference, stats
+from . import background, inference, stats
 from . import clock as clock_mod
 from . import metrics as metrics_mod
 from .load import Run
@@ -241,4 +241,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "errors": errors,
         # Only for runs with replay clock records (keeps older summaries unchanged).
         **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
+        # Only for runs with background load (load.jsonl).
+        **({"load": rows} if (rows := background.load_rows(run)) else {}),
     }

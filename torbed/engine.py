@@ -89,6 +89,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("links.delay")
     if s.placement:
         used.add("placement")
+    if s.load is not None:
+        used.add("load")
     return sorted(used)
 
 

@@ -338,6 +338,7 @@ class K8sBackend:
     name = "k8s"
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
+        "load": "background load (Locust) runs on the local backend only so far",
     }
     bringup_estimate_s = 60.0
 
@@ -354,6 +355,9 @@ class K8sBackend:
                    extra_set=args.set or [])
 
     def preflight(self, scenario: Scenario) -> dict:
+        if scenario.load is not None:
+            # Refused rather than ignored: a run without its background load would look loaded.
+            raise RunFailed(f"load: {self.unsupported['load']}; run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()
