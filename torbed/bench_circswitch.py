@@ -2,8 +2,9 @@
 
 A small network where bulk downloads and paced web fetches of several clients share the
 guard's one connection to the middle, and the guard->middle link is the narrow one, so the
-guard's output buffer toward the middle fills and its control law (EWMA of the occupancy
-vs alpha/beta) moves the busiest circuits to a second connection and back.
+middle's output buffer toward the guard fills (downloads) and the control law there (EWMA of
+the occupancy vs alpha/beta, CircSwitchDownstream) moves the busiest circuits to a second
+connection of the guard's pair and back; the guard completes each move.
 
 Public API:
 
@@ -31,20 +32,21 @@ METRIC = "tor_relay_circswitch_total"
 
 def scenario(name: str, duration: str, guard_variant: str = "circswitch", middle_variant: str = "circswitch",
              exit_variant: str = "kist", bulk: int = 2, web: int = 4, link: str = "8mbit",
-             guard_torrc: str = "") -> dict:
+             middle_torrc: str = "") -> dict:
     """guard -> middle -> exit, every client on that path; guard->middle at ``link``, the
     rest at 100 mbit. Bulk clients fetch 5 MB back to back, web clients 320 KB with 1 s
     pauses (the paper's two kinds of client, section 4.3)."""
     relays: dict = {"guard": {"guard": True, "variant": guard_variant},
                     "middle": {"variant": middle_variant},
                     "exit": {"exit": True, "variant": exit_variant}}
-    if guard_torrc:
-        relays["guard"]["torrc"] = guard_torrc
+    if middle_torrc:
+        relays["middle"]["torrc"] = middle_torrc
     path = ["guard", "middle", "exit"]
     return {
         "apiVersion": "torbed/v1",
         "name": name,
-        "variants": [guard_variant],
+        # Every group names its variant; the run is filed under "circswitch".
+        "variants": ["circswitch"],
         "network": {"authorities": 3, "relays": relays, "consensus_params": {"cc_alg": 0}},
         "links": {"default": {"rate": "100mbit"}, "pairs": [{"between": ["guard", "middle"], "rate": link}]},
         "servers": {"www": {"files": {"web": "320KB", "bulk": "5MB"}}},
