@@ -4,6 +4,7 @@ docs/reproduction.md rows with the paper's number, ours with intervals and the v
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,24 @@ def test_an_unfinished_run_is_not_reused(tmp_path, capsys):
 def test_bad_arguments_exit_2(argv, tmp_path, capsys):
     assert reproduce.main(argv + ["--runs", str(tmp_path), "--dry-run"]) == 2
     assert "reproduce:" in capsys.readouterr().err
+
+
+def test_a_row_against_another_baseline_is_compared_with_that_baseline(tmp_path):
+    """A report's vs_baseline inference is against the run's baseline (vanilla); a row whose
+    baseline is another variant must get its numbers from that comparison, not vanilla's."""
+    from torbed.analysis import reproduce as r
+    from torbed.analysis.report import analyse
+    from torbed.analysis import summary as summary_mod
+    run = Path(__file__).resolve().parents[2] / "data" / "golden-run"
+    summ = summary_mod.round_floats(analyse(run)[2])
+    metric = next(m for m, e in summ["metrics"].items()
+                  if ((e["variants"].get("ewma-66") or {}).get("vs_baseline") or {}).get("inference", {}).get("status") == "tested")
+    fwd = r.Row("p", "x", "y", "golden", metric, baseline="vanilla", variant="ewma-66")
+    back = r.Row("p", "x", "y", "golden", metric, baseline="ewma-66", variant="vanilla")
+    cache: dict = {}
+    e_fwd = r.evaluate(fwd, r.summary_for(fwd, {"golden": summ}, {"golden": run}, cache))
+    e_back = r.evaluate(back, r.summary_for(back, {"golden": summ}, {"golden": run}, cache))
+    assert ("golden", "ewma-66") in cache and ("golden", "vanilla") not in cache
+    # The reverse comparison's change is the inverse ratio: (1 + a)(1 + b) = 1.
+    a, b = e_fwd["change_pct"] / 100, e_back["change_pct"] / 100
+    assert abs((1 + a) * (1 + b) - 1) < 0.02, (a, b)
