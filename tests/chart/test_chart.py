@@ -279,3 +279,19 @@ def test_without_nightly_mode_and_a_scenario_the_quickstart_is_deployed_and_chec
     assert t.returncode != 0 and "'network' required, if 'clients' exists" in t.stderr, show(t, limit=1500)
     lint = run(tools, tools["helm"], "lint", str(CHART))
     assert lint.returncode == 0, show(lint)
+
+
+def test_the_nightly_runner_holds_every_permission_its_releases_grant(tools):
+    """RBAC lets a subject grant only what it holds: the nightly runner installs releases whose
+    key hook Role grants permissions, so the runner's Role must hold each of them (a missing
+    verb fails every night's install with 'attempting to grant RBAC permissions not held')."""
+    def roles(*args):
+        p = run(tools, tools["helm"], "template", "t", str(CHART), *args)
+        assert p.returncode == 0, show(p)
+        return [d for d in yaml.safe_load_all(p.stdout) if d and d["kind"] == "Role"]
+    runner = next(r for r in roles("-f", str(NIGHTLY_VALUES)) if r["metadata"]["name"].endswith("-nightly"))
+    held = {(g, res, v) for rule in runner["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+            for v in rule["verbs"]}
+    granted = {(g, res, v) for role in roles("-f", str(REPO / "scenarios" / "quickstart.yaml"))
+               for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"] for v in rule["verbs"]}
+    assert granted and granted <= held, sorted(granted - held)

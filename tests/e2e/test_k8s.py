@@ -301,7 +301,13 @@ def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
     counters = {relay: {k.split('event="')[1].rstrip('"}'): v for k, v in s.items()
                         if k.startswith("tor_relay_torchestra_total{")} for relay, s in last.items()}
     assert all(counters.values()), counters            # the patched tor, Torchestra on, at every relay
-    assert all(s.get("tor_relay_circ_proto_violation_total", 0) == 0 for s in last.values())
+    # No circuit closed for a protocol violation, except stock tor's own tiny-network close (a
+    # path that would leave through the hop it came from), as torbed.bench_torchestra counts.
+    from torbed.bench_torchestra import TINY_NETWORK_CLOSE
+    for relay, s in last.items():
+        pod_log = rep / "logs" / f"{meta['release']}-{relay[:-1]}-{relay[-1]}.tor.log"
+        tiny = pod_log.read_text(errors="replace").count(TINY_NETWORK_CLOSE) if pod_log.exists() else 0
+        assert s.get("tor_relay_circ_proto_violation_total", 0) - tiny <= 0, (relay, s, tiny)
     assert counters["exit0"].get("switch_to_heavy", 0) >= 1, counters
     print(f"torchestra on Kubernetes: {counters}")
     assert leftovers(kube, meta["release"]) == []

@@ -569,7 +569,11 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
     for n in rep.meta.get("nodes") or []:
         k8s_node = placed.get(n["name"]) or next((v for pod, v in pods.items() if _pod_is(pod, release, n)), None)
         n["k8s_node"] = k8s_node
-    hw = cluster.node_hardware({n["k8s_node"] for n in rep.meta.get("nodes") or [] if n.get("k8s_node")})
+    names = {n["k8s_node"] for n in rep.meta.get("nodes") or [] if n.get("k8s_node")}
+    try:
+        hw = cluster.node_hardware(names)
+    except KubernetesError as e:   # nodes are cluster-scoped: a namespaced runner may not read them
+        hw = {name: {"node_status": f"not readable: {e}"} for name in names}
     for name, h in hw.items():
         h["cpu_model"] = cpu.get(name)
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
