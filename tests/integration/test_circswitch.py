@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 
 from tests.conftest import require_root
-from tests.integration.helpers import only_run_dir, run_torbed, write_scenario
-from torbed import bench_circswitch, constants
+from tests.integration.helpers import checked_build, only_run_dir, run_torbed, write_scenario
+from torbed import bench_circswitch
 from torbed.variants import load_variant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,27 +37,14 @@ def test_tor_unit_tests_with_our_patches_pass_under_werror(tmp_path):
     --enable-fatal-warnings; torchestra/.. runs Torchestra's tests and ours
     (torchestra/circswitch/..). Cached by the variant's content key: once per patch set."""
     v = load_variant("circswitch")
-    done = constants.CACHE_DIR / "check" / v.build_key / "build.json"
-    if not done.exists():
-        out = tmp_path / "check-build"
-        cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(out), "--check"]
-        for p in v.patches:
-            cmd += ["--patch", str(p)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        ours = re.findall(r"^torchestra/circswitch/(\S+): \[forking\] OK", p.stderr, re.M)
-        theirs = re.findall(r"^torchestra/(?!circswitch/)(\S+): \[forking\] OK", p.stderr, re.M)
-        assert len(ours) == 8 and len(theirs) == 8, p.stderr[-3000:]
-        assert re.search(r"^\d+ tests ok", p.stderr, re.M), p.stderr[-3000:]
-        done.parent.mkdir(parents=True, exist_ok=True)
-        (done.parent / "check.log").write_text(p.stderr)
-        shutil.copy(out / "build.json", done.with_suffix(".tmp"))
-        done.with_suffix(".tmp").rename(done)
-    info = json.loads(done.read_text())
+    info, log = checked_build("circswitch", tmp_path)
+    ours = re.findall(r"^torchestra/circswitch/(\S+): \[forking\] OK", log, re.M)
+    theirs = re.findall(r"^torchestra/(?!circswitch/)(\S+): \[forking\] OK", log, re.M)
+    assert len(ours) == 8 and len(theirs) == 8, log[-3000:]
+    assert re.search(r"^\d+ tests ok", log, re.M), log[-3000:]
     assert info["check"] is True
     assert "--enable-fatal-warnings" in info["configure_flags"]
     assert [x["file"] for x in info["patches"]] == [p.name for p in v.patches]
-    log = (done.parent / "check.log").read_text()
     assert "torchestra/circswitch/moves_busiest_and_back: [forking] OK" in log
     assert "torchestra/classifier_both_ways: [forking] OK" in log
 
