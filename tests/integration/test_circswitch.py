@@ -66,8 +66,11 @@ def _run(tmp_path, name: str, **kw) -> dict:
 def test_switches_on_the_guards_link_under_load(tmp_path):
     """Downloads fill the middle's buffer toward the guard: the middle (CircSwitchDownstream)
     moves circuits to the second connection of the guard's pair and back, the guard completes
-    every move, the stock exit sees nothing of it. The guard's own buffer toward the middle
-    (upstream) never congests with downloads."""
+    every move, the stock exit sees nothing of it. The guard watches its own buffer toward
+    the middle too: that one holds only what clients send (requests, SENDMEs), but on a
+    CPU-starved machine the middle reads it late and it can cross beta for a moment (CI saw
+    3 moves there), so the check is the invariant, not the workload: whatever the guard
+    moves, the middle completes."""
     s = _run(tmp_path, "it-circswitch-loaded")
     guard, mid, ex = s["relays"]["guard0"], s["relays"]["middle0"], s["relays"]["exit0"]
     assert mid["circswitch"]["congestion_onset"] >= 1
@@ -75,7 +78,7 @@ def test_switches_on_the_guards_link_under_load(tmp_path):
     assert mid["circswitch_moves"]["to_second"] >= 1
     # Every move the middle started completed at the guard (problems() also requires 0 aborted).
     assert guard["switched"]["receiver"] >= mid["circswitch"]["switch_to_second"]
-    assert guard["circswitch"]["switch_to_second"] == 0 and guard["circswitch"]["switch_back"] == 0
+    assert mid["switched"]["receiver"] >= guard["circswitch"]["switch_to_second"]
     assert ex["switched"] == {"initiator": 0, "receiver": 0, "to_heavy": 0, "to_light": 0}
     assert "circswitch" not in ex or ex["circswitch"] == {}  # stock tor: no such counters
 
