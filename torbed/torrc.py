@@ -97,6 +97,10 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0) -> dict[
         "# Stable for every relay from its first second: clients only use Stable guards, and a",
         "# minutes-old network has no uptime history to earn it.",
         "AuthDirVoteStableGuaranteeMinUptime 0",
+        "# Fast for every relay: in a minutes-old network the 12.5th-percentile threshold ranks",
+        "# which relays happened to serve directory traffic, and a relay that published before",
+        "# its bandwidth self-test stayed un-Fast for minutes (seen under load: a run failed).",
+        "AuthDirFastGuarantee 1 byte",
     ]
     relay = [
         "# Relays.",
