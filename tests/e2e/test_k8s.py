@@ -311,3 +311,38 @@ def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
     assert counters["exit0"].get("switch_to_heavy", 0) >= 1, counters
     print(f"torchestra on Kubernetes: {counters}")
     assert leftovers(kube, meta["release"]) == []
+
+
+def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
+    """The circswitch relay image on the cluster, in the integration test's network: guard and
+    middle circswitch, a stock (kist) exit, an 8 mbit/s guard-middle link (the shaper sidecar)
+    that two bulk downloads fill. The middle sees its buffer toward the guard congested and
+    moves circuits to the second connection of the pair; the guard completes every move; the
+    stock exit sees nothing; transfers are checksummed and nothing is left behind."""
+    from torbed import bench_circswitch
+    scenario = tmp_path / "circswitch.yaml"
+    scenario.write_text(yaml.safe_dump(bench_circswitch.scenario("e2e-circswitch", "60s")))
+    p, run_dir = torbed_run(tmp_path, scenario)
+    assert p.returncode == 0 and run_dir, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = run_dir / "circswitch" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    transfers = records(rep / "transfers.jsonl")
+    assert len([t for t in transfers if t["status"] == "ok"]) >= 5, transfers[:3]
+    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
+    last: dict[str, dict] = {}
+    for r in records(rep / "metrics.jsonl"):
+        last[r["relay"]] = r["samples"]
+    assert set(last) == {"guard0", "middle0", "exit0"}, sorted(last)
+
+    def events(relay: str, family: str) -> dict[str, float]:
+        return {k.split('event="')[1].rstrip('"}'): v for k, v in last[relay].items()
+                if k.startswith(f"tor_relay_{family}_total{{")}
+
+    mid, guard = events("middle0", "circswitch"), events("guard0", "torchestra")
+    print(f"circswitch on Kubernetes: middle {mid}, guard (pair) {guard}")
+    assert mid.get("switch_to_second", 0) >= 1, (mid, guard)
+    # Each move lands at the guard as a switch to the second (heavy) connection of the pair.
+    assert guard.get("switch_to_heavy", 0) >= mid["switch_to_second"], (mid, guard)
+    assert events("middle0", "torchestra").get("aborted", 0) == 0 and guard.get("aborted", 0) == 0
+    assert not events("exit0", "circswitch") and not events("exit0", "torchestra")   # stock tor
+    assert leftovers(kube, meta["release"]) == []

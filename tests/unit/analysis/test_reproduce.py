@@ -60,6 +60,10 @@ def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsy
     gopal = [v for v in lines.values() if v.startswith("| Gopal")]
     assert len(gopal) == 8 and all("not part of this shortened run" in v for v in gopal), gopal
     assert "variant mtrelay not yet available" in next(v for v in lines.values() if v.startswith("| Engler"))
+    # The circuit-switching experiment (Fig. 4 a-d) is wired in too, and not part of this run.
+    ipsj = [v for v in text.splitlines() if v.startswith("| IPSJ")]
+    assert len(ipsj) == 7 and all("not part of this shortened run" in v for v in ipsj), ipsj
+    assert any("about 90% lower" in v and "vs ewma-66" in v for v in ipsj)
     assert (runs / "tang-goldberg-2010-exp3" / "golden-run" / "report" / "summary.json").is_file()
     assert json.loads((runs / "reproduction.json").read_text())["settings"]["quick"] is True
 
