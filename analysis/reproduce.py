@@ -98,8 +98,8 @@ _GH_SETTING = ("the paper ran its own Torchestra implementation in 2012's tor on
 _IPSJ_SETTING = ("the paper ran its own implementation in 2016's tor in Shadow, 150 relays and 20 clients for "
                  "100 minutes, the algorithm on the entry relays only; ours is tor 0.4.9 with our patch "
                  "(images/relay/variants/circswitch/README.md, A.7; the relay after the guard switches the "
-                 "download direction) on one machine, 8 relays and 8 clients with 10 Mbit/s guard-middle "
-                 "links (the scenario file says why), a few short repetitions")
+                 "download direction) on one machine, 5 relays and 8 clients with a 10 Mbit/s guard-middle "
+                 "link (the scenario file says why), a few short repetitions")
 
 ROWS = [
     Row("Tang & Goldberg 2010", "Exp. 1 (sec. 3.1, Fig. 2): median time to download a 300 KB file beside 2 bulk "
