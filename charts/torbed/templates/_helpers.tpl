@@ -331,3 +331,41 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- $tag := .Values.images.tag | default .Chart.AppVersion -}}
 {{- if $reg }}{{ printf "%s/%s:%s" (trimSuffix "/" $reg) .Values.nightly.image $tag }}{{ else }}{{ printf "%s:%s" .Values.nightly.image $tag }}{{ end -}}
 {{- end -}}
+
+{{/*
+Target labels of every scrape of the release's pods, the same as the local backend's
+Prometheus gives its targets (docs/observability.md), so the dashboards' queries work on
+either: job, release (the Helm release), variant (a relay group's own, else the release's),
+group, node (<group><index>, as the local backend names nodes), role (the pod's component),
+rep, pod. Relabel rules in the Prometheus Operator's spelling (PodMonitor/ServiceMonitor
+`relabelings`); torbed.prometheus.relabel turns them into prometheus.yml's. Args:
+(list $root job).
+*/}}
+{{- define "torbed.relabelings" -}}
+{{- $root := index . 0 -}}{{- $job := index . 1 -}}
+- {targetLabel: job, replacement: {{ $job | quote }}}
+- {targetLabel: release, replacement: {{ $root.Release.Name | quote }}}
+- {targetLabel: variant, replacement: {{ include "torbed.variant" $root | quote }}}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_variant], regex: "(.+)", targetLabel: variant}
+- {targetLabel: rep, replacement: {{ $root.Values.repetition | quote }}}
+- {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], targetLabel: role}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group], regex: "(.+)", targetLabel: group}
+- {sourceLabels: [__meta_kubernetes_pod_name], targetLabel: pod}
+# StatefulSet pods end in -<ordinal>; Indexed Job pods carry their index in an annotation.
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_name], regex: "(.+);.*-([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_annotation_batch_kubernetes_io_job_completion_index], regex: "(.+);([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
+- {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: results, targetLabel: node, replacement: results}
+{{- end -}}
+
+{{/* torbed.relabelings in prometheus.yml's spelling (source_labels, target_label). */}}
+{{- define "torbed.prometheus.relabel" -}}
+{{- range (include "torbed.relabelings" . | fromYamlArray) }}
+{{- $r := dict "target_label" .targetLabel }}
+{{- with .sourceLabels }}{{ $_ := set $r "source_labels" . }}{{ end }}
+{{- with .regex }}{{ $_ := set $r "regex" . }}{{ end }}
+{{- with .replacement }}{{ $_ := set $r "replacement" . }}{{ end }}
+- {{ $r | toJson }}
+{{- end }}
+{{- end -}}
+
+{{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tag" . }}{{- end -}}
