@@ -337,9 +337,9 @@ Target labels of every scrape of the release's pods, the same as the local backe
 Prometheus gives its targets (docs/observability.md), so the dashboards' queries work on
 either: job, release (the Helm release), variant (a relay group's own, else the release's),
 group, node (<group><index>, as the local backend names nodes), role (the pod's component),
-rep, pod. Relabel rules in the Prometheus Operator's spelling (PodMonitor/ServiceMonitor
-`relabelings`); torbed.prometheus.relabel turns them into prometheus.yml's. Args:
-(list $root job).
+rep, pod. The in-chart Prometheus sets the same labels statically (prometheus/configmap.yaml);
+tests/chart/test_prometheus_config.py runs these rules in a real Prometheus and compares.
+Relabel rules in the Prometheus Operator's spelling (`relabelings`). Args: (list $root job).
 */}}
 {{- define "torbed.relabelings" -}}
 {{- $root := index . 0 -}}{{- $job := index . 1 -}}
@@ -355,17 +355,6 @@ rep, pod. Relabel rules in the Prometheus Operator's spelling (PodMonitor/Servic
 - {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_name], regex: "(.+);.*-([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
 - {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_annotation_batch_kubernetes_io_job_completion_index], regex: "(.+);([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
 - {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: results, targetLabel: node, replacement: results}
-{{- end -}}
-
-{{/* torbed.relabelings in prometheus.yml's spelling (source_labels, target_label). */}}
-{{- define "torbed.prometheus.relabel" -}}
-{{- range (include "torbed.relabelings" . | fromYamlArray) }}
-{{- $r := dict "target_label" .targetLabel }}
-{{- with .sourceLabels }}{{ $_ := set $r "source_labels" . }}{{ end }}
-{{- with .regex }}{{ $_ := set $r "regex" . }}{{ end }}
-{{- with .replacement }}{{ $_ := set $r "replacement" . }}{{ end }}
-- {{ $r | toJson }}
-{{- end }}
 {{- end -}}
 
 {{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tag" . }}{{- end -}}
