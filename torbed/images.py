@@ -274,7 +274,7 @@ def _table(results: list[Result], console=None) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m torbed.images",
-        description="Build torbed's container images (dirauth, client, relay per variant family) "
+        description="Build torbed's container images (dirauth, client, relay per variant family, prometheus) "
                     "with the local Docker engine, starting it if needed.")
     ap.add_argument("--platform", default=os.environ.get("PLATFORM") or None,
                     help="linux/amd64 or linux/arm64 (default: this machine's; env PLATFORM)")
