@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from conftest import REPO, leftovers
 
@@ -70,7 +71,7 @@ def _wait(what: str, check, timeout: float):
 
 
 def test_every_target_up_and_every_exporter_series_there(kube, release):
-    scenario = __import__("yaml").safe_load(QUICKSTART.read_text())
+    scenario = yaml.safe_load(QUICKSTART.read_text())
     relays = {f"{g}{i}" for g, rg in scenario["network"]["relays"].items() for i in range(rg.get("count", 1))}
     clients = {f"{g}{i}" for g, cg in scenario["clients"].items() for i in range(cg.get("count", 1))}
     want = {("prometheus", "prometheus"), ("results", "results"), *{("tor", n) for n in relays},
@@ -94,10 +95,9 @@ def test_every_target_up_and_every_exporter_series_there(kube, release):
     assert {r["metric"]["variant"] for r in res} == {"vanilla"}, res
     # Drivers: per client group; the collectors: CELL_STATS per relay once cells flow.
     groups = set(scenario["clients"])
-    started = _wait("transfers started in every group", lambda: {
+    _wait("transfers started in every group", lambda: {
         r["metric"]["group"] for r in _series(kube, f'torbed_transfers_started_total{{release="{REL}"}} > 0')} == groups
         or False, 240)
-    assert started
     _wait("CELL_STATS cells at every relay", lambda: {
         r["metric"]["relay"] for r in _series(kube, f'torbed_relay_cells_total{{release="{REL}"}} > 0')} == relays
         or False, 240)
@@ -111,8 +111,9 @@ def test_every_dashboard_panel_query_returns_series(kube, release):
     linkemu panels excepted: no linkemu on Kubernetes)."""
     from torbed import dashboards
     # A transfer must have finished in every group for the TTLB panels to have data.
-    _wait("a finished transfer in every group", lambda: len(_series(
-        kube, f'sum by (group) (torbed_transfers_finished_total{{release="{REL}"}}) > 0')) == 2 or False, 300)
+    groups = set(yaml.safe_load(QUICKSTART.read_text())["clients"])
+    _wait("a finished transfer in every group", lambda: {r["metric"]["group"] for r in _series(
+        kube, f'sum by (group) (torbed_transfers_finished_total{{release="{REL}"}}) > 0')} == groups or False, 300)
     failed = _series(kube, f'torbed_transfers_failed_total{{release="{REL}"}}')
     start, end = release["t0"], time.time()
     empty, n = [], 0
@@ -128,8 +129,10 @@ def test_every_dashboard_panel_query_returns_series(kube, release):
             if not _api(kube, "/api/v1/query_range", query=q, start=f"{start:.3f}", end=f"{end:.3f}",
                         step="5")["result"]:
                 empty.append(f"{name}: {title}: {q}")
+    print(f"{n} panel queries returned series"
+          f"{'' if failed else ' (Errors by cause not run: no transfer failed)'}")
     assert n >= 15 and not empty, "\n".join(empty)
     for label, match, want in (("release", "up", {REL}), ("variant", "up", {"vanilla"}),
-                               ("group", "torbed_transfers_started_total", {"web", "bulk"})):
+                               ("group", "torbed_transfers_started_total", groups)):
         got = set(_api(kube, f"/api/v1/label/{label}/values", **{"match[]": match}))
         assert want <= got, (label, got)
