@@ -54,7 +54,7 @@ chart-test: tools  ## lint, render and validate charts/torbed for every scenario
 schema: venv  ## regenerate the chart's generated files (values.schema.json, files/torrc, files/variants.yaml)
 	$(BIN)/torbed chart-files
 
-images: venv  ## container images (dirauth, client, relay per variant family) for this machine; PLATFORM=linux/arm64 for arm64
+images: venv  ## container images (dirauth, client, relay per variant family, prometheus) for this machine; PLATFORM=linux/arm64 for arm64
 	$(BIN)/python -m torbed.images $(if $(PLATFORM),--platform $(PLATFORM)) $(IMAGES_ARGS)
 
 images-arm64: venv  ## the same for linux/arm64 (tor cross-compiled, the rest under qemu); tags end in -arm64

@@ -49,6 +49,7 @@ class Images(Strict):
     relay: str = Field("torbed/relay", description="Relay image repository (one tag per variant family)")
     dirauth: str = Field("torbed/dirauth", description="Directory authority image repository")
     client: str = Field("torbed/client", description="Client, server and tooling image repository (tor, Python driver, tc)")
+    prometheus: str = Field("torbed/prometheus", description="In-chart Prometheus image repository (Debian's package; prometheus.enabled)")
     pullSecrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets (type kubernetes.io/dockerconfigjson) "
                                    "in the release's namespace, for a private registry; every pod gets them")
 
@@ -72,11 +73,21 @@ class ChaosMeshValues(Strict):
 
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
-        "auto", description="PodMonitors for the relays' MetricsPort and the drivers' exporters, and a "
+        "auto", description="PodMonitors for the relays' MetricsPort and collectors' exporters and the drivers' exporters, and a "
                             "ServiceMonitor for the results service: auto renders them when the cluster serves "
                             "monitoring.coreos.com/v1 (Prometheus Operator)")
     interval: str = Field("10s", description="Scrape interval")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
+
+
+class PrometheusValues(Strict):
+    enabled: bool = Field(False, description="An in-chart Prometheus (Debian's package, image torbed/prometheus) scraping "
+                                             "this release's pods, discovered in its namespace only; for clusters without "
+                                             "the Prometheus Operator")
+    scrapeInterval: str = Field("10s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape and evaluation interval")
+    retention: str = Field("7d", pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$", description="TSDB retention (the TSDB is an emptyDir)")
+    storageSizeLimit: str = Field("", description="sizeLimit of the TSDB's emptyDir (empty: none)")
+    resources: dict = Field(default_factory=dict, description="resources of the Prometheus container")
 
 
 class DashboardsValues(Strict):
@@ -154,6 +165,7 @@ class ChartValues(Strict):
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
+    prometheus: PrometheusValues = Field(default_factory=PrometheusValues)
     dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)

@@ -1,7 +1,8 @@
 """Container images of the Kubernetes backend: build them with the local Docker engine.
 
 ``make images`` (``python -m torbed.images``) builds, for one platform, ``torbed/dirauth``,
-``torbed/client`` and one ``torbed/relay`` per variant family, from images/*/Dockerfile with
+``torbed/client``, one ``torbed/relay`` per variant family and ``torbed/prometheus`` (Debian's
+Prometheus, the chart's optional in-cluster Prometheus), from images/*/Dockerfile with
 the repository root as the build context, and prints their tags and sizes. Docker's layer
 cache makes a rebuild without changes take seconds; the unpatched tor is compiled once per
 architecture and shared by dirauth, client and the config-only families.
@@ -37,10 +38,13 @@ from .variants import VariantError, list_families, load_variant
 from .errors import InputError, RunFailed
 
 REPO = constants.REPO_ROOT
-IMAGES = ("dirauth", "client", "relay", "nightly")
-# The images with tor in them (they share the tor stages), built by `make images` by default;
-# the nightly runner only when asked (--images ...,nightly).
-TOR_IMAGES = DEFAULT_IMAGES = ("dirauth", "client", "relay")
+IMAGES = ("dirauth", "client", "relay", "prometheus", "nightly")
+# The images with tor in them (they share the tor stages).
+TOR_IMAGES = ("dirauth", "client", "relay")
+# Built by `make images` by default: those, and Prometheus (one apt layer, so a release can
+# switch prometheus.enabled on without another build); the nightly runner only when asked
+# (--images ...,nightly).
+DEFAULT_IMAGES = (*TOR_IMAGES, "prometheus")
 STAGE = REPO / ".stage"
 REGISTRY_PREFIX = "torbed"
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "amd64": "amd64", "arm64": "arm64"}
@@ -270,7 +274,7 @@ def _table(results: list[Result], console=None) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m torbed.images",
-        description="Build torbed's container images (dirauth, client, relay per variant family) "
+        description="Build torbed's container images (dirauth, client, relay per variant family, prometheus) "
                     "with the local Docker engine, starting it if needed.")
     ap.add_argument("--platform", default=os.environ.get("PLATFORM") or None,
                     help="linux/amd64 or linux/arm64 (default: this machine's; env PLATFORM)")

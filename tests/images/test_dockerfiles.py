@@ -111,7 +111,8 @@ def test_plan_tags_and_args():
     plan = images.plan("linux/amd64" if images.host_arch() == "amd64" else "linux/arm64")
     tags = [i.tag for i in plan]
     assert tags[:2] == [f"torbed/dirauth:{__version__}", f"torbed/client:{__version__}"]
-    assert sorted(tags[2:]) == sorted(f"torbed/relay:{f}-{__version__}" for f in list_families())
+    assert sorted(tags[2:-1]) == sorted(f"torbed/relay:{f}-{__version__}" for f in list_families())
+    assert tags[-1] == f"torbed/prometheus:{__version__}"
     relays = {i.family: i for i in plan if i.kind == "relay"}
     assert relays["vanilla"].build_args["PATCHES"] == "0001-circuitmux-round-robin-policy.patch"
     assert relays["kist"].build_args["PATCHES"] == ""

@@ -175,7 +175,30 @@ def test_sizes(docker, built, capsys):
         print("\nimage sizes: " + ", ".join(f"{built[k]} {v / 1e6:.1f} MB" for k, v in sizes.items()))
     # Guards against an image suddenly growing (a build toolchain left in it).
     for kind, size in sizes.items():
-        assert size < (250e6 if kind == "client" else 120e6), (kind, size)
+        assert size < {"client": 250e6, "prometheus": 160e6}.get(kind, 120e6), (kind, size)
+
+
+def test_prometheus_is_debians_and_serves_from_a_read_only_root(docker, built):
+    """The chart's Prometheus image: Debian's 2.42, as uid 10000, starts over a read-only root
+    with its TSDB on the (here tmpfs) volume, and its web UI's assets are all there (the image
+    deletes data it does not load)."""
+    image = built["prometheus"]
+    assert inspect(docker, image, "{{.Config.User}}") == "10000:10000"
+    proc = run(docker, image, "--version")
+    assert proc.returncode == 0 and "prometheus, version 2.42." in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    script = ("printf 'scrape_configs: []\\n' > /tmp/p.yml; "
+              "timeout -s INT 6 prometheus --config.file=/tmp/p.yml --storage.tsdb.path=/prometheus "
+              "--web.listen-address=127.0.0.1:9090 2>&1; ls /prometheus")
+    proc = run(docker, image, "-c", script, entrypoint="sh",
+               args=("--read-only", "--tmpfs", "/tmp", "--tmpfs", "/prometheus:uid=10000,gid=10000"))
+    assert "Server is ready to receive web requests." in proc.stdout, proc.stdout[-3000:]
+    assert "wal" in proc.stdout.split(), proc.stdout[-2000:]
+    # Every asset the classic UI's templates load exists (no dangling link after the cleanup).
+    check = ("cd /usr/share/prometheus/web; "
+             "for f in $(grep -ho 'static/[^\"?]*' templates/*.html | sort -u); do [ -e \"$f\" ] || echo MISSING $f; done; "
+             "find -L . -type l | sed 's/^/DANGLING /'; echo checked")
+    proc = run(docker, image, "-c", check, entrypoint="sh")
+    assert proc.stdout.strip() == "checked", proc.stdout
 
 
 def test_no_containers_left(docker, built):

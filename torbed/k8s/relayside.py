@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         "relays": [{"name": node, "group": group,
                     "control": {"address": "127.0.0.1", "port": constants.CONTROL_PORT},
                     "metrics_url": f"http://{env('POD_IP')}:{constants.METRICS_PORT}/metrics"}],
+        # The collectors' exporter for the cluster's Prometheus (PodMonitor / in-chart).
+        "metrics_listen": [env("POD_IP"), constants.COLLECTOR_METRICS_PORT],
     }
     write_hardware(out, node, group)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()

@@ -331,3 +331,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- $tag := .Values.images.tag | default .Chart.AppVersion -}}
 {{- if $reg }}{{ printf "%s/%s:%s" (trimSuffix "/" $reg) .Values.nightly.image $tag }}{{ else }}{{ printf "%s:%s" .Values.nightly.image $tag }}{{ end -}}
 {{- end -}}
+
+{{/*
+Target labels of every scrape of the release's pods, the same as the local backend's
+Prometheus gives its targets (docs/observability.md), so the dashboards' queries work on
+either: job, release (the Helm release), variant (a relay group's own, else the release's),
+group, node (<group><index>, as the local backend names nodes), role (the pod's component),
+rep, pod. The in-chart Prometheus sets the same labels statically (prometheus/configmap.yaml);
+tests/chart/test_prometheus_config.py runs these rules in a real Prometheus and compares.
+Relabel rules in the Prometheus Operator's spelling (`relabelings`). Args: (list $root job).
+*/}}
+{{- define "torbed.relabelings" -}}
+{{- $root := index . 0 -}}{{- $job := index . 1 -}}
+- {targetLabel: job, replacement: {{ $job | quote }}}
+- {targetLabel: release, replacement: {{ $root.Release.Name | quote }}}
+- {targetLabel: variant, replacement: {{ include "torbed.variant" $root | quote }}}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_variant], regex: "(.+)", targetLabel: variant}
+- {targetLabel: rep, replacement: {{ $root.Values.repetition | quote }}}
+- {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], targetLabel: role}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group], regex: "(.+)", targetLabel: group}
+- {sourceLabels: [__meta_kubernetes_pod_name], targetLabel: pod}
+# StatefulSet pods end in -<ordinal>; Indexed Job pods carry their index in an annotation.
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_name], regex: "(.+);.*-([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
+- {sourceLabels: [__meta_kubernetes_pod_label_torbed_io_group, __meta_kubernetes_pod_annotation_batch_kubernetes_io_job_completion_index], regex: "(.+);([0-9]+)", targetLabel: node, replacement: "${1}${2}"}
+- {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: results, targetLabel: node, replacement: results}
+{{- end -}}
+
+{{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tag" . }}{{- end -}}

@@ -1,0 +1,138 @@
+"""The chart's in-cluster Prometheus (prometheus.enabled, Debian's package in
+torbed/prometheus) on a real cluster: every target of the release up at once, the relays',
+collectors' and drivers' series there with the labels the dashboards filter by, and every
+dashboard panel that can have data on Kubernetes returning series."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO, leftovers
+
+pytestmark = pytest.mark.e2e
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
+REL = "promk"
+# Panels that cannot have data on Kubernetes: linkemu is a local-backend shaper.
+NO_DATA_ON_K8S = {"Node throughput through linkemu", "Frames lost and dropped", "Largest link backlog"}
+
+
+def _api(kube, path: str, **query) -> dict:
+    """GET Prometheus' HTTP API through the API server's Service proxy."""
+    api = kube.ApiClient()
+    r = api.call_api(f"/api/v1/namespaces/default/services/{REL}-prometheus:web/proxy{path}", "GET",
+                     query_params=list(query.items()), auth_settings=["BearerToken"],
+                     _preload_content=False, _return_http_data_only=True, _request_timeout=30)
+    body = json.loads(r.data)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _series(kube, expr: str) -> list[dict]:
+    return _api(kube, "/api/v1/query", query=expr)["result"]
+
+
+@pytest.fixture(scope="module")
+def release(kube, helm):
+    base = [helm["bin"], "-n", "default"]
+    t0 = time.time()
+    p = subprocess.run([*base, "install", REL, str(REPO / "charts" / "torbed"), "-f", str(QUICKSTART),
+                        "--set", ISOLATE, "--set", "prometheus.enabled=true", "--set", "prometheus.scrapeInterval=5s",
+                        "--set", "measure.duration=150s", "--timeout", "300s"],
+                       capture_output=True, text=True, env=helm["env"])
+    try:
+        assert p.returncode == 0, p.stdout + p.stderr
+        yield {"t0": t0}
+    finally:
+        subprocess.run([*base, "uninstall", REL, "--wait", "--timeout", "180s"],
+                       capture_output=True, text=True, env=helm["env"])
+        deadline = time.time() + 120
+        while leftovers(kube, REL) and time.time() < deadline:
+            time.sleep(2)
+        assert leftovers(kube, REL) == []
+
+
+def _wait(what: str, check, timeout: float):
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            last = check()
+            if last is True or (last and last is not False and not isinstance(last, str)):
+                return last
+        except Exception as e:      # Prometheus not up yet, proxy 503: keep polling
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(3)
+    raise AssertionError(f"{what} not within {timeout:.0f} s; last: {last}")
+
+
+def test_every_target_up_and_every_exporter_series_there(kube, release):
+    scenario = yaml.safe_load(QUICKSTART.read_text())
+    relays = {f"{g}{i}" for g, rg in scenario["network"]["relays"].items() for i in range(rg.get("count", 1))}
+    clients = {f"{g}{i}" for g, cg in scenario["clients"].items() for i in range(cg.get("count", 1))}
+    want = {("prometheus", "prometheus"), ("results", "results"), *{("tor", n) for n in relays},
+            *{("collector", n) for n in relays}, *{("driver", n) for n in clients}}
+
+    def all_up():
+        targets = _api(kube, "/api/v1/targets", state="active")["activeTargets"]
+        got = {(t["labels"]["job"], t["labels"]["node"]): t["health"] for t in targets}
+        assert set(got) == want, sorted(set(got) ^ want)      # exactly the release's pods
+        down = {k: v for k, v in got.items() if v != "up"}
+        return True if not down else f"not up: {sorted(down)}"
+
+    # Bring-up (keys, authorities, consensus) comes first; the drivers' exporters answer from
+    # their start, the collectors' once tor's control port does.
+    _wait("every target up", all_up, 420)
+    print(f"all {len(want)} targets up {time.time() - release['t0']:.0f} s after helm install began")
+
+    # Relays: MetricsPort series per relay, labelled as the dashboards expect.
+    res = _series(kube, f'tor_relay_traffic_bytes{{release="{REL}", direction="written"}}')
+    assert {r["metric"]["node"] for r in res} == relays, res
+    assert {r["metric"]["variant"] for r in res} == {"vanilla"}, res
+    # Drivers: per client group; the collectors: CELL_STATS per relay once cells flow.
+    groups = set(scenario["clients"])
+    _wait("transfers started in every group", lambda: {
+        r["metric"]["group"] for r in _series(kube, f'torbed_transfers_started_total{{release="{REL}"}} > 0')} == groups
+        or False, 240)
+    _wait("CELL_STATS cells at every relay", lambda: {
+        r["metric"]["relay"] for r in _series(kube, f'torbed_relay_cells_total{{release="{REL}"}} > 0')} == relays
+        or False, 240)
+    res = _series(kube, f'process_cpu_seconds_total{{release="{REL}"}}')
+    assert {r["metric"]["job"] for r in res} >= {"prometheus", "driver", "collector"}, res
+
+
+def test_every_dashboard_panel_query_returns_series(kube, release):
+    """As tests/integration/test_prometheus.py does against a local run's Prometheus: each
+    panel's query, template variables filled in as Grafana would, must return series (the
+    linkemu panels excepted: no linkemu on Kubernetes)."""
+    from torbed import dashboards
+    # A transfer must have finished in every group for the TTLB panels to have data.
+    groups = set(yaml.safe_load(QUICKSTART.read_text())["clients"])
+    _wait("a finished transfer in every group", lambda: {r["metric"]["group"] for r in _series(
+        kube, f'sum by (group) (torbed_transfers_finished_total{{release="{REL}"}}) > 0')} == groups or False, 300)
+    failed = _series(kube, f'torbed_transfers_failed_total{{release="{REL}"}}')
+    start, end = release["t0"], time.time()
+    empty, n = [], 0
+    for name, model in dashboards.dashboards().items():
+        for title, expr in dashboards.panel_queries(model):
+            if title in NO_DATA_ON_K8S:
+                continue
+            # No transfer failed: the failure counters have no series yet (labelled by cause).
+            if title == "Errors by cause" and not failed:
+                continue
+            q = dashboards.expand(expr, release=REL)
+            n += 1
+            if not _api(kube, "/api/v1/query_range", query=q, start=f"{start:.3f}", end=f"{end:.3f}",
+                        step="5")["result"]:
+                empty.append(f"{name}: {title}: {q}")
+    print(f"{n} panel queries returned series"
+          f"{'' if failed else ' (Errors by cause not run: no transfer failed)'}")
+    assert n >= 15 and not empty, "\n".join(empty)
+    for label, match, want in (("release", "up", {REL}), ("variant", "up", {"vanilla"}),
+                               ("group", "torbed_transfers_started_total", groups)):
+        got = set(_api(kube, f"/api/v1/label/{label}/values", **{"match[]": match}))
+        assert want <= got, (label, got)
