@@ -691,7 +691,8 @@ def _fault_problems(s: Scenario) -> list[tuple[str, str]]:
             spans.append((f.at.seconds, end, f.kind, nodes, sides, i))
     # Overlapping faults that contradict each other. Process faults (kill, pause, restart)
     # each decide whether the node's tor runs: two on one node at once contradict; a kill
-    # lasts to the end. Two CPU quotas on one node contradict; two link faults on one link.
+    # lasts to the end. Two CPU quotas on one node contradict, and a quota with a restart or
+    # kill (it holds the old process only); two link faults on one link.
     process = {"kill", "pause", "restart"}
     for a in range(len(spans)):
         for b in range(a + 1, len(spans)):
@@ -704,6 +705,9 @@ def _fault_problems(s: Scenario) -> list[tuple[str, str]]:
                 clash = f"node(s) {', '.join(sorted(n0 & n1))}: {k0} and {k1} at the same time"
             elif k0 == k1 == "cpu" and n0 & n1:
                 clash = f"node(s) {', '.join(sorted(n0 & n1))}: two CPU quotas at the same time"
+            elif {k0, k1} in ({"cpu", "restart"}, {"cpu", "kill"}) and n0 & n1:
+                clash = f"node(s) {', '.join(sorted(n0 & n1))}: the CPU quota would not hold the new tor of a " \
+                        "restart (or a killed one)"
             elif k0 == k1 == "link" and _links_meet(n0, sides0, n1, sides1):
                 clash = "both change the same link(s) at the same time"
             if clash:
