@@ -142,6 +142,7 @@ class Pause(Action):
             if pid is not None:
                 os.killpg(pid, signal.SIGSTOP)
                 self.stopped[n] = pid
+        self.pids = dict(self.stopped)
         return "SIGSTOP " + ", ".join(f"{n} (pid {p})" for n, p in self.stopped.items())
 
     def undo(self, ctx, reason):
@@ -250,6 +251,7 @@ class Cpu(Action):
             old = _cgroup_of(pid)
             (self.group / "cgroup.procs").write_text(str(pid))
             self.moved[n] = (pid, old)
+        self.pids = {n: p for n, (p, _) in self.moved.items()}
         return f"cgroup {self.group.name}: quota {quota} us per {CFS_PERIOD_US} us on " + \
             ", ".join(f"{n} (pid {p})" for n, (p, _) in self.moved.items())
 
@@ -338,7 +340,8 @@ class FaultRunner:
         except (OSError, emulator_mod.EmulatorError, RunFailed) as e:
             self._record(i, f, "apply", t_planned=due, t_done=time.time(), error=str(e))
             raise RunFailed(f"faults[{i}] ({f.kind} {f.target or ' / '.join(f.between)}) could not be applied: {e}")
-        self._record(i, f, "apply", t_planned=due, t_done=time.time(), done=done, t=t)
+        self._record(i, f, "apply", t_planned=due, t_done=time.time(), done=done, t=t,
+                     pids=getattr(action, "pids", None), cgroup=str(action.group) if f.kind == "cpu" else None)
         action.meta = {"at": f.at, "kind": f.kind, "target": f.target, "between": f.between,
                        "nodes": action.nodes, "t": t, "t_undo": None}
         self.rep.meta["faults"].append(action.meta)
