@@ -5,8 +5,8 @@ times it was actually applied and undone. For each applied fault of each repetit
 report splits the transfers (cancelled ones left out, warm-up ones kept: a fault may fall in
 the warm-up) by their start: *before* the fault was applied, *during* it (applied, not yet
 undone) and *after* it was undone (until the next fault is applied), each with its errors
-by cause; and the time to recover:
-from the undo to the last byte of the first successful transfer that completed after it.
+by cause; and the time to recover: from the undo to the last byte of the first successful
+transfer that completed after it.
 
 Public API:
 

@@ -133,6 +133,9 @@ class Kill(Action):
             ctx.sup.kill(n)
         return f"SIGKILL tor of {', '.join(self.nodes)}"
 
+    def undo(self, ctx, reason):
+        return "nothing to undo (a killed tor stays down)"
+
 
 class Pause(Action):
     def apply(self, ctx):
