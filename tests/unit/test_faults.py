@@ -217,3 +217,14 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
     assert kill["undo_s"] is None and kill["after"] is None and kill["recover_s"] is None
     assert kill["during"]["transfers"] == 1
     assert planned_windows(load_run(tmp_path / "run")) == [(10.0, 20.0, "fault 0: link web <-> guard (partition)")]
+
+
+def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster():
+    from torbed.backends.k8s import K8sBackend
+    from torbed.errors import RunFailed
+    from torbed.engine import unsupported
+    s = scenario.parse(with_faults({"at": "10s", "kind": "kill", "target": "middle0"},
+                                   {"at": "20s", "kind": "pause", "target": "middle1", "duration": "5s"}))
+    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.pause"]
+    with pytest.raises(RunFailed, match=r"faults\[1\]\.kind: pause"):
+        K8sBackend(console=None).preflight(s)
