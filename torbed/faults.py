@@ -86,14 +86,22 @@ def _cgroup_of(pid: int) -> Path:
 def remove_cgroups(paths) -> None:
     """Empty (into their parent) and remove fault cgroups left by a run that died."""
     for p in map(Path, paths):
-        if not p.is_dir():
-            continue
-        try:
-            for pid in (p / "cgroup.procs").read_text().split():
-                (p.parent / "cgroup.procs").write_text(pid)
-            p.rmdir()
-        except OSError:
-            pass
+        for _ in range(20):   # a process killed just before may take a moment to leave
+            if not p.is_dir():
+                break
+            try:
+                pids = (p / "cgroup.procs").read_text().split()
+            except OSError:
+                break
+            for pid in pids:
+                try:
+                    (p.parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass   # gone already
+            try:
+                p.rmdir()
+            except OSError:
+                time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------
