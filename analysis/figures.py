@@ -37,6 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import faults as faults_mod  # noqa: E402
 from . import metrics as metrics_mod  # noqa: E402
 from . import stats  # noqa: E402
 from .load import Run  # noqa: E402
@@ -218,7 +219,23 @@ def _save(fig, path: Path, legend_rows: int) -> None:
     plt.close(fig)
 
 
-def plot_load(run: Run, variants: list[str], path: Path) -> bool:
+FAULT_COLOR = "#d62728"
+
+
+def mark_faults(axes, windows) -> None:
+    """Shade each fault's planned window (a line for an instant one, such as a restart
+    without downtime; to the right edge for one that lasts to the end) on every axis."""
+    for ax in np.ravel(axes):
+        for start, end, label in windows:
+            if end is None:
+                ax.axvspan(start, ax.get_xlim()[1], color=FAULT_COLOR, alpha=0.10, label=label)
+            elif end - start < 0.5:
+                ax.axvline(start, color=FAULT_COLOR, linestyle=":", linewidth=1.2, label=label)
+            else:
+                ax.axvspan(start, end, color=FAULT_COLOR, alpha=0.10, label=label)
+
+
+def plot_load(run: Run, variants: list[str], path: Path, faults=()) -> bool:
     """Background load over time (load.jsonl): requests/s and failures/s (top) and Locust's
     current-window p50 / p90 response times (bottom), per variant and repetition, from the
     workload's start."""
@@ -251,13 +268,14 @@ def plot_load(run: Run, variants: list[str], path: Path) -> bool:
     bottom.set_title("Locust response time, current 10 s window (thick p50, thin p90)")
     bottom.set_xlabel("seconds since the workload started")
     bottom.set_ylim(bottom=0)
+    mark_faults([top, bottom], faults)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
 
-def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
+def plot_throughput(series: dict, variants: list[str], path: Path, faults=()) -> bool:
     """Relay throughput over time (``metrics.throughput_series``): one panel per relay; per
     variant and repetition (line style = repetition) a thin line of the per-sample rate, a
     thick line of the trailing 30 s moving average and a marker at its maximum after the
@@ -289,9 +307,10 @@ def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
         ax.set_title(f"Relay {relay}: bytes written per second")
         ax.set_ylim(bottom=0, top=peak / div * 1.08 if peak else None)
     axes[-1, 0].set_xlabel("Time since workload start (s)")
+    mark_faults(axes, faults)
     fig.suptitle("Relay throughput: thin = each 500 ms sample, thick = 30 s moving average", fontsize=12)
     _shared_legend(fig, axes, ncol=4)
-    _save(fig, path, legend_rows=math.ceil((n_lines + 2) / 4))
+    _save(fig, path, legend_rows=math.ceil((n_lines + 2 + len(faults)) / 4))
     return True
 
 
@@ -319,7 +338,7 @@ def relay_metric_series(run: Run, match) -> dict:
     return dict(sorted(out.items()))
 
 
-def plot_relay_metric(series: dict, variants: list[str], path: Path, title: str, ylabel: str) -> bool:
+def plot_relay_metric(series: dict, variants: list[str], path: Path, title: str, ylabel: str, faults=()) -> bool:
     """One panel per relay; a line per variant and repetition (line style = repetition)."""
     if not series:
         return False
@@ -337,9 +356,10 @@ def plot_relay_metric(series: dict, variants: list[str], path: Path, title: str,
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
     axes[-1, 0].set_xlabel("Time since workload start (s)")
+    mark_faults(axes, faults)
     fig.suptitle(title, fontsize=12)
     _shared_legend(fig, axes, ncol=4)
-    _save(fig, path, legend_rows=math.ceil(n_lines / 4))
+    _save(fig, path, legend_rows=math.ceil((n_lines + len(faults)) / 4))
     return True
 
 
@@ -393,7 +413,7 @@ CELL_WAIT_PANELS = (("inbound/light", "inbound (toward the client), light circui
                     ("outbound/all", "outbound (toward the exit), all circuits"))
 
 
-def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float = 5.0) -> bool:
+def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float = 5.0, faults=()) -> bool:
     """Circuit-queue wait per cell over time (``metrics.cell_wait_series``): a row per relay,
     columns = inbound light circuits, inbound heavy circuits, outbound all circuits; a line
     per variant and repetition (line style = repetition), the warm-up shaded."""
@@ -425,10 +445,11 @@ def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float =
                 ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
     for ax in axes[-1]:
         ax.set_xlabel("Time since workload start (s)")
+    mark_faults(axes, faults)
     fig.suptitle(f"Circuit-queue wait per cell (CELL_STATS): sum of waits / cells removed, {bin_s:.0f} s bins",
                  fontsize=12)
     _shared_legend(fig, axes, ncol=5)
-    _save(fig, path, legend_rows=math.ceil((n_lines + 1) / 5))
+    _save(fig, path, legend_rows=math.ceil((n_lines + 1 + len(faults)) / 5))
     return True
 
 
@@ -467,9 +488,10 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         if plot_cdf([(m.info.title, m)], variants, baseline, p, title):
             figs.append(Figure(p, title, f"CDF of circuit build times. {reps_note}", "Circuits"))
 
+    fw = faults_mod.planned_windows(run)   # shaded on every time series
     ts = metrics_mod.throughput_series(run)
     p = out_dir / "timeseries-relay-throughput.png"
-    if plot_throughput(ts, variants, p):
+    if plot_throughput(ts, variants, p, faults=fw):
         figs.append(Figure(p, "Relay throughput over time",
                            "Bytes written per second by each relay: every sample (thin) and the trailing "
                            "30 s moving average (thick, complete windows only); the dot marks the "
@@ -478,18 +500,19 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
 
     p = out_dir / "timeseries-relay-connections.png"
     if plot_relay_metric(relay_metric_series(run, _or_connections_open), variants, p,
-                         "Open OR connections per relay (MetricsPort)", "OR connections"):
+                         "Open OR connections per relay (MetricsPort)", "OR connections", faults=fw):
         figs.append(Figure(p, "Open OR connections over time",
                            "OR connections each relay had open at each MetricsPort scrape "
                            "(tor_relay_connections, type OR, state opened; metrics.jsonl).", "Relays"))
     p = out_dir / "timeseries-relay-circuits.png"
     if plot_relay_metric(relay_metric_series(run, lambda k: k == 'tor_relay_circuits_total{state="opened"}'),
-                         variants, p, "Circuits each relay has opened so far (MetricsPort)", "circuits (cumulative)"):
+                         variants, p, "Circuits each relay has opened so far (MetricsPort)", "circuits (cumulative)",
+                         faults=fw):
         figs.append(Figure(p, "Circuits opened over time",
                            "Circuits each relay had opened since it started, at each MetricsPort scrape "
                            "(tor_relay_circuits_total; metrics.jsonl): the relay's load in circuits.", "Relays"))
     p = out_dir / "timeseries-load.png"
-    if plot_load(run, variants, p):
+    if plot_load(run, variants, p, faults=fw):
         figs.append(Figure(p, "Background load over time",
                            "The Locust master's statistics (load.jsonl) every load.stats_interval: requests "
                            "and failures per second, and response-time percentiles over Locust's current "
@@ -520,7 +543,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
                                "Replayed traffic"))
     cws = metrics_mod.cell_wait_series(run)
     p = out_dir / "timeseries-cell-wait.png"
-    if plot_cell_wait(cws, variants, p):
+    if plot_cell_wait(cws, variants, p, faults=fw):
         figs.append(Figure(p, "Circuit-queue wait per cell over time",
                            "sum(time_ms) / sum(removed) over the circuits of a class at each relay, "
                            "5 s bins; light = under 10% of the busiest circuit's cells.", "Relays"))

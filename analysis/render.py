@@ -247,6 +247,32 @@ def _load_blocks(s: dict) -> list[tuple]:
                str(r["foreground_transfers"]), num(r.get("foreground_ttlb_median_s"), "{:.3f}")] for r in rows])]
 
 
+def _fault_blocks(s: dict) -> list[tuple]:
+    """Each fault's effect (summary.json ``faults``): transfers before / during / after it."""
+    rows = s.get("faults")
+    if not rows:
+        return []
+    num = lambda x, f="{:.1f}": DASH if x is None else f.format(x)  # noqa: E731
+
+    def phase(p):
+        if p is None:
+            return DASH
+        causes = ", ".join(f"{c} {n}" for c, n in p["causes"].items())
+        return f"{p['ok']} ok / {p['errors']} err" + (f" ({causes})" if causes else "")
+    return [("h", 2, "Faults"),
+            ("p", "Each fault as applied (faults.jsonl), times in seconds after the workload started. "
+                  "Transfers are split by their start: before the fault was applied, during it, after it "
+                  "was undone, up to the next fault (warm-up transfers included, cancelled ones not). Recovery: from the undo to "
+                  "the last byte of the first successful transfer completing after it. A fault without a "
+                  "duration lasts to the end of the workload (no 'after'); a kill is never undone."),
+            ("table", ["variant", "rep", "fault", "applied (s)", "undone (s)", "before", "during", "after",
+                       "recovery (s)"],
+             [[r["variant"], str(r["rep"]), f"{r['fault']}: {r['what']}", num(r["apply_s"]),
+               num(r["undo_s"]) if r["undo_s"] is not None else ("end" if r["undone_at_end"] else "never"),
+               phase(r["before"]), phase(r["during"]), phase(r["after"]), num(r["recover_s"], "{:.2f}")]
+              for r in rows])]
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -289,6 +315,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
     b += _load_blocks(s)
+    b += _fault_blocks(s)
 
     b.append(("h", 2, "Missing or incomplete data"))
     if s["missing"]:

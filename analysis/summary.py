@@ -49,6 +49,7 @@ import numpy as np
 
 from . import background, inference, stats
 from . import clock as clock_mod
+from . import faults as faults_mod
 from . import metrics as metrics_mod
 from .load import Run
 from .metrics import Extracted
@@ -243,4 +244,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
         # Only for runs with background load (load.jsonl).
         **({"load": rows} if (rows := background.load_rows(run)) else {}),
+        # Only for runs with faults (faults.jsonl).
+        **({"faults": rows} if (rows := faults_mod.fault_rows(run)) else {}),
     }

@@ -151,17 +151,20 @@ class RelayCollector:
         self.controller: stem.control.Controller | None = None
         self.errors: list[str] = []
 
-    def _connect(self) -> stem.control.Controller:
+    def _open(self) -> stem.control.Controller:
         c = self.relay["control"]
+        if c.get("socket"):
+            ctl = stem.control.Controller.from_socket_file(c["socket"])
+        else:
+            ctl = stem.control.Controller.from_port(c.get("address", "127.0.0.1"), c["port"])
+        ctl.authenticate()
+        return ctl
+
+    def _connect(self) -> stem.control.Controller:
         deadline = time.time() + self.cfg.get("connect_timeout", 60)
         while True:
             try:
-                if c.get("socket"):
-                    ctl = stem.control.Controller.from_socket_file(c["socket"])
-                else:
-                    ctl = stem.control.Controller.from_port(c.get("address", "127.0.0.1"), c["port"])
-                ctl.authenticate()
-                return ctl
+                return self._open()
             except (stem.SocketError, stem.connection.AuthenticationFailure):
                 if time.time() > deadline:
                     raise
@@ -169,6 +172,32 @@ class RelayCollector:
 
     def start(self) -> None:
         self.controller = self._connect()
+        self._listen()
+        collect = self.cfg["collect"]
+        if "relay_bw" in collect:
+            self.threads.append(threading.Thread(target=self._poll_bw, daemon=True))
+        if "metrics" in collect and self.relay.get("metrics_url"):
+            self.threads.append(threading.Thread(target=self._poll_metrics, daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def _reconnect(self) -> bool:
+        """After the relay's tor went away (a restart fault): connect to the new one and
+        listen again; False once stopping. Its counters start again from zero."""
+        if self.controller is not None:
+            self.controller.close()
+        while not self.stop_ev.is_set():
+            try:
+                ctl = self._open()
+            except (stem.SocketError, stem.connection.AuthenticationFailure):
+                self.stop_ev.wait(0.5)
+                continue
+            self.controller = ctl
+            self._listen()
+            return True
+        return False
+
+    def _listen(self) -> None:
         collect = self.cfg["collect"]
         if "cellstats" in collect:
             w = self.writers["cellstats"]
@@ -181,12 +210,6 @@ class RelayCollector:
             self.controller.add_event_listener(on_cellstats, EventType.CELL_STATS)
         elif self.controller.get_conf("TestingEnableCellStatsEvent", "0") == "1":
             self.controller.set_conf("TestingEnableCellStatsEvent", "0")
-        if "relay_bw" in collect:
-            self.threads.append(threading.Thread(target=self._poll_bw, daemon=True))
-        if "metrics" in collect and self.relay.get("metrics_url"):
-            self.threads.append(threading.Thread(target=self._poll_metrics, daemon=True))
-        for t in self.threads:
-            t.start()
 
     def _poll_bw(self) -> None:
         interval = self.cfg["bw_interval_s"]
@@ -197,8 +220,12 @@ class RelayCollector:
             try:
                 r, wr = self.controller.get_info(["traffic/read", "traffic/written"]).values()
             except (stem.ControllerError, stem.SocketClosed) as e:
+                # The relay's tor stopped: a restart fault brings a new one on the same socket.
                 self.errors.append(f"relay_bw: {e}")
-                return
+                if not self._reconnect():
+                    return
+                prev, next_t = None, time.time()
+                continue
             now = time.time()
             cur = (now, int(r), int(wr))
             if prev is not None:

@@ -297,10 +297,41 @@ class Placement(Strict):
     affinity: dict = Field(default_factory=dict)
 
 
+FAULT_KINDS = ("kill", "pause", "restart", "link", "cpu")
+LINK_FAULT_FIELDS = ("delay", "jitter", "loss", "rate", "partition")
+
+
 class Fault(Strict):
+    """A fault injected during the workload (docs/faults.md). Process faults (kill, pause,
+    restart, cpu) name a relay node or group in ``target``; link faults name either the two
+    sides of the links they change (``between``) or a node/group whose every link changes
+    (``target``)."""
     at: Duration = Field(..., description="Time after the workload starts")
-    kind: Literal["kill"] = Field(..., description="kill: SIGKILL a node's tor (it stays down)")
-    target: str = Field(..., description="A node ('middle0') or a group (all its nodes)")
+    kind: Literal["kill", "pause", "restart", "link", "cpu"] = Field(
+        ..., description="kill: SIGKILL a node's tor (it stays down); pause: SIGSTOP it (SIGCONT at the end); "
+                         "restart: stop it and start it again after 'duration' (default at once); "
+                         "link: change links (delay, jitter, loss, rate, partition); "
+                         "cpu: a CPU quota on the node's tor (cgroup)")
+    target: str | None = Field(None, description="A node ('middle0') or a group (all its nodes)")
+    between: list[str] | None = Field(None, min_length=2, max_length=2,
+                                      description="link only: two groups or nodes; the links between them change "
+                                                  "(both directions)")
+    duration: Duration | None = Field(None, description="How long the fault lasts before it is undone (default: "
+                                                        "until the end of the workload; restart: the downtime)")
+    delay: Duration | None = Field(None, description="link: one-way delay added to the link's own, e.g. '100ms'")
+    jitter: Duration | None = Field(None, description="link: delay variation during the fault (replaces the link's)")
+    loss: Percent | None = Field(None, description="link: random loss during the fault (replaces the link's)")
+    rate: Rate | None = Field(None, description="link: rate limit during the fault (replaces the link's)")
+    partition: bool = Field(False, description="link: drop every frame (100% loss) in both directions")
+    cpu: Percent | None = Field(None, description="cpu: the CPU time the node's tor may use, in percent of one core "
+                                                  "(e.g. '20%'; 1% .. 100%)")
+
+    def end(self, run_s: float) -> float:
+        """When the fault is undone, in seconds after the workload starts (kill: never, so
+        the end of the run)."""
+        if self.kind == "kill" or self.duration is None:
+            return run_s if self.kind != "restart" else self.at.seconds
+        return self.at.seconds + self.duration.seconds
 
 
 # ---------------------------------------------------------------------------------------
@@ -542,16 +573,171 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
     for g in s.placement:
         if g not in link_groups:
             problems.append((f"placement.{g}", f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
-    for i, f in enumerate(s.faults):
-        base = re.sub(r"[0-9]+$", "", f.target)
-        if f.target not in relays and base not in relays:
-            problems.append((f"faults[{i}].target", f"'{f.target}' is not a relay group or relay node "
-                             f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0)"))
-        elif f.target not in relays and int(f.target[len(base):]) >= relays[base].count:
-            problems.append((f"faults[{i}].target", f"'{f.target}': group '{base}' has {relays[base].count} node(s)"))
-        if f.at.seconds >= m.duration.seconds:
-            problems.append((f"faults[{i}].at", f"{f.at} is after the end of the workload ({m.duration})"))
+    problems += _fault_problems(s)
     return problems, warnings
+
+
+def group_sizes(s: Scenario) -> dict[str, int]:
+    """Every group that has nodes, with its node count (nodes are <group><index>)."""
+    sizes = {"auth": s.network.authorities}
+    sizes.update({g: rg.count for g, rg in s.network.relays.items()})
+    sizes.update({g: sg.count for g, sg in s.servers.items()})
+    sizes.update({g: cg.count for g, cg in s.clients.items()})
+    if s.load is not None:
+        sizes.update({"load": s.load.workers, "locust": 1})
+    return sizes
+
+
+def fault_nodes(s: Scenario, name: str, groups: dict[str, int] | None = None) -> list[str] | None:
+    """The nodes a fault's target names: a group's nodes, or one node; None if neither.
+    'authority' is the authorities' group (nodes auth0, auth1, ...)."""
+    groups = groups if groups is not None else group_sizes(s)
+    if name == "authority":
+        name = "auth"
+    if name in groups:
+        return [f"{name}{i}" for i in range(groups[name])]
+    m = re.fullmatch(r"([a-z][a-z0-9]*?)([0-9]+)", name)
+    if m and m.group(1) in groups and int(m.group(2)) < groups[m.group(1)]:
+        return [name]
+    return None
+
+
+def _fault_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Targets exist, fields fit the kind, times lie within the workload, and no two faults
+    that overlap in time contradict each other on one node (or one link)."""
+    problems: list[tuple[str, str]] = []
+    relays = s.network.relays
+    run_s = s.measure.duration.seconds
+    groups = group_sizes(s)
+    relay_groups = {g: n for g, n in groups.items() if g in relays}
+    # Per valid fault: (start, end, kind, nodes, (side A, side B) of 'between' or None, index)
+    spans: list[tuple] = []
+    for i, f in enumerate(s.faults):
+        where = f"faults[{i}]"
+        before = len(problems)
+        link = f.kind == "link"
+        for name in LINK_FAULT_FIELDS:
+            if not link and (getattr(f, name) not in (None, False)):
+                problems.append((f"{where}.{name}", f"'{name}' applies to link faults only (this fault is {f.kind})"))
+        if not link and f.between is not None:
+            problems.append((f"{where}.between", f"'between' applies to link faults only (this fault is {f.kind}); "
+                             "use 'target'"))
+        if f.kind != "cpu" and f.cpu is not None:
+            problems.append((f"{where}.cpu", f"'cpu' applies to cpu faults only (this fault is {f.kind})"))
+        if f.kind == "kill" and f.duration is not None:
+            problems.append((f"{where}.duration", "a killed node stays down; use kind 'restart' with a duration "
+                             "for a node that comes back"))
+        nodes: set[str] = set()
+        sides = None
+        if link:
+            if (f.target is None) == (f.between is None):
+                problems.append((where, "a link fault needs either 'target' (every link of a node or group) "
+                                 "or 'between' (two groups or nodes), not both"))
+            elif f.between is not None:
+                got = []
+                for j, name in enumerate(f.between):
+                    ns = fault_nodes(s, name, groups)
+                    if ns is None:
+                        problems.append((f"{where}.between[{j}]", _not_a_target(name, groups)))
+                    got.append(set(ns or ()))
+                if len(got) == 2 and got[0] & got[1]:
+                    problems.append((f"{where}.between", f"{f.between}: the two sides share node(s) "
+                                     f"{', '.join(sorted(got[0] & got[1]))}"))
+                sides = (got[0], got[1])
+                nodes = got[0] | got[1]
+            else:
+                ns = fault_nodes(s, f.target, groups)
+                if ns is None:
+                    problems.append((f"{where}.target", _not_a_target(f.target, groups)))
+                nodes = set(ns or ())
+            if not any(getattr(f, name) not in (None, False) for name in LINK_FAULT_FIELDS):
+                problems.append((where, "a link fault sets none of delay, jitter, loss, rate, partition"))
+            if f.partition and any(getattr(f, n) is not None for n in ("delay", "jitter", "loss", "rate")):
+                problems.append((f"{where}.partition", "a partition drops everything: set no delay, jitter, "
+                                 "loss or rate with it"))
+            if f.jitter is not None and f.delay is None:
+                problems.append((f"{where}.jitter", "jitter needs a delay in the same fault"))
+            elif f.jitter is not None and f.jitter.seconds > f.delay.seconds:
+                problems.append((f"{where}.jitter", "jitter larger than the delay would reorder packets"))
+            if f.rate is not None and f.rate.bps < 8000:
+                problems.append((f"{where}.rate", f"{f.rate} is below 8kbit; tor cannot work that slowly"))
+        else:
+            if f.target is None:
+                problems.append((f"{where}.target", f"required for {f.kind} faults"))
+            else:
+                ns = fault_nodes(s, f.target, relay_groups)
+                if ns is None:
+                    problems.append((f"{where}.target", f"'{f.target}' is not a relay group or relay node "
+                                     f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0"
+                                     + (f"; group '{_base(f.target)}' has {relay_groups[_base(f.target)]} node(s))"
+                                        if _base(f.target) in relay_groups else ")")))
+                nodes = set(ns or ())
+        if f.kind == "cpu":
+            if f.cpu is None:
+                problems.append((f"{where}.cpu", "required for cpu faults: the quota, e.g. '20%' of one core"))
+            elif f.cpu.fraction < 0.01:
+                problems.append((f"{where}.cpu", f"{f.cpu} is below 1% of a core (the kernel's smallest useful quota)"))
+        if f.at.seconds >= run_s:
+            problems.append((f"{where}.at", f"{f.at} is after the end of the workload ({s.measure.duration})"))
+        elif f.duration is not None and f.kind != "kill":
+            if f.duration.seconds <= 0 and f.kind != "restart":
+                problems.append((f"{where}.duration", "must be longer than 0s"))
+            elif f.at.seconds + f.duration.seconds > run_s:
+                problems.append((f"{where}.duration", f"the fault would end at {f.at.seconds + f.duration.seconds:g} s, "
+                                 f"after the end of the workload ({s.measure.duration})"))
+        if len(problems) == before:
+            # A restart's window is its downtime plus a moment to start again.
+            end = f.end(run_s) + (1.0 if f.kind == "restart" else 0.0)
+            spans.append((f.at.seconds, end, f.kind, nodes, sides, i))
+    # Overlapping faults that contradict each other. Process faults (kill, pause, restart)
+    # each decide whether the node's tor runs: two on one node at once contradict; a kill
+    # lasts to the end. Two CPU quotas on one node contradict, and a quota with a restart or
+    # kill (it holds the old process only); two link faults on one link.
+    process = {"kill", "pause", "restart"}
+    for a in range(len(spans)):
+        for b in range(a + 1, len(spans)):
+            s0, e0, k0, n0, sides0, i0 = spans[a]
+            s1, e1, k1, n1, sides1, i1 = spans[b]
+            if not (s0 < e1 and s1 < e0):
+                continue
+            clash = None
+            if k0 in process and k1 in process and n0 & n1:
+                clash = f"node(s) {', '.join(sorted(n0 & n1))}: {k0} and {k1} at the same time"
+            elif k0 == k1 == "cpu" and n0 & n1:
+                clash = f"node(s) {', '.join(sorted(n0 & n1))}: two CPU quotas at the same time"
+            elif {k0, k1} in ({"cpu", "restart"}, {"cpu", "kill"}) and n0 & n1:
+                clash = f"node(s) {', '.join(sorted(n0 & n1))}: the CPU quota would not hold the new tor of a " \
+                        "restart (or a killed one)"
+            elif k0 == k1 == "link" and _links_meet(n0, sides0, n1, sides1):
+                clash = "both change the same link(s) at the same time"
+            if clash:
+                problems.append((f"faults[{i1}]", f"overlaps faults[{i0}]: {clash}"))
+    return problems
+
+
+def _base(name: str) -> str:
+    return re.sub(r"[0-9]+$", "", name)
+
+
+def _not_a_target(name: str, groups: dict[str, int]) -> str:
+    base = _base(name)
+    if base in groups and base != name:
+        return f"'{name}': group '{base}' has {groups[base]} node(s)"
+    return (f"'{name}' is not a group or node (groups: {', '.join(sorted((set(groups) - {'auth'}) | {'authority'}))}"
+            "; nodes are <group><index>, e.g. middle0, auth0)")
+
+
+def _links_meet(n0: set, sides0, n1: set, sides1) -> bool:
+    """Whether two link faults change a common link. A target's faults change every link of
+    its nodes; 'between' changes the links from one side to the other."""
+    if sides0 is None and sides1 is None:
+        return True          # every link of one node and every link of another: their own link
+    if sides0 is None:
+        return bool(n0 & n1)
+    if sides1 is None:
+        return bool(n1 & n0)
+    (a0, b0), (a1, b1) = sides0, sides1
+    return bool((a0 & a1 and b0 & b1) or (a0 & b1 and b0 & a1))
 
 
 def _load_problems(s: Scenario) -> list[tuple[str, str]]:

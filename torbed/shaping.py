@@ -81,6 +81,12 @@ def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
     mode = plan.scenario.links.emulator
     if mode == "linkemu":
         return "linkemu"
+    if any(f.kind == "link" for f in plan.scenario.faults):
+        # Link faults change links while the run goes on: linkemu's runtime changes do that.
+        if mode == "tc":
+            raise ShapingError("links.emulator is 'tc', but the scenario has link faults, which the local backend "
+                               "applies through linkemu's runtime link changes. Use 'links.emulator: auto' or linkemu.")
+        return "linkemu"
     if not plan.shaped_pairs():
         return "none"
     why = _tc_limitation(plan, caps)
@@ -103,6 +109,7 @@ def describe_shaper(plan: Plan) -> str:
     if shaper == "linkemu":
         from . import emulator
         why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
+               else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
                else _tc_limitation(plan, caps))
         line += f"\n  userspace link emulator: {why}; {emulator.describe_binary()}"
     return line

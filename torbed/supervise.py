@@ -7,7 +7,7 @@ remove what a run killed with SIGKILL left behind.
 
 Public API:
 
-- ``Supervisor(run_id, state)``: ``.start(name, argv, log_path)``, ``.kill(name)``,
+- ``Supervisor(run_id, state)``: ``.start(name, argv, log_path)``, ``.kill(name)``, ``.respawn(name)``,
   ``.exited() -> {name: returncode}``, ``.stop_all(grace)``, ``.forget()``
 - ``NodeFailed``: a node that exited early; ``.tail`` holds the last lines of its log
 - ``tail(path, n) -> str``
@@ -45,6 +45,7 @@ class Supervisor:
     def __init__(self, run_id: str, state: dict):
         self.run_id = run_id
         self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+        self.launch: dict[str, tuple[list[str], dict | None]] = {}   # name -> (argv, env), for restarts
         self.killed: set[str] = set()
         self.state = {**state, "run_id": run_id, "owner_pid": os.getpid(), "pids": {}}
         constants.STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -66,6 +67,7 @@ class Supervisor:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=env)
         self.procs[name] = (proc, log_path)
+        self.launch[name] = (argv, env)
         self.state["pids"][name] = proc.pid
         self._save()
         return proc
@@ -80,6 +82,12 @@ class Supervisor:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+    def respawn(self, name: str) -> subprocess.Popen:
+        """Start a process again as it was started (a restart fault), appending to its log."""
+        argv, env = self.launch[name]
+        self.killed.discard(name)
+        return self.start(name, argv, self.procs[name][1], env=env)
 
     def signal(self, name: str, sig: int) -> None:
         proc, _ = self.procs[name]

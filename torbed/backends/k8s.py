@@ -339,6 +339,8 @@ class K8sBackend:
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
         "load": "background load (Locust) runs on the local backend only so far",
+        **{f"faults.{k}": "runs on the local backend only so far (issue 20: Chaos Mesh resources to come)"
+           for k in ("pause", "restart", "link", "cpu")},
     }
     bringup_estimate_s = 60.0
 
@@ -358,6 +360,10 @@ class K8sBackend:
         if scenario.load is not None:
             # Refused rather than ignored: a run without its background load would look loaded.
             raise RunFailed(f"load: {self.unsupported['load']}; run it with --backend local")
+        for i, f in enumerate(scenario.faults):
+            if f"faults.{f.kind}" in self.unsupported:
+                raise RunFailed(f"faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
+                                "run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()

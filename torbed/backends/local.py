@@ -36,7 +36,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from .. import builds, constants, emulator, engine, load, netns, prometheus, readiness, shaping
+from .. import builds, constants, emulator, engine, faults, load, netns, prometheus, readiness, shaping
 from ..errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
 from ..fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
 from ..keys import node_keys
@@ -110,6 +110,8 @@ class LocalBackend:
         if self.shaper == "linkemu":
             emulator.ensure_binary(self.console)
         stock = builds.ensure(None, self.console, self.system_tor)
+        if any(f.kind == "cpu" for f in scenario.faults) and (why := faults.check_cpu_cgroups()):
+            raise RunFailed(f"the scenario has cpu faults, but {why}")
         extra = {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
         if scenario.measure.prometheus.enabled:
             extra["prometheus_version"] = prometheus.version(prometheus.binary())
@@ -303,6 +305,7 @@ class LocalBackend:
         t_end = t_work + rep.scenario.measure.duration.seconds
         hard_end = t_end + min(longest, 300) + 10
         _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
+        st["faults"].finish("end")
         sup = st["sup"]
         sup.stop(drivers, grace=10)
         failed = {d: rc for d, rc in sup.exited(drivers).items() if rc not in (0, -signal.SIGTERM)}
@@ -382,6 +385,9 @@ class LocalBackend:
 
     def teardown(self, rep: engine.Repetition) -> None:
         st = rep.state
+        if st.get("faults") is not None:
+            # First: a stopped tor would ignore the SIGTERM below; quotas and link changes go too.
+            st["faults"].finish("teardown")
         if st.get("prometheus") is not None:
             st["prometheus"].close()
         sup = st.get("sup")
@@ -685,13 +691,8 @@ class _Load:
         return {n: rc for n, rc in self.sup.exited(names + self.workers).items() if rc not in (0, -signal.SIGTERM)}
 
 
-def _kill(sup: Supervisor, targets: list[str]) -> None:
-    for t in targets:
-        sup.kill(t)
-
-
-# Fault kinds: (supervisor, target node names) -> None. See docs/extending.md.
-FAULTS = {"kill": _kill}
+# Fault kinds: torbed.faults (one action class per kind). See docs/extending.md.
+FAULTS = faults.FAULTS
 
 
 class _Watch:
@@ -705,7 +706,7 @@ class _Watch:
         st = rep.state
         self.plan, self.sup = st["plan"], st["sup"]
         self.tors = [n for n in self.plan.nodes if n.runs_tor]
-        self.faults = sorted(((f.at.seconds, f) for f in rep.scenario.faults), key=lambda x: x[0])
+        self.faults = st["faults"] = faults.FaultRunner(rep, t_work, st.get("emulator"))
         self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index,
                                          extra=background.processes if background else lambda: [])
         if background:
@@ -716,7 +717,7 @@ class _Watch:
         while True:
             now = time.time()
             self.resources.maybe_sample(now)
-            self._faults(now)
+            next_fault = self.faults.tick(now)
             if self.background:
                 self.background.tick(now)
             running = [d for d in self.drivers if self.sup.procs[d][0].poll() is None]
@@ -725,18 +726,9 @@ class _Watch:
             self._unexpected_exits()
             self.rep.status(f"measuring: {_count_lines(self.rep.dir / 'transfers.jsonl')} transfers recorded, "
                             f"{len(running)} client(s) active, {max(0.0, self.t_end - now):.0f} s left")
-            time.sleep(MEASURE_POLL_S)
+            # Wake for a fault's time rather than up to a poll interval after it.
+            time.sleep(max(0.01, min(MEASURE_POLL_S, (next_fault or 1e18) - time.time())))
         self.resources.sample("end")
-
-    def _faults(self, now: float) -> None:
-        meta = self.rep.meta
-        while self.faults and now >= self.t_work + self.faults[0][0]:
-            at, f = self.faults.pop(0)
-            targets = [n.name for n in self.plan.group_nodes(f.target)] or [f.target]
-            FAULTS[f.kind](self.sup, targets)
-            meta["faults"].append({"at": f.at, "kind": f.kind, "target": f.target, "nodes": targets, "t": now})
-            self.rep.console.log(f"fault: {f.kind} {', '.join(targets)} at +{at:.0f} s")
-            self.rep.write_meta()
 
     def _unexpected_exits(self) -> None:
         exits = self.rep.meta["unexpected_exits"]
@@ -768,6 +760,7 @@ def clean(console, force: bool = False) -> int:
                 removed += 1
         if st.get("scratch"):
             shutil.rmtree(st["scratch"], ignore_errors=True)
+        faults.remove_cgroups(st.get("cgroups") or [])
         Path(st["_file"]).unlink(missing_ok=True)
         console.log(f"cleaned run {st.get('run_id')} ({st.get('run_dir', '?')})")
     for ns in netns.list_namespaces():

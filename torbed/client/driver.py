@@ -9,7 +9,9 @@ NEWRESOLVE and DETACHED handled), runs the workload and appends one JSON line pe
 
 Failures are measurement outcomes, not crashes: a circuit that cannot be extended, a
 detached stream, a SOCKS error, a timeout or a checksum mismatch become records with a typed
-``error.cause`` and the workload goes on until its end time.
+``error.cause`` and the workload goes on until its end time. After a timeout the circuit is
+closed and the next transfer builds a new one (a circuit whose relay vanished unannounced
+would otherwise time out every later transfer).
 
 Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
 registered in ``WORKLOADS`` (``bulk``, ``fetch``, and ``replay`` from torbed.replay.client,
@@ -222,6 +224,19 @@ class Driver:
             self.metrics.circuit_built(self.circuits[key].build_s)
             return self.circuits[key]
 
+    def _retire(self, circ: Circuit) -> None:
+        """A transfer timed out on ``circ``: build a new circuit for the next one. A relay
+        that went away without the client hearing of it (no DESTROY reached it, e.g. a relay
+        restarted under a stream carrying data) leaves a circuit that looks open and carries
+        nothing; reusing it would time every later transfer out."""
+        if circ.id is None or not circ.alive:
+            return
+        circ.alive = False
+        try:
+            self.controller.close_circuit(circ.id)
+        except stem.ControllerError:
+            pass   # already gone
+
     def socks_url(self, key: str = "") -> str:
         """SOCKS proxy URL; a non-empty key becomes the username, so tor (IsolateSOCKSAuth, on
         by default) keeps that key's streams on circuits of their own when it chooses paths."""
@@ -241,6 +256,7 @@ class Driver:
         self.metrics.transfer_started()
         sock = None
         port = None
+        circ = None
         try:
             circ = self.get_circuit()
             if circ.id is not None:
@@ -272,6 +288,8 @@ class Driver:
                 rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
             else:
                 rec["status"] = "timeout" if e.cause == "timeout" else "error"
+                if e.cause == "timeout" and circ is not None:
+                    self._retire(circ)
             rec["error"] = {"cause": e.cause, "detail": e.detail}
         finally:
             if sock is not None:
