@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p = plan(s)
     me = p.group_nodes(args.group)[0] if args.group != "authority" else p.by_role("authority")[0]
     specs: dict[str, LinkSpec] = {}
-    for g in ["authority", *s.network.relays, *s.servers, *s.clients]:
+    # The load nodes too (links.pairs may name `load`): their headless Service lists them.
+    for g in ["authority", *s.network.relays, *s.servers, *s.clients, *(["load"] if s.load else [])]:
         peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
         if peer is me:  # a one-node group: no link to itself
             continue
