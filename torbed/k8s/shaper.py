@@ -68,6 +68,8 @@ def expected_addresses(s, group: str, me_group: str) -> int:
         pods, virtual = s.servers[group].count, 1
     elif group in s.network.relays:
         pods, virtual = s.network.relays[group].count, 0
+    elif group == "load" and s.load is not None:   # the load nodes (headless <release>-load)
+        pods, virtual = s.load.workers, 0
     else:
         pods, virtual = s.clients[group].count, 0
     return pods - (1 if group == me_group else 0) + virtual
