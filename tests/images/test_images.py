@@ -176,6 +176,11 @@ def test_locust_image_runs_the_pinned_locust_beside_torbed(docker, built):
     pin = re.search(r"^locust==(\S+)", (constants.REPO_ROOT / "hack" / "constraints.txt").read_text(), re.M).group(1)
     proc = run(docker, built["locust"], "/opt/locust/bin/locust", "--version", args=tuple(READ_ONLY))
     assert proc.returncode == 0 and f"locust {pin} " in proc.stdout, proc.stdout + proc.stderr
+    # requests' SOCKS support (socks5h through the load node's tor) in Locust's venv.
+    proc = run(docker, built["locust"], "/opt/locust/bin/python", "-c",
+               "import socks, requests.adapters as a; a.SOCKSProxyManager('socks5h://u:p@127.0.0.1:9050')",
+               args=tuple(READ_ONLY))
+    assert proc.returncode == 0, proc.stderr
     proc = run(docker, built["locust"], "python", "-c",
                "import torbed.k8s.locust as m, torbed.load as l, os; print(m.locust_argv()[0], l.LOCUSTFILE.exists())",
                args=tuple(READ_ONLY))

@@ -488,10 +488,12 @@ class K8sBackend:
                 if any(cg.workload.kind == "replay" for cg in rep.run.scenario.clients.values()):
                     time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
                 if rep.scenario.load is not None:
-                    # Wait for the 'end' record only where the users ran (not after a Ctrl-C
-                    # before load.start); an interrupted load keeps its periodic records.
-                    ran = (meta.get("load") or {}).get("t_start") is not None
-                    _collect_load(self.cluster, st["name"], rep.dir, st["fetched"], wait_s=20.0 if ran else 0.0)
+                    # Wait for the 'end' record only where the users ran to load.stop (not
+                    # after a Ctrl-C or a failure before it: those keep their periodic records).
+                    s, ld = rep.scenario, meta.get("load") or {}
+                    t_stop = (meta.get("t_workload_start") or float("inf")) + (s.load.stop or s.measure.duration).seconds
+                    ended = ld.get("t_start") is not None and time.time() >= t_stop - 1
+                    _collect_load(self.cluster, st["name"], rep.dir, st["fetched"], wait_s=20.0 if ended else 0.0)
                 _fetch(self.cluster, st["name"], rep.dir, st["fetched"])
                 _save_logs(self.cluster, st["name"], rep.logs)
                 _record_hardware(self.cluster, st["name"], rep)
