@@ -195,7 +195,8 @@ def test_sizes(docker, built, capsys):
         print("\nimage sizes: " + ", ".join(f"{built[k]} {v / 1e6:.1f} MB" for k, v in sizes.items()))
     # Guards against an image suddenly growing (a build toolchain left in it).
     for kind, size in sizes.items():
-        assert size < (250e6 if kind == "client" else 120e6), (kind, size)
+        # locust: the client image plus Locust's venv (about 55 MB).
+        assert size < {"client": 250e6, "locust": 300e6}.get(kind, 120e6), (kind, size)
 
 
 def test_no_containers_left(docker, built):
