@@ -50,6 +50,8 @@ class Images(Strict):
     dirauth: str = Field("torbed/dirauth", description="Directory authority image repository")
     client: str = Field("torbed/client", description="Client, server and tooling image repository (tor, Python driver, tc)")
     prometheus: str = Field("torbed/prometheus", description="In-chart Prometheus image repository (Debian's package; prometheus.enabled)")
+    locust: str = Field("torbed/locust", description="Background-load image repository (the client image plus Locust): "
+                                                     "the Locust master and the load workers (scenario load:)")
     pullSecrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets (type kubernetes.io/dockerconfigjson) "
                                    "in the release's namespace, for a private registry; every pod gets them")
 
@@ -134,6 +136,8 @@ class Resources(Strict):
     client: dict = Field(default_factory=dict, description="resources of client pods' containers")
     server: dict = Field(default_factory=dict, description="resources of server containers")
     sidecar: dict = Field(default_factory=dict, description="resources of collector, shaper and shipper sidecars")
+    load: dict = Field(default_factory=dict, description="resources of the background-load pods' containers (Locust "
+                                                         "master, each load worker's tor and Locust worker)")
 
 
 # Inline traces travel in the Helm release (a Secret, at most 1 MiB with the chart) and in a

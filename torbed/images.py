@@ -1,15 +1,16 @@
 """Container images of the Kubernetes backend: build them with the local Docker engine.
 
 ``make images`` (``python -m torbed.images``) builds, for one platform, ``torbed/dirauth``,
-``torbed/client``, one ``torbed/relay`` per variant family and ``torbed/prometheus`` (Debian's
-Prometheus, the chart's optional in-cluster Prometheus), from images/*/Dockerfile with
+``torbed/client``, ``torbed/locust`` (the client image plus Locust, for background load), one
+``torbed/relay`` per variant family and ``torbed/prometheus`` (Debian's Prometheus, the chart's
+optional in-cluster Prometheus), from images/*/Dockerfile with
 the repository root as the build context, and prints their tags and sizes. Docker's layer
 cache makes a rebuild without changes take seconds; the unpatched tor is compiled once per
 architecture and shared by dirauth, client and the config-only families.
 
 Public API:
 
-- ``IMAGES`` the image kinds (``TOR_IMAGES`` those with tor, built by default; ``nightly`` on request); ``Image`` one image to build (kind, tag, Dockerfile, build args)
+- ``IMAGES`` the image kinds (``DEFAULT_IMAGES`` built by default, ``TOR_IMAGES`` those that compile tor; ``nightly`` on request); ``Image`` one image to build (kind, tag, Dockerfile, build args)
 - ``plan(platform=None, kinds=IMAGES, families=None) -> list[Image]``
 - ``build(images, verbose=False, console=None) -> list[Result]`` raises
   ``ImageError`` (the message names the image and its log)
@@ -38,13 +39,13 @@ from .variants import VariantError, list_families, load_variant
 from .errors import InputError, RunFailed
 
 REPO = constants.REPO_ROOT
-IMAGES = ("dirauth", "client", "relay", "prometheus", "nightly")
-# The images with tor in them (they share the tor stages).
+IMAGES = ("dirauth", "client", "locust", "relay", "prometheus", "nightly")
+# The images that compile tor (they share the tor stages).
 TOR_IMAGES = ("dirauth", "client", "relay")
-# Built by `make images` by default: those, and Prometheus (one apt layer, so a release can
-# switch prometheus.enabled on without another build); the nightly runner only when asked
-# (--images ...,nightly).
-DEFAULT_IMAGES = (*TOR_IMAGES, "prometheus")
+# Built by `make images` by default: those, the locust image (FROM the client tag) and
+# Prometheus (one apt layer, so a release can switch prometheus.enabled on without another
+# build); the nightly runner only when asked (--images ...,nightly).
+DEFAULT_IMAGES = ("dirauth", "client", "locust", "relay", "prometheus")
 STAGE = REPO / ".stage"
 REGISTRY_PREFIX = "torbed"
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "amd64": "amd64", "arm64": "arm64"}
@@ -123,6 +124,8 @@ def plan(platform: str | None = None, kinds: tuple[str, ...] | list[str] = DEFAU
         raise ImageInputError(f"unknown image kind(s) {sorted(unknown)} (known: {', '.join(IMAGES)})")
     known = list_families()
     families = known if families is None else families
+    if "locust" in kinds and "client" not in kinds:
+        kinds = [*kinds, "client"]   # the locust image is built FROM the client tag
     for f in families:
         if f not in known:
             raise ImageInputError(f"unknown variant family '{f}' (known: {', '.join(known)})")
@@ -133,6 +136,10 @@ def plan(platform: str | None = None, kinds: tuple[str, ...] | list[str] = DEFAU
         if kind not in kinds:
             continue
         dockerfile = REPO / "images" / kind / "Dockerfile"
+        if kind == "locust":
+            out.append(Image(kind, tag(kind, arch=arch), dockerfile, arch,
+                             dict(common, CLIENT_IMAGE=tag("client", arch=arch))))
+            continue
         if kind != "relay":
             out.append(Image(kind, tag(kind, arch=arch), dockerfile, arch, dict(common)))
             continue
@@ -221,7 +228,7 @@ def build(images: list[Image], verbose: bool = False, console=None) -> list[Resu
             cmd += ["--build-arg", f"{k}={v}"]
         if img.kind == "nightly":
             _stage_helm()
-        if img.kind in ("client", "nightly") and ca:
+        if img.kind in ("client", "locust", "nightly") and ca:
             cmd += ["--secret", f"id=ca-certificates,src={ca}"]
         cmd.append(".")
         log = LOG_DIR / f"image-{img.tag.replace('/', '_').replace(':', '_')}.log"

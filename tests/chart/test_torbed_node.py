@@ -28,7 +28,8 @@ def release(tmp_path_factory):
     bin_dir, env = tool_env()
     root = tmp_path_factory.mktemp("release")
     out = subprocess.run([str(Path(bin_dir) / "helm"), "template", "tb", str(REPO / "charts" / "torbed"),
-                          "-f", str(SCENARIO), "--set", f"variant={VARIANT}", "--namespace", "lab"],
+                          "-f", str(SCENARIO), "--set", f"variant={VARIANT}", "--namespace", "lab",
+                          "--set", "load.workers=1"],   # background load: its load nodes' tor too
                          capture_output=True, text=True, env=env, check=True).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     cm = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
@@ -63,7 +64,7 @@ def release(tmp_path_factory):
     # Pods carry the statefulset/job env the chart renders; take TORBED_FRAGMENTS from there.
     frags = {}
     for d in docs:
-        if d["kind"] in ("StatefulSet", "Job") and "template" in d.get("spec", {}):
+        if d["kind"] in ("StatefulSet", "Job", "Deployment") and "template" in d.get("spec", {}):
             spec = d["spec"]["template"]["spec"]
             for c in spec.get("containers", []) + spec.get("initContainers", []):
                 e = {x["name"]: x.get("value") for x in c.get("env", [])}
@@ -97,6 +98,7 @@ def run_node(rel, role, group, pod, index=None, verify=True):
     ("relay", "middle", "tb-middle-0", None, "middle0"),
     ("relay", "exit", "tb-exit-0", None, "exit0"),
     ("client", "bulk", "tb-bulk-1-x7f2q", 1, "bulk1"),
+    ("loadworker", "load", "tb-load-7d9f8c6b5-x7f2q", None, "loadx7f2q"),
 ])
 def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod, index, nick):
     proc, torrc, data = run_node(release, role, group, pod, index)
@@ -109,7 +111,16 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
         assert "vote.torrc" in torrc
     if role == "relay":
         assert "Address 10.244.0.7\n" in torrc and f"%include {release['etc']}/torrc/group-{group}.torrc\n" in torrc
-    if role != "client":
+    if role == "loadworker":
+        # Each Locust user's own SOCKS credentials get their own circuits; the Python side
+        # (torbed.k8s.locust) names the node as torbed-node does.
+        assert "SocksPort 127.0.0.1:9050 IsolateSOCKSAuth\n" in torrc
+        import os
+        from unittest import mock
+        from torbed.k8s import locust
+        with mock.patch.dict(os.environ, {"POD_NAME": pod}):
+            assert locust.node() == nick
+    elif role != "client":
         # Its identity is the one the keygen hook published.
         key = (data / "keys" / "secret_id_key").read_bytes()
         assert key == (release["etc"] / "keys" / f"{nick}.secret_id_key").read_bytes()

@@ -54,9 +54,10 @@ def cluster():
 @pytest.fixture(scope="session")
 def images(cluster):
     """Build the images (cached) and, on the local cluster, load them into its runtime."""
-    # The default images (Prometheus too: tests/e2e/test_prometheus_k8s.py) plus the nightly
-    # runner (tests/e2e/test_nightly.py).
-    b = subprocess.run([sys.executable, "-m", "torbed.images", "--images", "dirauth,client,relay,prometheus,nightly"],
+    # The default images (Prometheus: tests/e2e/test_prometheus_k8s.py; locust:
+    # tests/e2e/test_load_k8s.py) plus the nightly runner (tests/e2e/test_nightly.py).
+    b = subprocess.run([sys.executable, "-m", "torbed.images", "--images",
+                        "dirauth,client,locust,relay,prometheus,nightly"],
                        capture_output=True, text=True, cwd=REPO)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     tags = re.findall(r"(torbed/[a-z]+:[a-z0-9.-]+)", b.stdout)

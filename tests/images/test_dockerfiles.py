@@ -53,6 +53,15 @@ def test_dockerfile_conventions(kind):
             assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run
 
 
+def test_locust_dockerfile():
+    """FROM the client image (tor, torbed-node, torbed) plus Locust at hack/constraints.txt's pin."""
+    text = (REPO / "images" / "locust" / "Dockerfile").read_text()
+    runtime = text[text.rindex("\nFROM "):]
+    assert runtime.startswith("\nFROM ${CLIENT_IMAGE}\n") and "COPY --from=venv /opt/locust/ /opt/locust/" in runtime
+    assert "ARG BASE_IMAGE=debian:bookworm-slim" in text and "-c /src/constraints.txt" in text
+    assert re.search(r"^locust==\d", (REPO / "hack" / "constraints.txt").read_text(), re.M)
+
+
 def test_nightly_runner_dockerfile():
     text = (REPO / "images" / "nightly" / "Dockerfile").read_text()
     runtime = text[text.rindex("\nFROM "):]
@@ -110,9 +119,12 @@ def test_client_requirements_follow_pyproject():
 def test_plan_tags_and_args():
     plan = images.plan("linux/amd64" if images.host_arch() == "amd64" else "linux/arm64")
     tags = [i.tag for i in plan]
-    assert tags[:2] == [f"torbed/dirauth:{__version__}", f"torbed/client:{__version__}"]
-    assert sorted(tags[2:-1]) == sorted(f"torbed/relay:{f}-{__version__}" for f in list_families())
+    assert tags[:3] == [f"torbed/dirauth:{__version__}", f"torbed/client:{__version__}", f"torbed/locust:{__version__}"]
+    assert sorted(tags[3:-1]) == sorted(f"torbed/relay:{f}-{__version__}" for f in list_families())
     assert tags[-1] == f"torbed/prometheus:{__version__}"
+    # The locust image is built FROM the client tag just built (and asking for it brings the client along).
+    assert plan[2].build_args["CLIENT_IMAGE"] == f"torbed/client:{__version__}"
+    assert [i.kind for i in images.plan(kinds=["locust"])] == ["client", "locust"]
     relays = {i.family: i for i in plan if i.kind == "relay"}
     assert relays["vanilla"].build_args["PATCHES"] == "0001-circuitmux-round-robin-policy.patch"
     assert relays["kist"].build_args["PATCHES"] == ""

@@ -169,13 +169,34 @@ def test_client_python_and_tc(docker, built):
     assert "iproute2" in proc.stdout
 
 
+def test_locust_image_runs_the_pinned_locust_beside_torbed(docker, built):
+    """The load pods' image: Locust at hack/constraints.txt's pin in /opt/locust (read-only
+    root, as in the pods), torbed's pod program and torbed-node from the client image."""
+    import re
+    pin = re.search(r"^locust==(\S+)", (constants.REPO_ROOT / "hack" / "constraints.txt").read_text(), re.M).group(1)
+    proc = run(docker, built["locust"], "/opt/locust/bin/locust", "--version", args=tuple(READ_ONLY))
+    assert proc.returncode == 0 and f"locust {pin} " in proc.stdout, proc.stdout + proc.stderr
+    # requests' SOCKS support (socks5h through the load node's tor) in Locust's venv.
+    proc = run(docker, built["locust"], "/opt/locust/bin/python", "-c",
+               "import socks, requests.adapters as a; a.SOCKSProxyManager('socks5h://u:p@127.0.0.1:9050')",
+               args=tuple(READ_ONLY))
+    assert proc.returncode == 0, proc.stderr
+    proc = run(docker, built["locust"], "python", "-c",
+               "import torbed.k8s.locust as m, torbed.load as l, os; print(m.locust_argv()[0], l.LOCUSTFILE.exists())",
+               args=tuple(READ_ONLY))
+    assert proc.returncode == 0 and proc.stdout.split() == ["/opt/locust/bin/locust", "True"], proc.stdout + proc.stderr
+    proc = run(docker, built["locust"], "tor", "--version")
+    assert proc.returncode == 0 and constants.TOR_VERSION in proc.stdout, proc.stderr
+
+
 def test_sizes(docker, built, capsys):
     sizes = {kind: int(inspect(docker, tag, "{{.Size}}")) for kind, tag in built.items()}
     with capsys.disabled():
         print("\nimage sizes: " + ", ".join(f"{built[k]} {v / 1e6:.1f} MB" for k, v in sizes.items()))
     # Guards against an image suddenly growing (a build toolchain left in it).
     for kind, size in sizes.items():
-        assert size < {"client": 250e6, "prometheus": 160e6}.get(kind, 120e6), (kind, size)
+        # locust: the client image plus Locust's venv (about 55 MB).
+        assert size < {"client": 250e6, "locust": 300e6, "prometheus": 160e6}.get(kind, 120e6), (kind, size)
 
 
 def test_prometheus_is_debians_and_serves_from_a_read_only_root(docker, built):

@@ -285,6 +285,10 @@ def test_shaper_knows_how_many_addresses_each_peer_group_has():
     assert shaper.expected_addresses(s, "www", "middle") == 2           # 1 pod + its ClusterIP
     assert shaper.expected_addresses(s, "bulk", "middle") == 2
     assert shaper.expected_addresses(s, "bulk", "bulk") == 1            # not itself
+    loaded = scenario_mod.parse({**yaml.safe_load(QUICKSTART.read_text()), "load": {"users": 6, "workers": 3}},
+                                "load.yaml")
+    assert shaper.expected_addresses(loaded, "load", "middle") == 3     # the load pods (headless)
+    assert shaper.expected_addresses(loaded, "load", "load") == 2
 
 
 def test_both_backends_shape_a_link_with_the_same_class():

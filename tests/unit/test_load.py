@@ -91,16 +91,13 @@ def test_scenario_files_include_the_load_files():
     assert scenario.parse(patched({}), "plain.yaml").load_files() == {}
 
 
-def test_backends_say_where_load_runs():
+def test_both_backends_run_load():
     from torbed.backends.k8s import K8sBackend
     from torbed.backends.local import LocalBackend
-    from torbed.errors import RunFailed
     s = loaded()
     assert "load" in engine.features_used(s)
     assert engine.unsupported(s, LocalBackend) == []
-    assert [f for f, _ in engine.unsupported(s, K8sBackend)] == ["load"]
-    with pytest.raises(RunFailed, match="load: background load .* local backend only"):
-        K8sBackend(console=None).preflight(s)
+    assert engine.unsupported(s, K8sBackend) == []
 
 
 def _record(t, users, requests, failures, size, p50):

@@ -146,9 +146,12 @@ class Cluster:
         """Delete every object of the release's kinds that is still there (label
         app.kubernetes.io/instance=release); returns what was deleted, as kind/name."""
         from kubernetes import client
-        rbac = client.RbacAuthorizationV1Api()
+        rbac, apps = client.RbacAuthorizationV1Api(), client.AppsV1Api()
         sel = f"app.kubernetes.io/instance={release}"
-        kinds = [("job", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
+        # Owners before pods, or a Deployment's ReplicaSet (the Locust pods) recreates them;
+        # its ReplicaSets go with it (background propagation).
+        kinds = [("deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
+                 ("job", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
                  ("secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
                  ("configmap", self.core.list_namespaced_config_map, self.core.delete_namespaced_config_map),
                  ("serviceaccount", self.core.list_namespaced_service_account,
@@ -338,7 +341,6 @@ class K8sBackend:
     name = "k8s"
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
-        "load": "background load (Locust) runs on the local backend only so far",
         **{f"faults.{k}": "runs on the local backend only so far (issue 20: Chaos Mesh resources to come)"
            for k in ("pause", "restart", "link", "cpu")},
     }
@@ -357,9 +359,6 @@ class K8sBackend:
                    extra_set=args.set or [])
 
     def preflight(self, scenario: Scenario) -> dict:
-        if scenario.load is not None:
-            # Refused rather than ignored: a run without its background load would look loaded.
-            raise RunFailed(f"load: {self.unsupported['load']}; run it with --backend local")
         for i, f in enumerate(scenario.faults):
             if f"faults.{f.kind}" in self.unsupported:
                 raise RunFailed(f"faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
@@ -444,6 +443,7 @@ class K8sBackend:
         t_work, duration = meta["t_workload_start"], s.measure.duration.seconds
         hard_end = t_work + duration + 300
         faults = sorted((f.at.seconds, i, f) for i, f in enumerate(s.faults))
+        background = _Load(self.cluster, rep) if s.load else None
         while True:
             now = time.time()
             while faults and now >= t_work + faults[0][0]:
@@ -453,6 +453,8 @@ class K8sBackend:
             done = [j for j in jobs if (j.status.succeeded or 0) + (j.status.failed or 0) >= (j.spec.completions or 1)]
             pods = self.cluster.pods(name)
             meta["pod_restarts"] = _restarts(pods)
+            if background:
+                background.tick(now, pods)
             for p in pods:
                 if p.status.phase == "Failed":
                     meta["failed_pods"][p.metadata.name] = p.status.reason or "Failed"
@@ -491,6 +493,13 @@ class K8sBackend:
             if rel.installed:
                 if any(cg.workload.kind == "replay" for cg in rep.run.scenario.clients.values()):
                     time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
+                if rep.scenario.load is not None:
+                    # Wait for the 'end' record only where the users ran to load.stop (not
+                    # after a Ctrl-C or a failure before it: those keep their periodic records).
+                    s, ld = rep.scenario, meta.get("load") or {}
+                    t_stop = (meta.get("t_workload_start") or float("inf")) + (s.load.stop or s.measure.duration).seconds
+                    ended = ld.get("t_start") is not None and time.time() >= t_stop - 1
+                    _collect_load(self.cluster, st["name"], rep.dir, st["fetched"], wait_s=20.0 if ended else 0.0)
                 _fetch(self.cluster, st["name"], rep.dir, st["fetched"])
                 _save_logs(self.cluster, st["name"], rep.logs)
                 _record_hardware(self.cluster, st["name"], rep)
@@ -504,6 +513,87 @@ class K8sBackend:
                 err = str(e)
             if err:
                 meta["uninstall_error"] = err
+
+
+class _Load:
+    """Background load on Kubernetes (charts/torbed templates/load/, torbed.k8s.locust): the
+    Locust master starts the users at load.start and Locust stops them at load.stop by
+    themselves; the backend watches. meta.json ``load``: when the master's state was first
+    seen spawning/running (t_start) and stopped again (t_stop), the most users seen, the
+    worker pods. A Locust pod that restarts or fails while the load is due to run fails the
+    repetition, as a Locust process that exits does on the local backend (the variant would
+    be measured with less load than the scenario says)."""
+
+    def __init__(self, cluster: Cluster, rep: engine.Repetition):
+        self.cluster, self.rep = cluster, rep
+        s, t_work = rep.scenario, rep.meta["t_workload_start"]
+        self.name = rep.state["name"]
+        self.t_start = t_work + s.load.start.seconds
+        self.t_stop = t_work + (s.load.stop or s.measure.duration).seconds
+        self.loaded = False
+        rep.meta["load"] = {"t_start": None, "t_stop": None, "workers": [], "users_max": 0, "state": None}
+
+    def tick(self, now: float, pods: list) -> None:
+        meta = self.rep.meta["load"]
+        mine = [p for p in pods if (p.metadata.labels or {}).get("app.kubernetes.io/component")
+                in ("load-master", "load-worker")]
+        meta["workers"] = sorted({*meta["workers"], *(p.metadata.name for p in mine if
+                                  p.metadata.labels.get("app.kubernetes.io/component") == "load-worker")})
+        if self.t_start - 5 <= now < self.t_stop - 2:
+            for p in mine:
+                restarts = sum(st.restart_count or 0 for st in (p.status.container_statuses or []) +
+                               (p.status.init_container_statuses or []))
+                if restarts or p.status.phase in ("Failed", "Succeeded"):
+                    raise RunFailed(f"Locust pod {p.metadata.name} {'restarted' if restarts else p.status.phase.lower()} "
+                                    f"while the background load was due to run")
+        code, body = self.cluster.proxy_get(f"{self.name}-locust:web", "stats/requests", timeout=5)
+        if code != 200:
+            return
+        try:
+            stats = json.loads(body)
+        except ValueError:
+            return
+        state = stats.get("state")
+        if state != meta["state"]:
+            self.rep.console.log(f"background load: Locust {state}, {stats.get('user_count', 0)} users")
+        meta["state"] = state
+        meta["users_max"] = max(meta["users_max"], int(stats.get("user_count") or 0))
+        if state in ("spawning", "running") and meta["t_start"] is None:
+            meta["t_start"] = now
+        if state == "stopped" and meta["t_start"] is not None and meta["t_stop"] is None:
+            meta["t_stop"] = now
+
+
+# Locust's own CSV files, as the local master writes them with --csv <run>/locust/stats
+# --csv-full-history: file name -> the master's web UI path that serves the same table.
+LOCUST_CSV = {"stats_stats.csv": "stats/requests/csv", "stats_stats_history.csv": "stats/requests_full_history/csv",
+              "stats_failures.csv": "stats/failures/csv", "stats_exceptions.csv": "exceptions/csv"}
+
+
+def _collect_load(cluster: Cluster, release: str, rep_dir: Path, fetched: dict[str, int],
+                  wait_s: float = 20.0) -> None:
+    """Locust's statistics into the repetition directory, as the local backend leaves them:
+    load.jsonl complete (the master writes its 'end' record when the users have stopped and
+    ships it within a second: wait for it, bounded) and locust/stats_*.csv from the master."""
+    deadline = time.time() + wait_s
+    while True:
+        _fetch(cluster, release, rep_dir, fetched, only="load.jsonl")
+        path = rep_dir / "load.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        try:
+            if lines and json.loads(lines[-1]).get("label") == "end":
+                break
+        except ValueError:
+            pass
+        if time.time() > deadline:
+            break
+        time.sleep(1.0)
+    out = rep_dir / "locust"
+    out.mkdir(exist_ok=True)
+    for name, web_path in LOCUST_CSV.items():
+        code, data = cluster.proxy_get(f"{release}-locust:web", web_path, timeout=30)
+        if code == 200:
+            (out / name).write_bytes(data)
 
 
 def _kill(backend: K8sBackend, release: str, i: int, pods: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""A server group's pod: generate the scenario's files from the seed (the same bytes and
+"""A server group's pod: generate the scenario's files (and the background load's, on the
+load's server group) from the seed (the same bytes and
 checksums as the local backend's) and serve them over HTTP."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     s = load_scenario(args.scenario)
     files = {name: size.bytes for name, size in s.servers[args.group].files.items()}
+    if args.group == s.load_server():   # the background users' files (load-<mix name>), as locally
+        files.update({name: size.bytes for name, size in s.load_files().items()})
     manifest = fileserver.generate_files(args.dir, files, s.seed)
     log(f"server {args.group}: {len(manifest)} files generated; serving on :{args.port}")
     fileserver.serve(args.dir, "0.0.0.0", args.port)

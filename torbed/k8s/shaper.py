@@ -68,6 +68,8 @@ def expected_addresses(s, group: str, me_group: str) -> int:
         pods, virtual = s.servers[group].count, 1
     elif group in s.network.relays:
         pods, virtual = s.network.relays[group].count, 0
+    elif group == "load" and s.load is not None:   # the load nodes (headless <release>-load)
+        pods, virtual = s.load.workers, 0
     else:
         pods, virtual = s.clients[group].count, 0
     return pods - (1 if group == me_group else 0) + virtual
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p = plan(s)
     me = p.group_nodes(args.group)[0] if args.group != "authority" else p.by_role("authority")[0]
     specs: dict[str, LinkSpec] = {}
-    for g in ["authority", *s.network.relays, *s.servers, *s.clients]:
+    # The load nodes too (links.pairs may name `load`): their headless Service lists them.
+    for g in ["authority", *s.network.relays, *s.servers, *s.clients, *(["load"] if s.load else [])]:
         peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
         if peer is me:  # a one-node group: no link to itself
             continue

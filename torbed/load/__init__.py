@@ -9,8 +9,10 @@ Locust worker beside it; the users fetch the ``load-<mix name>`` files of the lo
 Public API:
 
 - ``LOCUSTFILE``: path of the locustfile
-- ``locust_config(s, plan, manifest, *, variant, rep, output) -> dict``: the locustfile's JSON
-- ``torrc_lines(s, plan, fingerprints) -> [str]``: a load node's path restriction
+- ``locust_config(s, plan, manifest, *, variant, rep, output, servers=None, socks_port=None) -> dict``:
+  the locustfile's JSON
+- ``path_options(s, plan, fingerprints) -> {option: value}`` / ``torrc_lines(...) -> [str]``: a load
+  node's path restriction
 - ``master_argv(...)`` / ``worker_argv(...)``: the Locust command lines
 
 load.jsonl is read for the report by ``torbed.analysis.background``.
@@ -26,12 +28,16 @@ from ..client.driver import think_config
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
 
-def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Path) -> dict:
+def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Path,
+                  servers: list[str] | None = None, socks_port: int | None = None) -> dict:
+    """``servers`` / ``socks_port``: where the load's server and the load node's SOCKS port
+    are when not at the plan's addresses (Kubernetes: the server group's Service)."""
     ld, group = s.load, s.load_server()
-    servers = [f"http://{n.address}:{n.ports['http']}" for n in plan.group_nodes(group)]
+    if servers is None:
+        servers = [f"http://{n.address}:{n.ports['http']}" for n in plan.group_nodes(group)]
     return {
         "variant": variant, "rep": rep, "seed": s.seed + rep, "servers": servers,
-        "socks_port": plan.by_role("loadworker")[0].ports["socks"],
+        "socks_port": socks_port or plan.by_role("loadworker")[0].ports["socks"],
         "requests": [{"name": name, "file": f"load-{name}", "size": manifest[f"load-{name}"]["size"],
                       "weight": r.weight, "think": think_config(r.think)} for name, r in ld.mix.items()],
         "timeout_s": ld.timeout.seconds, "stats_interval_s": ld.stats_interval.seconds,
@@ -39,14 +45,22 @@ def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Pa
     }
 
 
-def torrc_lines(s, plan, fingerprints: dict[str, str]) -> list[str]:
+def path_options(s, plan, fingerprints: dict[str, str]) -> dict[str, str]:
     """A load node's tor builds its circuits through the load's path groups (entry,
-    middle, exit), or where tor chooses when there is no path."""
+    middle, exit), or where tor chooses when there is no path: {torrc option: value}."""
     if not s.load.path:
-        return []
+        return {}
     fprs = [",".join("$" + fingerprints[n.name] for n in plan.group_nodes(g)) for g in s.load.path]
-    return ["# Background load: circuits only through the load's path groups (scenario load.path).",
-            f"EntryNodes {fprs[0]}", f"MiddleNodes {fprs[1]}", f"ExitNodes {fprs[2]}", "StrictNodes 1"]
+    return {"EntryNodes": fprs[0], "MiddleNodes": fprs[1], "ExitNodes": fprs[2], "StrictNodes": "1"}
+
+
+def torrc_lines(s, plan, fingerprints: dict[str, str]) -> list[str]:
+    """``path_options`` as torrc lines (the local backend's load-node torrc)."""
+    opts = path_options(s, plan, fingerprints)
+    if not opts:
+        return []
+    return ["# Background load: circuits only through the load's path groups (scenario load.path)."] + \
+        [f"{k} {v}" for k, v in opts.items()]
 
 
 def _locust() -> list[str]:

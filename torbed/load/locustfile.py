@@ -11,7 +11,7 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
 - Each iteration picks one request of the mix by weight (weights are connection shares),
   downloads the whole body, checks its size, then pauses for that request's think time.
 - The master (or a stand-alone Locust) appends its statistics to load.jsonl every
-  stats_interval_s and once at the end: cumulative counts and bytes, current requests/s
+  stats_interval_s while a test runs and once when it stops: cumulative counts and bytes, current requests/s
   and failures/s, response-time percentiles over Locust's current window (10 s) and over
   the whole run so far.
 """
@@ -103,18 +103,29 @@ def _write(line: dict) -> None:
 def _stats_writer(environment, **_):
     if isinstance(environment.runner, WorkerRunner):
         return
+    state = {"greenlet": None}
 
     def loop():
         while True:
             gevent.sleep(CFG["stats_interval_s"])
             _write(_record(environment, "periodic"))
 
-    greenlet = gevent.spawn(loop)
+    # Records while users run: from the test's start (a headless master's spawn, the
+    # Kubernetes master's /swarm) to its stop (--run-time, /stop), one 'end' record then;
+    # a master that stays up afterwards (Kubernetes: its web UI) writes nothing while idle.
+    @events.test_start.add_listener
+    def _start(environment, **_):
+        if state["greenlet"] is None or state["greenlet"].dead:
+            state["greenlet"] = gevent.spawn(loop)
 
-    @events.quitting.add_listener
     def _final(environment, **_):
-        # Locust fires 'quitting' more than once on a master; one 'end' record.
-        if greenlet.dead:
+        # Locust fires 'test_stop' and then 'quitting' (more than once on a master): one
+        # 'end' record per test.
+        greenlet = state["greenlet"]
+        if greenlet is None or greenlet.dead:
             return
         greenlet.kill(block=True)
         _write(_record(environment, "end"))
+
+    events.test_stop.add_listener(_final)
+    events.quitting.add_listener(_final)

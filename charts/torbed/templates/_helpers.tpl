@@ -93,6 +93,11 @@ imagePullSecrets:
 {{- mulf (float64 $m) (index $factor $unit) -}}
 {{- end -}}
 
+{{/* "true" when the scenario has background load (`load:`, even `load: {}`: all defaults). */}}
+{{- define "torbed.load" -}}{{ if kindIs "map" .Values.load }}true{{ end }}{{- end -}}
+{{- define "torbed.loadWorkers" -}}{{ .Values.load.workers | default 1 }}{{- end -}}
+{{- define "torbed.image.locust" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.locust }}:{{ include "torbed.tag" . }}{{- end -}}
+
 {{/* Names of the authority nodes and their Services. */}}
 {{- define "torbed.authorityCount" -}}{{ .Values.network.authorities | default 3 }}{{- end -}}
 

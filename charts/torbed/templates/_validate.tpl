@@ -22,10 +22,36 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 
-{{- /* Background load runs on the local backend only (docs/load.md): refuse it rather
-       than install a network without the load the scenario asks for. */ -}}
-{{- if $v.load -}}
-{{- $problems = append $problems "load: background load (Locust) is not in the chart yet; run this scenario with the local backend (docs/load.md)" -}}
+{{- /* Background load (the same checks as torbed.scenario's). */ -}}
+{{- if include "torbed.load" . -}}
+{{- $ld := $v.load -}}
+{{- range $i, $hop := $ld.path | default list -}}
+{{- if not (hasKey $relays $hop) }}{{ $problems = append $problems (printf "load.path[%d]: '%s' is not a relay group (relay groups: %s)" $i $hop (join ", " (keys $relays | sortAlpha))) }}{{ end -}}
+{{- end -}}
+{{- if $ld.path -}}
+{{- $last := last $ld.path -}}
+{{- if and (hasKey $relays $last) (not (index $relays $last).exit) }}{{ $problems = append $problems (printf "load.path[2]: a path must end at an exit group; '%s' has no 'exit: true'" $last) }}{{ end -}}
+{{- end -}}
+{{- $server := $ld.server | default "" -}}
+{{- if and (not $server) (ne (len $servers) 1) -}}
+{{- $problems = append $problems (printf "load.server: required when there is more than one server group (%s)" (join ", " (keys $servers | sortAlpha))) -}}
+{{- else -}}
+{{- if not $server }}{{ $server = first (keys $servers) }}{{ end -}}
+{{- if not (hasKey $servers $server) -}}
+{{- $problems = append $problems (printf "load.server: '%s' is not a server group (servers: %s)" $server (join ", " (keys $servers | sortAlpha))) -}}
+{{- else if not (index $servers $server).files -}}
+{{- $problems = append $problems (printf "load.server: server '%s' serves no HTTP files (the users' files are added to its 'files')" $server) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int ($ld.workers | default 1)) (int ($ld.users | default 10)) }}{{ $problems = append $problems (printf "load.workers: %v workers for %v users: some would run no user" ($ld.workers | default 1) ($ld.users | default 10)) }}{{ end -}}
+{{- $end := float64 (include "torbed.seconds" (($v.measure | default dict).duration | default "5m")) -}}
+{{- $start := float64 (include "torbed.seconds" ($ld.start | default "0s")) -}}
+{{- if ge $start $end }}{{ $problems = append $problems (printf "load.start: %s is not before the end of the workload" ($ld.start | default "0s")) }}{{ end -}}
+{{- if $ld.stop -}}
+{{- $stop := float64 (include "torbed.seconds" $ld.stop) -}}
+{{- if le $stop $start }}{{ $problems = append $problems (printf "load.stop: %s is not after load.start (%s)" $ld.stop ($ld.start | default "0s")) }}
+{{- else if gt $stop $end }}{{ $problems = append $problems (printf "load.stop: %s is after the end of the workload" $ld.stop) }}{{ end -}}
+{{- end -}}
 {{- end -}}
 
 {{- /* Variants. */ -}}
