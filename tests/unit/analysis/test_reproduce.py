@@ -55,10 +55,11 @@ def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsy
     queue = next(v for k, v in lines.items() if k.startswith("Exp. 3"))
     assert "653 ms -> 115 ms" in queue and "Δ -8" in queue and "| agrees |" in queue
     assert "not part of this shortened run" in next(v for k, v in lines.items() if k.startswith("Exp. 1"))
-    # Torchestra exists (its experiments are not wired into reproduce yet); mtrelay does not.
+    # Torchestra and mtrelay exist; neither's experiment is wired into reproduce yet.
     assert "variant torchestra exists but no experiment is wired up" in next(
         v for v in lines.values() if v.startswith("| Gopal"))
-    assert "variant mtrelay not yet available" in next(v for v in lines.values() if v.startswith("| Engler"))
+    assert "variant mtrelay exists but no experiment is wired up" in next(
+        v for v in lines.values() if v.startswith("| Engler"))
     assert (runs / "tang-goldberg-2010-exp3" / "golden-run" / "report" / "summary.json").is_file()
     assert json.loads((runs / "reproduction.json").read_text())["settings"]["quick"] is True
 
