@@ -77,6 +77,10 @@ def test_middle_with_two_connection_threads_between_stock_relays(tmp_path):
     p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out)], timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = only_run_dir(out)
+    meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
+    # The middle alone ran without torbed's MALLOC_ARENA_MAX=1 (variant.yaml env).
+    assert meta["bootstrap"]["variant_env"] == {"mtrelay-2": {"MALLOC_ARENA_MAX": ""}}
+    assert meta["bootstrap"]["malloc_arena_max"] == "1"
     summary = bench_torchestra.analyse(run, "kist")
     print(json.dumps({k: v for k, v in summary.items() if k != "relays"}))
     assert bench_torchestra.problems(summary) == []

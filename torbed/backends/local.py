@@ -190,11 +190,16 @@ class LocalBackend:
         env = tor_env()
         rep.meta["bootstrap"]["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
         rep.meta["bootstrap"]["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
+        # Variants with their own environment (mtrelay's malloc arenas): recorded per variant.
+        variant_env = {v: var.env for v, var in st["variants"].items() if var.env}
+        if variant_env:
+            rep.meta["bootstrap"]["variant_env"] = variant_env
         tors = [n for n in st["plan"].nodes if n.role != "server"]
         for n in tors:
+            own = variant_env.get(n.variant) if n.variant else None
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + [
                 st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")],
-                rep.logs / f"{n.name}.stdout.log", env=env)
+                rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
