@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv lock test unit integration lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test
+.PHONY: setup deps venv lock test unit integration lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -60,10 +60,21 @@ images: venv  ## container images (dirauth, client, relay per variant family) fo
 images-arm64: venv  ## the same for linux/arm64 (tor cross-compiled, the rest under qemu); tags end in -arm64
 	$(BIN)/python -m torbed.images --platform linux/arm64 $(IMAGES_ARGS)
 
+# A registry for multi-arch tags and the chart (hack/registry.sh: Debian's docker-registry on
+# 127.0.0.1:5000, plain HTTP). REGISTRY=host:port pushes elsewhere (docker login first).
+REGISTRY ?= 127.0.0.1:5000
+registry-up:  ## start the local registry (127.0.0.1:5000)
+	hack/registry.sh up
+registry-down:  ## stop the local registry (its data stays)
+	hack/registry.sh down
+images-push: venv  ## push every built architecture of each image under one tag (manifest list) and the chart (OCI) to REGISTRY
+	$(if $(filter 127.0.0.1:5000,$(REGISTRY)),hack/registry.sh up)
+	$(BIN)/python -m torbed.registry --registry $(REGISTRY) --chart $(IMAGES_ARGS)
+
 images-test: images  ## tests/images against the built images
 	$(BIN)/pytest -q tests/images $(PYTEST_ARGS)
 
-bench: setup  ## benchmarks (linkemu fidelity and speed); results in runs/bench/ (BENCH_QUICK=1: shorter)
+bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
 
 # Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Under 2 h here,

@@ -15,6 +15,11 @@ Public API:
 - ``plot_cdf(panels, variants, baseline, path, title)``
 - ``plot_quantile_bars(entries, variants, path, title)``
 - ``plot_throughput(series, variants, path)``, ``plot_cell_wait(series, variants, path)``
+- ``relay_metric_series(run, match) -> {relay: {variant: {rep: (t, value)}}}`` a MetricsPort
+  quantity over time (metrics.jsonl: the sum of the samples ``match`` selects);
+  ``plot_relay_metric(series, variants, path, title, ylabel)``
+- ``resource_summary(run) -> {node: {variant: (cpu_fraction, peak_rss_bytes, role)}}``
+  (resources.jsonl); ``plot_resources(summary, variants, path)``
 - ``Figure``: ``path``, ``title``, ``caption``, ``section``
 - ``make_all(run, extracted, summary, out_dir) -> list[Figure]``
 """
@@ -213,6 +218,45 @@ def _save(fig, path: Path, legend_rows: int) -> None:
     plt.close(fig)
 
 
+def plot_load(run: Run, variants: list[str], path: Path) -> bool:
+    """Background load over time (load.jsonl): requests/s and failures/s (top) and Locust's
+    current-window p50 / p90 response times (bottom), per variant and repetition, from the
+    workload's start."""
+    from . import background
+    series = []
+    for r in run.reps:
+        if r.path is None or not (r.path / background.LOAD_FILE).is_file() or r.t0 is None:
+            continue
+        recs = [x for x in background.read(r.path / background.LOAD_FILE) if x.get("label") != "end"]
+        if recs:
+            series.append((r.variant, r.index, np.array([x["t"] - r.t0 for x in recs]), recs))
+    if not series:
+        return False
+    colors = _colors(variants)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for v, k, t, recs in series:
+        style = REP_STYLES[k % len(REP_STYLES)]
+        top.plot(t, [x["total"]["rps"] for x in recs], color=colors[v], linestyle=style, label=f"{v} rep {k} requests/s")
+        fails = [x["total"]["fail_per_s"] for x in recs]
+        if any(fails):
+            top.plot(t, fails, color=colors[v], linestyle=style, alpha=0.5, linewidth=3, label=f"{v} rep {k} failures/s")
+        for q, width in (("p50_ms", 2.0), ("p90_ms", 0.8)):
+            y = [np.nan if x["total"].get(q) is None else x["total"][q] / 1e3 for x in recs]
+            bottom.plot(t, y, color=colors[v], linestyle=style, linewidth=width, label=f"{v} rep {k} {q[:3]}")
+    top.set_ylabel("per second")
+    top.set_title("Background load: Locust requests and failures per second")
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=7)
+    bottom.set_ylabel("response time (s)")
+    bottom.set_title("Locust response time, current 10 s window (thick p50, thin p90)")
+    bottom.set_xlabel("seconds since the workload started")
+    bottom.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
     """Relay throughput over time (``metrics.throughput_series``): one panel per relay; per
     variant and repetition (line style = repetition) a thin line of the per-sample rate, a
@@ -248,6 +292,99 @@ def plot_throughput(series: dict, variants: list[str], path: Path) -> bool:
     fig.suptitle("Relay throughput: thin = each 500 ms sample, thick = 30 s moving average", fontsize=12)
     _shared_legend(fig, axes, ncol=4)
     _save(fig, path, legend_rows=math.ceil((n_lines + 2) / 4))
+    return True
+
+
+def _or_connections_open(key: str) -> bool:
+    return key.startswith("tor_relay_connections{") and 'type="OR"' in key and 'state="opened"' in key
+
+
+def relay_metric_series(run: Run, match) -> dict:
+    """A MetricsPort quantity per relay over time, from metrics.jsonl: at each scrape, the
+    sum of the samples whose key ``match(key)`` accepts; times since the workload start."""
+    out: dict = {}
+    for r in run.reps:
+        t0 = (r.meta or {}).get("t_workload_start")
+        if not r.metrics or t0 is None:
+            continue
+        by_relay: dict = {}
+        for rec in r.metrics:
+            vals = [v for k, v in rec["samples"].items() if match(k)]
+            if vals:
+                by_relay.setdefault(rec["relay"], []).append((rec["t"] - t0, sum(vals)))
+        for relay, pts in by_relay.items():
+            pts.sort()
+            out.setdefault(relay, {}).setdefault(r.variant, {})[r.index] = (
+                np.array([p[0] for p in pts]), np.array([p[1] for p in pts]))
+    return dict(sorted(out.items()))
+
+
+def plot_relay_metric(series: dict, variants: list[str], path: Path, title: str, ylabel: str) -> bool:
+    """One panel per relay; a line per variant and repetition (line style = repetition)."""
+    if not series:
+        return False
+    colors = _colors(variants)
+    relays = list(series)
+    fig, axes = plt.subplots(len(relays), 1, figsize=(10, 2.4 * len(relays) + 1.3), sharex=True, squeeze=False)
+    n_lines = 0
+    for ax, relay in zip(axes[:, 0], relays):
+        for v in variants:
+            for k, (t, y) in sorted(series[relay].get(v, {}).items()):
+                ax.plot(t, y, color=colors[v], linestyle=REP_STYLES[k % len(REP_STYLES)], linewidth=1.5,
+                        label=f"{v} rep {k}", drawstyle="steps-post")
+        n_lines = max(n_lines, sum(len(series[relay].get(v, {})) for v in variants))
+        ax.set_title(f"Relay {relay}")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+    axes[-1, 0].set_xlabel("Time since workload start (s)")
+    fig.suptitle(title, fontsize=12)
+    _shared_legend(fig, axes, ncol=4)
+    _save(fig, path, legend_rows=math.ceil(n_lines / 4))
+    return True
+
+
+def resource_summary(run: Run) -> dict:
+    """Per node and variant (repetitions pooled): CPU used per second of wall time between
+    the first and last resources.jsonl sample, and the peak RSS."""
+    acc: dict = {}
+    for r in run.reps:
+        by_node: dict = {}
+        for rec in r.resources:
+            by_node.setdefault(rec["node"], []).append(rec)
+        for node, recs in by_node.items():
+            recs.sort(key=lambda x: x["t"])
+            a = acc.setdefault(node, {}).setdefault(r.variant, {"cpu": 0.0, "wall": 0.0, "rss": 0, "role": recs[0].get("role")})
+            if len(recs) > 1 and recs[-1]["t"] > recs[0]["t"]:
+                a["cpu"] += recs[-1]["cpu_s"] - recs[0]["cpu_s"]
+                a["wall"] += recs[-1]["t"] - recs[0]["t"]
+            a["rss"] = max(a["rss"], max(x.get("rss_peak_bytes") or x["rss_bytes"] for x in recs))
+    return {node: {v: (a["cpu"] / a["wall"] if a["wall"] else None, a["rss"], a["role"]) for v, a in per.items()}
+            for node, per in sorted(acc.items())}
+
+
+def plot_resources(summary: dict, variants: list[str], path: Path) -> bool:
+    """Two bar panels, one bar per node and variant: CPU (share of one core) and peak RSS."""
+    if not summary:
+        return False
+    colors = _colors(variants)
+    nodes = list(summary)
+    x = np.arange(len(nodes))
+    width = 0.8 / max(1, len(variants))
+    fig, (ax_cpu, ax_rss) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(nodes) + 3), 7.5), sharex=True)
+    for i, v in enumerate(variants):
+        cpu = [(summary[n].get(v) or (None,))[0] for n in nodes]
+        rss = [(summary[n].get(v) or (None, 0))[1] for n in nodes]
+        off = (i - (len(variants) - 1) / 2) * width
+        ax_cpu.bar(x + off, [c * 100 if c is not None else 0 for c in cpu], width, color=colors[v], label=v)
+        ax_rss.bar(x + off, [b / 2**20 for b in rss], width, color=colors[v], label=v)
+    ax_cpu.set_ylabel("CPU (% of one core)")
+    ax_cpu.set_title("CPU of each tor between the first and last sample")
+    ax_rss.set_ylabel("Peak RSS (MiB)")
+    ax_rss.set_title("Peak resident memory of each tor")
+    ax_rss.set_xticks(x, [f"{n}\n({(next(iter(summary[n].values())))[2]})" for n in nodes], rotation=60, fontsize=8)
+    fig.suptitle("Resources per node (resources.jsonl)", fontsize=12)
+    _shared_legend(fig, np.array([[ax_cpu], [ax_rss]]), ncol=4)
+    _save(fig, path, legend_rows=math.ceil(len(variants) / 4))
     return True
 
 
@@ -339,6 +476,25 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
                            "largest 30 s average of a window starting after the warm-up, the metric.",
                            "Relays"))
 
+    p = out_dir / "timeseries-relay-connections.png"
+    if plot_relay_metric(relay_metric_series(run, _or_connections_open), variants, p,
+                         "Open OR connections per relay (MetricsPort)", "OR connections"):
+        figs.append(Figure(p, "Open OR connections over time",
+                           "OR connections each relay had open at each MetricsPort scrape "
+                           "(tor_relay_connections, type OR, state opened; metrics.jsonl).", "Relays"))
+    p = out_dir / "timeseries-relay-circuits.png"
+    if plot_relay_metric(relay_metric_series(run, lambda k: k == 'tor_relay_circuits_total{state="opened"}'),
+                         variants, p, "Circuits each relay has opened so far (MetricsPort)", "circuits (cumulative)"):
+        figs.append(Figure(p, "Circuits opened over time",
+                           "Circuits each relay had opened since it started, at each MetricsPort scrape "
+                           "(tor_relay_circuits_total; metrics.jsonl): the relay's load in circuits.", "Relays"))
+    p = out_dir / "timeseries-load.png"
+    if plot_load(run, variants, p):
+        figs.append(Figure(p, "Background load over time",
+                           "The Locust master's statistics (load.jsonl) every load.stats_interval: requests "
+                           "and failures per second, and response-time percentiles over Locust's current "
+                           "10 s window.", "Background load"))
+
     cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms"})
     for relay in cw_relays:
         panels = [(f"{d.capitalize()} ({'toward the client' if d == 'inbound' else 'toward the exit'})",
@@ -368,4 +524,10 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         figs.append(Figure(p, "Circuit-queue wait per cell over time",
                            "sum(time_ms) / sum(removed) over the circuits of a class at each relay, "
                            "5 s bins; light = under 10% of the busiest circuit's cells.", "Relays"))
+    p = out_dir / "resources-per-node.png"
+    if plot_resources(resource_summary(run), variants, p):
+        figs.append(Figure(p, "CPU and memory per node",
+                           "Per tor process, repetitions pooled: CPU seconds used per second between the first "
+                           "and last sample (at readiness, every 30 s, at the end) and the largest peak RSS "
+                           "(VmHWM) (resources.jsonl).", "Resources"))
     return figs

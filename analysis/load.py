@@ -39,6 +39,13 @@ FILES: dict[str, tuple[str, tuple[str, ...]]] = {
     "cellstats.jsonl": ("cellstats", ("relay", "t")),
     "relay_bw.jsonl": ("relay_bw", ("relay", "t", "written")),
 }
+# Read when present, without a note when absent (the k8s backend has no resources.jsonl;
+# metrics.jsonl only when the metrics collector ran): the report's relay-load and
+# per-node resource figures.
+OPTIONAL_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "metrics.jsonl": ("metrics", ("relay", "t", "samples")),
+    "resources.jsonl": ("resources", ("node", "t", "cpu_s", "rss_bytes")),
+}
 # cells.jsonl (replay workloads; absent otherwise, without a note) can hold millions of
 # records: it is read into columns (CellTable), not kept as dicts.
 CELLS_FILE = "cells.jsonl"
@@ -62,6 +69,8 @@ class Rep:
     transfers: list[dict] = field(default_factory=list)
     cellstats: list[dict] = field(default_factory=list)
     relay_bw: list[dict] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)
+    resources: list[dict] = field(default_factory=list)
     cells: "CellTable | None" = None
     notes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
@@ -187,7 +196,7 @@ def read_jsonl(path: Path, kind: str) -> tuple[list[dict], list[str]]:
     a required key, of another type, or not objects raise RecordError(path, line). A final
     line without newline that does not parse is dropped with a note (a crash mid-write).
     """
-    rtype, required = FILES[kind]
+    rtype, required = FILES[kind] if kind in FILES else OPTIONAL_FILES[kind]
     records: list[dict] = []
     notes: list[str] = []
     for i, rec in iter_jsonl(path):
@@ -244,6 +253,13 @@ def _load_rep(run_dir: Path, variant: str, k: int) -> Rep:
         records, notes = read_jsonl(p, kind)
         rep.notes += notes
         setattr(rep, kind.split(".")[0], records)
+    for kind in OPTIONAL_FILES:
+        p = rep.path / kind
+        if p.is_file():
+            rep.files.add(kind)
+            records, notes = read_jsonl(p, kind)
+            rep.notes += notes
+            setattr(rep, kind.split(".")[0], records)
     if (rep.path / CELLS_FILE).is_file():
         rep.files.add(CELLS_FILE)
         rep.cells, notes = read_cells(rep.path / CELLS_FILE)

@@ -65,7 +65,8 @@ def _run_table(s: dict) -> tuple:
     host = r.get("host") or {}
     mem = host.get("memory_bytes")
     host_s = ", ".join(str(x) for x in (
-        host.get("hostname"), host.get("arch"), host.get("kernel") and f"Linux {host.get('kernel')}",
+        host.get("hostname"), host.get("arch"), host.get("cpu_model"),
+        host.get("kernel") and f"Linux {host.get('kernel')}",
         host.get("cpus") and f"{host.get('cpus')} CPUs", mem and f"{fmt_size(mem)} RAM") if x) or "not recorded"
     variants = ", ".join(f"{v} (baseline)" if v == s["baseline"] else v for v in r["variants"])
     rows = [("Scenario", r.get("scenario")), ("Run directory", r.get("directory")),
@@ -226,6 +227,26 @@ def _clock_blocks(s: dict) -> list[tuple]:
                str(r.get("exchanges")), str(r.get("lost")), ms(r.get("min_delay_s"))] for r in rows])]
 
 
+def _load_blocks(s: dict) -> list[tuple]:
+    """Background load per repetition (summary.json ``load``) beside the foreground's numbers."""
+    rows = s.get("load")
+    if not rows:
+        return []
+    num = lambda x, f="{:.1f}": DASH if x is None else f.format(x)  # noqa: E731
+    return [("h", 2, "Background load (Locust)"),
+            ("p", "What the background users carried in each repetition (load.jsonl: the Locust master's "
+                  "statistics), beside the foreground clients' measured transfers. Requests/s and MB/s are "
+                  "means while users ran; response times are Locust's (from the request's start, including "
+                  "the SOCKS connection and the circuit, to its last byte) over every request of the repetition."),
+            ("table", ["variant", "rep", "users", "requests", "failures", "requests/s", "MB", "MB/s",
+                       "p50 / p90 / p99 (ms)", "foreground transfers", "foreground median TTLB (s)"],
+             [[r["variant"], str(r["rep"]), str(r["users"]), str(r["requests"]), str(r["failures"]),
+               num(r.get("requests_per_s"), "{:.2f}"), num(r["bytes"] / 1e6), num(
+                   None if r.get("bytes_per_s") is None else r["bytes_per_s"] / 1e6, "{:.2f}"),
+               " / ".join(num(r.get(k), "{:.0f}") for k in ("p50_ms", "p90_ms", "p99_ms")),
+               str(r["foreground_transfers"]), num(r.get("foreground_ttlb_median_s"), "{:.3f}")] for r in rows])]
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -253,11 +274,21 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
     b += [("h", 2, "Run"), _run_table(s)]
+    hw = s["run"].get("hardware") or {}
+    if hw:
+        b.append(("p", "Kubernetes nodes the network ran on (the API server's node status; CPU model as the "
+                       "release's pods read it from /proc/cpuinfo):"))
+        b.append(("table", ["node", "arch", "CPU model", "CPUs", "memory", "labels", "ran"],
+                  [[name, h.get("arch") or DASH, h.get("cpu_model") or DASH, str(h.get("cpus") or DASH),
+                    str(h.get("memory") or DASH),
+                    ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or DASH,
+                    ", ".join(h.get("ran") or []) or DASH] for name, h in sorted(hw.items())]))
 
     b.append(("h", 2, "Repetitions"))
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
+    b += _load_blocks(s)
 
     b.append(("h", 2, "Missing or incomplete data"))
     if s["missing"]:

@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from . import inference, stats
+from . import background, inference, stats
 from . import clock as clock_mod
 from . import metrics as metrics_mod
 from .load import Run
@@ -103,7 +103,24 @@ def _run_facts(run: Run) -> dict:
             "repetitions": run.repetitions, "backend": i.get("backend"), "shaper": i.get("shaper"),
             "torbed_version": i.get("torbed_version"), "tor_version": i.get("tor_version"),
             "host": host, "started": i.get("started"), "finished": i.get("finished"),
-            "status": i.get("status")}
+            "status": i.get("status"), "hardware": _hardware(run)}
+
+
+def _hardware(run: Run) -> dict:
+    """The Kubernetes nodes the run's repetitions ran on (meta.json ``hardware``), each with
+    the torbed nodes placed there in any repetition; {} for a run on one host (run.json's
+    ``host`` says which)."""
+    out: dict = {}
+    for r in run.reps:
+        hw = (r.meta or {}).get("hardware")
+        if not isinstance(hw, dict):
+            continue
+        for name, h in hw.items():
+            if not isinstance(h, dict):
+                continue
+            entry = out.setdefault(name, {**h, "ran": []})
+            entry["ran"] = sorted(set(entry["ran"]) | set(h.get("ran") or []))
+    return out
 
 
 def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
@@ -224,4 +241,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "errors": errors,
         # Only for runs with replay clock records (keeps older summaries unchanged).
         **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
+        # Only for runs with background load (load.jsonl).
+        **({"load": rows} if (rows := background.load_rows(run)) else {}),
     }

@@ -27,4 +27,10 @@ part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+-
 # zero failed (sha256-checked) transfers required, switches reported.
 part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
 
+# Prometheus: its and the exporters' CPU during quickstart; bring-up time and TTLB with it
+# on vs off (same seed, alternating order).
+part prometheus "$bin/python" -m torbed.bench_prometheus --out "$out" ${BENCH_QUICK:+--runs 1 --duration 60s}
+# Background load (Locust through tor): users carried, CPU per user, at rising user counts.
+part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users 10,100 --duration 30}
+
 exit $rc

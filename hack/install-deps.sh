@@ -13,12 +13,15 @@ packages=(
   gcc make pkg-config dpkg-dev libssl-dev libevent-dev zlib1g-dev liblzma-dev libzstd-dev libcap-dev
   autoconf automake
   tcpdump             # torbed capture (and its integration test)
+  prometheus          # live metrics of local runs (torbed.prometheus); Debian's 2.42
+  chromium            # the browser check of Prometheus' graph page (tests/integration)
 )
 # `hack/install-deps.sh --capture`: what hack/capture-traces.sh needs to make the project's
-# own traces (a headless browser, an SSH server and client, ethtool to turn veth offloads
-# off so captures show wire-sized segments); not needed by `make test`.
+# own traces (an SSH server and client, ethtool to turn veth offloads off so captures show
+# wire-sized segments; its headless browser, chromium, is in the list above); not needed by
+# `make test`.
 if [ "${1:-}" = "--capture" ]; then
-  packages+=(chromium openssh-server openssh-client ethtool)
+  packages+=(openssh-server openssh-client ethtool)
 fi
 
 missing=()
@@ -40,4 +43,9 @@ apt-get install -y -q --no-install-recommends "${missing[@]}"
 # torbed never needs it.
 if command -v service >/dev/null && service tor status >/dev/null 2>&1; then
   service tor stop || true
+fi
+# Likewise Debian's prometheus package starts a system server (scraping this host on :9090);
+# torbed starts its own per run.
+if command -v service >/dev/null && service prometheus status >/dev/null 2>&1; then
+  service prometheus stop || true
 fi

@@ -32,6 +32,16 @@ from . import clock, engine, wire
 from .trace import DOWN, UP, Flow, read
 
 
+# A flow whose stream tor could not open (the exit's END, a SOCKS refusal, a circuit that
+# died before the stream attached) is opened again, with backoff, for up to OPEN_RETRY_S after
+# its recorded start: on Kubernetes an exit can be up before the replay server's Service
+# routes, and a trace's long flows (an SSH session) would otherwise be lost whole at the
+# first refusal. Each refusal is kept in the flow's record (``open_errors``).
+OPEN_RETRY_S = 20.0
+OPEN_BACKOFF_S = 0.5
+OPEN_BACKOFF_MAX_S = 4.0
+
+
 def _transfer_error(driver) -> type:
     """The driver's TransferError class. The driver runs as ``python -m
     torbed.client.driver``, i.e. as module ``__main__``: importing torbed.client.driver here
@@ -95,26 +105,46 @@ def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells
            "group": cfg["group"], "workload": "replay", "slot": 0, "seq": iteration, "server": wl["server"],
            "file": wl["trace_name"], "flow": flow.id, "iteration": iteration, "size": down_bytes,
            "circuit": None, "t_start": time.time(), "t_socks": None, "t_request": None, "t_first_byte": None,
-           "t_last_byte": None, "bytes": 0, "chunks_down": 0, "chunks_up": 0, "status": "ok", "error": None}
+           "t_last_byte": None, "bytes": 0, "chunks_down": 0, "chunks_up": 0, "status": "ok", "error": None,
+           "open_errors": []}
     expected_down = sum(len(wire.chunk_sizes(p.size)) for p in flow.packets if p.direction == DOWN)
     duration = flow.end - flow.start
     hard_end = min(cfg["t_end"] + 5.0, rec["t_start"] + duration + wl["slack_s"])
     sock = None
     port = None
     key = _key(flow)
+    driver.metrics.transfer_started()
+    retry_until = min(cfg["t_end"], rec["t_start"] + wl.get("open_retry_s", OPEN_RETRY_S))
+    backoff = OPEN_BACKOFF_S
     try:
-        circ = driver.get_circuit(key)
-        if circ.id is not None:
-            rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s, "key": key}
-        port, ev, state = driver._reserve_port(circ.id)
-        proxy = Proxy.from_url(driver.socks_url(key))
-        try:
-            sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, hard_end - time.time()),
-                                 local_addr=("127.0.0.1", port))
-        except ProxyTimeoutError as e:
-            raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
-        except (ProxyError, OSError) as e:
-            raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+        while True:
+            try:
+                circ = driver.get_circuit(key)
+            except TransferError as e:
+                err = e
+            else:
+                if circ.id is not None:
+                    rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s, "key": key}
+                port, ev, state = driver._reserve_port(circ.id)
+                proxy = Proxy.from_url(driver.socks_url(key))
+                try:
+                    sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, hard_end - time.time()),
+                                         local_addr=("127.0.0.1", port))
+                    break
+                except ProxyTimeoutError as e:
+                    raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
+                except (ProxyError, OSError) as e:
+                    err = TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+                with driver.lock:
+                    driver.pending.pop(port, None)
+                port = None
+            # The stream never opened, so nothing of the flow was sent: opening it again
+            # loses no data and shifts the whole flow by the wait, which t_start keeps.
+            if stop.is_set() or time.time() + backoff >= retry_until:
+                raise err
+            rec["open_errors"].append({"t": time.time(), "cause": err.cause, "detail": err.detail})
+            stop.wait(backoff)
+            backoff = min(2 * backoff, OPEN_BACKOFF_MAX_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         rec["t_socks"] = time.time()
         hello = {"trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "client": cfg["client"],

@@ -2,14 +2,18 @@
 
 A scenario file is the chart's values file (``helm install NAME charts/torbed -f SCENARIO``),
 so the chart's values are the scenario plus a few chart-only keys (``variant``, ``images``,
-...). Three generated things keep the chart and the local backend on one definition:
+...). Five generated things keep the chart and the local backend on one definition:
 
 - ``values.schema.json``: the scenario's JSON Schema plus the chart keys (``values_schema()``),
   so ``helm install`` rejects a misspelled key or a bad unit string as ``torbed validate`` does;
 - ``files/torrc/*.torrc``: the static torrc fragments of ``torbed.torrc`` (every node's,
   each role's), which pods complete at start with what only exists then (keys, addresses);
 - ``files/variants.yaml``: each variant family's torrc template and parameter ranges, so the
-  chart resolves ``ewma-66`` exactly as ``torbed.variants`` does.
+  chart resolves ``ewma-66`` exactly as ``torbed.variants`` does;
+- ``files/scenario-keys.yaml``: the scenario's top-level keys, the part of the values the
+  chart hands its pods as the scenario;
+- ``files/default-scenario.yaml``: scenarios/quickstart.yaml, deployed when the values name
+  no scenario (``helm install torbed charts/torbed``).
 
 Public API: ``ChartValues`` (the chart-only keys), ``values_schema() -> dict``,
 ``inline_traces(scenario) -> dict`` (replayTraces.inline for traces the image lacks),
@@ -45,6 +49,8 @@ class Images(Strict):
     relay: str = Field("torbed/relay", description="Relay image repository (one tag per variant family)")
     dirauth: str = Field("torbed/dirauth", description="Directory authority image repository")
     client: str = Field("torbed/client", description="Client, server and tooling image repository (tor, Python driver, tc)")
+    pullSecrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets (type kubernetes.io/dockerconfigjson) "
+                                   "in the release's namespace, for a private registry; every pod gets them")
 
 
 class Toggle(Strict):
@@ -66,10 +72,21 @@ class ChaosMeshValues(Strict):
 
 class PodMonitorValues(Strict):
     enabled: Literal["auto", "true", "false"] | bool = Field(
-        "auto", description="PodMonitor for the relays' MetricsPort: auto renders it when the cluster serves "
+        "auto", description="PodMonitors for the relays' MetricsPort and the drivers' exporters, and a "
+                            "ServiceMonitor for the results service: auto renders them when the cluster serves "
                             "monitoring.coreos.com/v1 (Prometheus Operator)")
     interval: str = Field("10s", description="Scrape interval")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (e.g. the Prometheus selector's release label)")
+
+
+class DashboardsValues(Strict):
+    enabled: bool = Field(True, description="Ship torbed's Grafana dashboards (files/grafana/dashboards, generated) "
+                                            "as ConfigMaps for Grafana's dashboard sidecar")
+    label: str = Field("grafana_dashboard", description="Label the sidecar looks for (kube-prometheus-stack's "
+                                                        "grafana.sidecar.dashboards.label)")
+    labelValue: str = Field("1", description="Value of that label (grafana.sidecar.dashboards.labelValue)")
+    folder: str = Field("torbed", description="Grafana folder (grafana_folder annotation, used when the sidecar's "
+                                              "folderAnnotation is grafana_folder)")
 
 
 class NightlyStorage(Strict):
@@ -124,6 +141,11 @@ class ReplayTraces(Strict):
                                            "1 MiB), e.g. kubectl create configmap my-traces --from-file=my.trace.jsonl.gz")
 
 
+class TestValues(Strict):
+    timeoutSeconds: int = Field(600, ge=10, description="`helm test`: seconds to wait for a client's transfer to cross the network "
+                                "(the network's bring-up and the measurement's warmup come first)")
+
+
 class ChartValues(Strict):
     """Keys of the chart's values that are not part of a scenario."""
     variant: str = Field("", description="Which of the scenario's variants this release deploys (empty: the baseline)")
@@ -132,11 +154,13 @@ class ChartValues(Strict):
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
+    dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
     nightly: NightlyValues = Field(default_factory=NightlyValues)
+    test: TestValues = Field(default_factory=TestValues)
 
 
 def inline_traces(scenario: Scenario) -> dict[str, str]:
@@ -194,7 +218,12 @@ def values_schema() -> dict:
     schema["$defs"]["NightlySpec"] = nightly
     schema["then"] = {"required": ["nightly"], "properties": {"nightly": {"required": ["definition"],
                       "properties": {"definition": {"$ref": "#/$defs/NightlySpec"}}}}}
-    schema["else"] = {"required": required}
+    # Without a scenario (no `network`), the chart deploys its built-in quickstart
+    # (files/default-scenario.yaml, merged in by the "torbed.defaultScenario" template) and
+    # other keys override its fields; a scenario's defining keys only come as a whole.
+    defining = ["apiVersion", "name", "servers", "clients"]
+    schema["else"] = {"dependentRequired": {"network": [r for r in required if r != "network"],
+                                            **{k: ["network"] for k in defining}}}
     schema["title"] = "torbed chart values: a torbed scenario (apiVersion torbed/v1) plus chart keys"
     return schema
 
@@ -218,6 +247,15 @@ def generated_files() -> dict[str, str]:
     for name, lines in torrc.static_fragments(K8S_METRICS_ACCEPT).items():
         out[f"files/torrc/{name}"] = f"# {GENERATED_NOTE}\n" + "\n".join(lines) + "\n"
     out["files/variants.yaml"] = _variants_file()
+    # The top-level keys of a scenario: what the chart passes on to its pods as the scenario.
+    out["files/scenario-keys.yaml"] = f"# {GENERATED_NOTE}\n" + yaml.safe_dump(
+        {"keys": list(Scenario.model_fields)}, sort_keys=False)
+    # `helm install torbed charts/torbed` with no values deploys the quickstart.
+    out["files/default-scenario.yaml"] = (f"# {GENERATED_NOTE}\n# A copy of scenarios/quickstart.yaml: what the "
+                                          "chart deploys when its values name no scenario.\n"
+                                          + (constants.REPO_ROOT / "scenarios" / "quickstart.yaml").read_text())
+    from . import dashboards
+    out.update(dashboards.generated_files())
     return out
 
 

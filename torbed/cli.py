@@ -4,11 +4,12 @@
     plan SCENARIO          print the concrete network: nodes, addresses, paths, links, and
                            what each backend cannot run
     schema                 print the scenario's JSON Schema
-    chart-files            regenerate the chart's generated files (values schema, torrc, variants)
+    chart-files            regenerate the chart's generated files (values schema, torrc, variants, dashboards)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
     run SCENARIO           bring the network up, measure, tear down -> RUN_DIR (on stdout)
     clean                  remove what a killed run left behind (namespaces, processes)
+    prometheus RUN_DIR     serve a run's Prometheus TSDB read-only and print its URL
     report RUN_DIR         statistics, figures and a report of a run
     compare RUN_A RUN_B    compare two runs of one scenario
     capture OUT            capture TCP flows (headers only) into a replay trace

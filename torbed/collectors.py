@@ -15,6 +15,11 @@ Public API:
 - ``cellstats_record(event, base) -> dict``  (event: stem CellStatsEvent)
 - ``parse_metrics(text) -> dict[str, float]`` Prometheus text format -> {"name{labels}": value}
 - ``RelayCollector(relay_cfg, cfg, writers)``: ``.start()``, ``.stop()``
+- ``Exporter(linkemu_socket=None)``: the collectors' Prometheus exporter (config
+  ``metrics_listen: [address, port]``): cells and queue wait per relay and direction from
+  CELL_STATS (``torbed_relay_cells_total``, ``torbed_relay_cell_queue_wait_seconds_total``)
+  and, when linkemu runs (config ``linkemu_socket``), its counters read from its control
+  socket at each scrape (``torbed_linkemu_*``)
 - ``run(cfg, stop_event)``, ``main(argv)``
 """
 
@@ -31,6 +36,9 @@ from pathlib import Path
 import stem
 import stem.control
 from stem.control import EventType
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .records import RecordWriter
 
@@ -68,8 +76,72 @@ def parse_metrics(text: str) -> dict[str, float]:
     return samples
 
 
+class Exporter:
+    """A prometheus-client collector over what the relay collectors see (and linkemu)."""
+
+    def __init__(self, linkemu_socket: str | None = None):
+        self.lock = threading.Lock()
+        self.cells: dict[tuple, float] = {}    # (relay, group, direction) -> cells removed
+        self.wait: dict[tuple, float] = {}     # ... -> seconds those cells waited in the queue
+        self.events: dict[tuple, float] = {}   # (relay, group) -> CELL_STATS events
+        self.linkemu_socket = linkemu_socket
+
+    def observe_cellstats(self, rec: dict) -> None:
+        with self.lock:
+            key = (rec["relay"], rec["group"])
+            self.events[key] = self.events.get(key, 0) + 1
+            for direction in ("inbound", "outbound"):
+                side = rec.get(direction)
+                if not side:
+                    continue
+                k = (*key, direction)
+                self.cells[k] = self.cells.get(k, 0) + sum(side["removed"].values())
+                self.wait[k] = self.wait.get(k, 0) + sum(side["time_ms"].values()) / 1000.0
+
+    def collect(self):
+        with self.lock:
+            cells = CounterMetricFamily("torbed_relay_cells", "Cells leaving relays' circuit queues (CELL_STATS "
+                                        "removed)", labels=["relay", "group", "direction"])
+            wait = CounterMetricFamily("torbed_relay_cell_queue_wait_seconds", "Total time those cells waited "
+                                       "in circuit queues (CELL_STATS time)", labels=["relay", "group", "direction"])
+            events = CounterMetricFamily("torbed_relay_cellstats_events", "CELL_STATS events received",
+                                         labels=["relay", "group"])
+            for k, v in self.cells.items():
+                cells.add_metric(list(k), v)
+                wait.add_metric(list(k), self.wait[k])
+            for k, v in self.events.items():
+                events.add_metric(list(k), v)
+        yield from (cells, wait, events)
+        if self.linkemu_socket:
+            yield from self._linkemu()
+
+    def _linkemu(self):
+        from .emulator import EmulatorError, request
+        try:
+            stats = request(self.linkemu_socket, {"op": "stats"}, timeout=2.0)["stats"]
+        except (EmulatorError, OSError):
+            return   # linkemu gone (teardown): no series rather than a failed scrape
+        port = {k: CounterMetricFamily(f"torbed_linkemu_port_{k}", f"linkemu port counter {k}", labels=["node"])
+                for k in ("rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "tx_errors", "oversize")}
+        for p in stats.get("ports", []):
+            for k, m in port.items():
+                m.add_metric([p.get("node") or p["dev"]], p.get(k, 0))
+        link = {k: CounterMetricFamily(f"torbed_linkemu_link_{k}", f"linkemu link counter {k}", labels=["src", "dst"])
+                for k in ("frames_in", "bytes_in", "lost", "queue_drops", "frames_out", "bytes_out")}
+        backlog = GaugeMetricFamily("torbed_linkemu_link_max_backlog_bytes", "Largest queue backlog of a link",
+                                    labels=["src", "dst"])
+        for entry in stats.get("links", []):
+            for k, m in link.items():
+                m.add_metric([entry["src"], entry["dst"]], entry.get(k, 0))
+            backlog.add_metric([entry["src"], entry["dst"]], entry.get("max_backlog_bytes", 0))
+        scheduled = GaugeMetricFamily("torbed_linkemu_scheduled_frames", "Frames waiting in linkemu's timeline")
+        scheduled.add_metric([], stats.get("scheduled", 0))
+        yield from (*port.values(), *link.values(), backlog, scheduled)
+
+
 class RelayCollector:
-    def __init__(self, relay: dict, cfg: dict, writers: dict[str, RecordWriter]):
+    def __init__(self, relay: dict, cfg: dict, writers: dict[str, RecordWriter], exporter: Exporter | None = None):
+        self.exporter = exporter
         self.relay = relay
         self.cfg = cfg
         self.writers = writers
@@ -100,8 +172,13 @@ class RelayCollector:
         collect = self.cfg["collect"]
         if "cellstats" in collect:
             w = self.writers["cellstats"]
-            self.controller.add_event_listener(lambda ev: w.write(cellstats_record(ev, self.base)),
-                                               EventType.CELL_STATS)
+
+            def on_cellstats(ev) -> None:
+                rec = cellstats_record(ev, self.base)
+                w.write(rec)
+                if self.exporter is not None:
+                    self.exporter.observe_cellstats(rec)
+            self.controller.add_event_listener(on_cellstats, EventType.CELL_STATS)
         elif self.controller.get_conf("TestingEnableCellStatsEvent", "0") == "1":
             self.controller.set_conf("TestingEnableCellStatsEvent", "0")
         if "relay_bw" in collect:
@@ -153,7 +230,14 @@ class RelayCollector:
 def run(cfg: dict, stop: threading.Event) -> list[str]:
     out = Path(cfg["output"])
     writers = {k: RecordWriter(out / f"{k}.jsonl") for k in ("cellstats", "relay_bw", "metrics") if k in cfg["collect"]}
-    collectors = [RelayCollector(r, cfg, writers) for r in cfg["relays"]]
+    exporter = None
+    if cfg.get("metrics_listen"):
+        exporter = Exporter(cfg.get("linkemu_socket"))
+        registry = CollectorRegistry()
+        registry.register(exporter)
+        ProcessCollector(registry=registry)   # the collector process's own CPU and memory
+        start_http_server(cfg["metrics_listen"][1], addr=cfg["metrics_listen"][0], registry=registry)
+    collectors = [RelayCollector(r, cfg, writers, exporter) for r in cfg["relays"]]
     errors: list[str] = []
     try:
         for c in collectors:

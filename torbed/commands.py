@@ -138,5 +138,60 @@ def register_nightly(sub, fmt) -> None:
     nightly_cli.register(sub, fmt)
 
 
-REGISTER = [register_run, register_clean, register_variants, register_build, register_analysis, register_replay,
+def cmd_prometheus(args) -> int:
+    import signal
+    import threading
+    from . import prometheus
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").is_file():
+        raise InputError(f"{run_dir}: not a run directory (no run.json)")
+    reps = prometheus.repetitions_with_tsdb(run_dir)
+    if args.rep:
+        rep = run_dir / args.rep
+        if rep not in reps:
+            have = ", ".join(str(r.relative_to(run_dir)) for r in reps) or "none"
+            raise InputError(f"--rep {args.rep}: no Prometheus TSDB there (repetitions with one: {have})")
+    elif reps:
+        rep = reps[0]
+    else:
+        raise InputError(f"{run_dir}: no repetition has a Prometheus TSDB (measure.prometheus.enabled was false, "
+                         "or the run used the k8s backend)")
+    meta = json.loads((rep / "meta.json").read_text())
+    t0 = meta.get("t_start") or 0
+    t1 = meta.get("t_end") or meta.get("t_start") or 0
+    if meta.get("status") == "running" and (meta.get("prometheus") or {}).get("live_url"):
+        live = meta["prometheus"]["live_url"]
+        console.print(f"{rep.relative_to(run_dir)} is still running: its Prometheus is live at {live} "
+                      "(served by the torbed that runs it)", highlight=False)
+        print(live, flush=True)
+        return EXIT_OK
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with prometheus.serve(rep / "prometheus", port=args.port) as served:
+        # stdout carries only the URL (URL=$(torbed prometheus RUN ...) &).
+        print(served.url, flush=True)
+        console.print(f"serving {rep.relative_to(run_dir)} read-only (a copy of its TSDB) at {served.url}\n"
+                      f"relay throughput: {prometheus.graph_url(served.url, prometheus.RELAY_THROUGHPUT, t0, t1)}\n"
+                      "Ctrl-C stops it", highlight=False, soft_wrap=True)
+        while not stop.wait(1.0):
+            if served.proc.poll() is not None:
+                console.print(f"[red]error[/red] prometheus exited with status {served.proc.returncode}")
+                return EXIT_FAILED
+    return EXIT_OK
+
+
+def register_prometheus(sub, fmt) -> None:
+    p = sub.add_parser("prometheus", help="serve a run's Prometheus TSDB read-only and print its URL",
+                       formatter_class=fmt,
+                       description="Start Prometheus on a copy of one repetition's TSDB (RUN_DIR/VARIANT/rep-K/"
+                                   "prometheus, written by `torbed run`) on 127.0.0.1 until Ctrl-C; prints the URL "
+                                   "on stdout. For a repetition still running, prints its live URL instead.")
+    p.add_argument("run_dir", help="run directory (from `torbed run`)")
+    p.add_argument("--rep", default=None, help="repetition as VARIANT/rep-K (default: the first with a TSDB)")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    p.set_defaults(func=cmd_prometheus)
+
+
+REGISTER = [register_run, register_prometheus, register_clean, register_variants, register_build, register_analysis, register_replay,
             register_nightly]

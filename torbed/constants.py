@@ -29,8 +29,12 @@ DIR_PORT = 7000
 SOCKS_PORT = 9050
 CONTROL_PORT = 9051
 METRICS_PORT = 9035
+DRIVER_METRICS_PORT = 9036     # measurement driver's Prometheus exporter (client address)
+COLLECTOR_METRICS_PORT = 9037  # collectors' exporter (control plane)
 HTTP_PORT = 80
 REPLAY_PORT = 8000
+LOCUST_MASTER_PORT = 5557     # Locust's default master port (workers connect to it)
+LOCUST_WEB_PORT = 8089        # Locust's web UI (Kubernetes: kubectl port-forward)
 
 # Default private address range of the testbed (RFC 1918). .0.1 is the control plane
 # (the switch namespace / collector), nodes are numbered from FIRST_NODE_HOST.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("links.delay")
     if s.placement:
         used.add("placement")
+    if s.load is not None:
+        used.add("load")
     return sorted(used)
 
 
@@ -218,6 +221,7 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             "torbed_version": __version__, "python_dependencies": python_dependencies(),
             "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
             **({"source": str(source)} if source else {}), **extra}
+    info["order"] = run_order(variants, scenario.repetitions, scenario.seed)
     write_json(run_dir / "run.json", info)
     engine = _Engine(console, len(variants) * scenario.repetitions,
                      backend.bringup_estimate_s + scenario.measure.duration.seconds)
@@ -228,7 +232,7 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
         with engine.progress:
             backend.start_run(r)
             failures = 0
-            for i, (variant, k) in enumerate((v, k) for v in variants for k in range(scenario.repetitions)):
+            for i, (variant, k) in enumerate(info["order"]):
                 engine.begin(i, f"{variant} rep {k + 1}/{scenario.repetitions}")
                 meta = _repetition(backend, r, variant, k)
                 engine.finish()
@@ -248,6 +252,22 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             latest.unlink(missing_ok=True)
             latest.symlink_to(run_dir.name)
     return run_dir
+
+
+def run_order(variants: list[str], repetitions: int, seed: int) -> list[tuple[str, int]]:
+    """The order repetitions run in: repetition k of every variant together (a block), the
+    variants in a seeded random order within each block. Running all of one variant before
+    the next would confound the comparison with anything that drifts during a run (the
+    machine's load, a neighbour's build, thermal state); blocks spread it over the variants,
+    and shuffling within blocks keeps "the variant that runs first" from being a constant.
+    Recorded in run.json (``order``)."""
+    rng = random.Random(f"order:{seed}")
+    order = []
+    for k in range(repetitions):
+        block = list(variants)
+        rng.shuffle(block)
+        order += [(v, k) for v in block]
+    return order
 
 
 def _repetition(backend: Backend, r: Run, variant: str, k: int) -> dict:

@@ -60,7 +60,8 @@ def prepare_files(scenario) -> dict[str, dict]:
     for g, sg in scenario.servers.items():
         if not sg.files:
             continue   # a replay-only server
-        files = {name: size.bytes for name, size in sg.files.items()}
+        extra = scenario.load_files() if g == scenario.load_server() else {}
+        files = {name: size.bytes for name, size in {**sg.files, **extra}.items()}
         d = constants.CACHE_DIR / "files" / files_key(g, files, scenario.seed)
         m = d / "manifest.json"
         if m.exists():

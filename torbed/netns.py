@@ -22,16 +22,21 @@ Public API:
 - ``mac_address(index) -> str`` the fixed MAC of node ``index`` (plan order + 1; 0 = control)
 - ``list_namespaces(prefix) -> list[str]``, ``namespace_pids(ns) -> list[int]``,
   ``delete_namespace(ns)``
+- ``socket_in(ns) -> socket`` a TCP socket that lives in namespace ``ns`` (its connections
+  are made there), for talking to a service inside a run from outside it
 - ``NetnsError`` when ``ip`` fails (the message has the command and its output)
 """
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 
 from . import constants
 from .network import Node, Plan
@@ -87,6 +92,37 @@ def kill_namespace_processes(ns: str) -> int:
         except ProcessLookupError:
             pass
     return len(pids)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def socket_in(ns: str) -> socket.socket:
+    """A TCP socket created inside network namespace ``ns``. setns() moves only the
+    calling thread, so a short-lived thread enters the namespace, makes the socket and
+    ends; the socket keeps its namespace. Raises OSError (no such namespace, not root)."""
+    got: dict = {}
+
+    def make() -> None:
+        try:
+            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into {ns}: {os.strerror(err)}")
+                got["sock"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=make, name=f"setns-{ns}")
+    t.start()
+    t.join()
+    if "error" in got:
+        raise got["error"]
+    return got["sock"]
 
 
 def delete_namespace(ns: str) -> None:

@@ -19,7 +19,10 @@ from dataclasses import asdict, dataclass, field
 from . import constants, units
 from .scenario import Link, Scenario
 
-ROLES = ("authority", "relay", "server", "client")
+ROLES = ("authority", "relay", "server", "client", "loadmaster", "loadworker")
+# Roles whose node runs a tor (a load worker: a tor client beside its Locust worker).
+TOR_ROLES = ("authority", "relay", "client", "loadworker")
+LOAD_GROUP, LOAD_MASTER_GROUP = "load", "locust"
 AUTHORITY_GROUP = "authority"
 
 
@@ -38,6 +41,10 @@ class Node:
     @property
     def nickname(self) -> str:
         return self.name  # group names are [a-z][a-z0-9]*, so node names are valid nicknames
+
+    @property
+    def runs_tor(self) -> bool:
+        return self.role in TOR_ROLES
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -175,6 +182,12 @@ def plan(scenario: Scenario, variant: str) -> Plan:
     for g, cg in scenario.clients.items():
         for i in range(cg.count):
             add(f"{g}{i}", "client", g, i,
+                ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})
+
+    if scenario.load is not None:
+        add(f"{LOAD_MASTER_GROUP}0", "loadmaster", LOAD_MASTER_GROUP, 0, ports={"master": constants.LOCUST_MASTER_PORT})
+        for i in range(scenario.load.workers):
+            add(f"{LOAD_GROUP}{i}", "loadworker", LOAD_GROUP, i,
                 ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})
 
     default = _linkspec(scenario.links.default)

@@ -3,7 +3,8 @@
 Public API:
 
 - ``utc_now() -> str``                 ISO 8601, seconds, UTC ("2026-11-23T20:01:02Z")
-- ``host_info() -> dict``              hostname, kernel, arch, cpus, memory, python
+- ``host_info() -> dict``              hostname, kernel, arch, CPU model, cpus, memory, python
+- ``cpu_model(cpuinfo=None)``          the CPU's model name from /proc/cpuinfo
 - ``python_dependencies() -> dict``    {distribution: installed version} of every package
   torbed's metadata requires (pyproject's dependencies), e.g. for run.json / summary.json
 """
@@ -16,10 +17,27 @@ import platform
 import re
 import socket
 from importlib import metadata
+from pathlib import Path
 
 
 def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    """The CPU's model name from /proc/cpuinfo: x86's "model name", else an arm board's
+    "Model" (a Raspberry Pi's "Raspberry Pi 3 Model B Plus Rev 1.3"), else "Hardware"."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return None
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            fields.setdefault(key.strip(), value.strip())
+    return fields.get("model name") or fields.get("Model") or fields.get("Hardware") or None
 
 
 def host_info() -> dict:
@@ -29,7 +47,8 @@ def host_info() -> dict:
     except (ValueError, OSError):
         pass
     return {"hostname": socket.gethostname(), "kernel": platform.release(), "arch": platform.machine(),
-            "cpus": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version()}
+            "cpu_model": cpu_model(), "cpus": os.cpu_count(), "memory_bytes": mem,
+            "python": platform.python_version()}
 
 
 def python_dependencies() -> dict[str, str | None]:

@@ -62,7 +62,10 @@ def consensus_file_problem(path: Path, plan: Plan, fingerprints: dict[str, str])
 
 def path_relays(plan: Plan, client: str) -> list[Node]:
     node = plan.node(client)
-    path = plan.scenario.clients[node.group].path or []
+    if node.role == "loadworker":
+        path = plan.scenario.load.path or []
+    else:
+        path = plan.scenario.clients[node.group].path or []
     return [r for g in path for r in plan.group_nodes(g)]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
-                      ValidationError, model_validator)
+                      ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from . import constants, safeload, units
@@ -58,7 +58,8 @@ Percent = _checker(units.Percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
 
 GROUP_NAME_RE = r"^[a-z][a-z0-9]{0,11}$"
 GroupName = Annotated[str, Field(pattern=GROUP_NAME_RE)]
-RESERVED_GROUPS = {"authority", "auth", "switch", "collector"}
+# "load" and "locust" name the background-load nodes (load<i> workers, locust0 master).
+RESERVED_GROUPS = {"authority", "auth", "switch", "collector", "load", "locust"}
 
 
 class Strict(BaseModel):
@@ -221,9 +222,61 @@ class ClientGroup(Strict):
 
 
 # ---------------------------------------------------------------------------------------
+# Background load (Locust users through tor)
+
+class LoadRequest(Strict):
+    """One kind of request of the background users' traffic mix."""
+    weight: float = Field(..., ge=0, description="Relative share of the users' requests (connections)")
+    size: Size = Field(..., description="Bytes each request downloads (a file generated on the load's server)")
+    think: ThinkTime | None = Field(None, description="Pause after each such request (default: none)")
+
+
+def _default_mix() -> dict:
+    # McCoy et al. 2008 (exit traffic by protocol, as quoted by Tang & Goldberg 2010, sec. 3.1):
+    # HTTP 92.45% of connections and 57.97% of bytes, BitTorrent 3.33% and 40.20%. Weights
+    # are the connection shares; with 50 KiB pages and 1 MiB bulk downloads (torbed's
+    # tgen-like sizes) the bytes split 57.5% / 42.5% between the two. Think time is
+    # torbed's choice, not the paper's. docs/load.md has the derivation.
+    return {"web": {"weight": 92.45, "size": "50KiB", "think": {"distribution": "exponential", "mean": "5s"}},
+            "bulk": {"weight": 3.33, "size": "1MiB"}}
+
+
+class Load(Strict):
+    """Background users (Locust) whose circuits cross the relays while clients measure."""
+    users: int = Field(10, ge=1, le=10000, description="Concurrent background users in all")
+    spawn_rate: float = Field(1.0, gt=0, le=1000, description="Users started per second")
+    workers: int = Field(1, ge=1, le=64, description="Load nodes; each runs its own tor and one Locust worker")
+    path: list[str] | None = Field(None, min_length=3, max_length=3,
+                                   description="Relay groups for entry, middle and exit (default: tor chooses)")
+    server: str | None = Field(None, description="Server group the users fetch from (default: the only one)")
+    start: Duration = Field("0s", description="When the users start, after the workload starts")
+    stop: Duration | None = Field(None, description="When they stop, after the workload starts (default: its end)")
+    mix: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,15}$")], LoadRequest] = Field(
+        default_factory=_default_mix, min_length=1,
+        description="Traffic mix by name (default: McCoy et al. 2008's HTTP/BitTorrent shares)")
+    timeout: Duration = Field("120s", description="Per-request timeout (a request past it counts as a failure)")
+    stats_interval: Duration = Field("2s", description="How often load.jsonl records Locust's statistics")
+
+
+# ---------------------------------------------------------------------------------------
 # Measurement, placement, faults
 
 COLLECTORS = ("transfers", "cellstats", "relay_bw", "metrics")
+
+
+class PrometheusCfg(Strict):
+    enabled: bool = Field(True, description="Run a Prometheus server beside the network (local backend) "
+                                            "scraping relays, drivers and collectors; its TSDB is kept in "
+                                            "the run directory")
+    scrape_interval: Duration = Field("5s", description="Scrape interval of every target (whole seconds, "
+                                                        "at least 1 s; recorded in meta.json)")
+
+    @field_validator("scrape_interval")
+    @classmethod
+    def _whole_seconds(cls, v):
+        if v.seconds < 1 or v.seconds != int(v.seconds):
+            raise ValueError(f"{v} is not a whole number of seconds >= 1s")
+        return v
 
 
 class Measure(Strict):
@@ -234,6 +287,8 @@ class Measure(Strict):
     bw_interval: Duration = Field("500ms", description="Relay bandwidth sampling interval")
     metrics_interval: Duration = Field("10s", description="MetricsPort scrape interval")
     ready_timeout: Duration = Field("180s", description="Time allowed for the network to become ready")
+    prometheus: PrometheusCfg = Field(default_factory=PrometheusCfg,
+                                      description="Live metrics: Prometheus (see docs/observability.md)")
 
 
 class Placement(Strict):
@@ -267,6 +322,7 @@ class Scenario(Strict):
     measure: Measure = Field(default_factory=Measure)
     placement: dict[str, Placement] = Field(default_factory=dict, description="Kubernetes only")
     faults: list[Fault] = Field(default_factory=list)
+    load: Load | None = Field(None, description="Background users (Locust) through their own tors")
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -278,6 +334,14 @@ class Scenario(Strict):
     @property
     def baseline_variant(self) -> str:
         return self.baseline or self.variants[0]
+
+    def load_server(self) -> str | None:
+        """The server group the background users fetch from (None: no load)."""
+        return None if self.load is None else self.load.server or next(iter(self.servers))
+
+    def load_files(self) -> dict[str, units.Size]:
+        """Files the background users fetch, added to their server's files: load-<mix name>."""
+        return {} if self.load is None else {f"load-{n}": r.size for n, r in self.load.mix.items()}
 
     def group_names(self) -> list[str]:
         return [*self.network.relays, *self.servers, *self.clients]
@@ -430,7 +494,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             problems.append((f"servers.{g}.replay.port", f"port {sg.port} is already the HTTP port"))
 
     # Links.
-    link_groups = set(seen) | {"authority"}
+    link_groups = set(seen) | {"authority"} | ({"load", "locust"} if s.load is not None else set())
     pairs_seen: set[frozenset] = set()
     for i, pair in enumerate(s.links.pairs):
         for j, g in enumerate(pair.between):
@@ -459,6 +523,10 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         if link.loss_burst is not None and (link.loss or s.links.default.loss or units.Percent("0%")).fraction >= 1.0:
             problems.append((f"{path}.loss_burst", "bursts are meaningless with 100% loss"))
 
+    # Background load.
+    if s.load is not None:
+        problems += _load_problems(s)
+
     # Measurement.
     m = s.measure
     if m.duration.seconds <= 0:
@@ -484,6 +552,45 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         if f.at.seconds >= m.duration.seconds:
             problems.append((f"faults[{i}].at", f"{f.at} is after the end of the workload ({m.duration})"))
     return problems, warnings
+
+
+def _load_problems(s: Scenario) -> list[tuple[str, str]]:
+    ld, relays, servers = s.load, s.network.relays, s.servers
+    problems = []
+    for i, hop in enumerate(ld.path or []):
+        if hop not in relays:
+            problems.append((f"load.path[{i}]", f"'{hop}' is not a relay group (relay groups: {', '.join(relays)})"))
+    if ld.path and ld.path[-1] in relays and not relays[ld.path[-1]].exit:
+        problems.append(("load.path[2]", f"a path must end at an exit group; '{ld.path[-1]}' has no 'exit: true'"))
+    server = ld.server
+    if server is None and len(servers) != 1:
+        problems.append(("load.server", f"required when there is more than one server group ({', '.join(servers)})"))
+    elif (server or next(iter(servers))) not in servers:
+        problems.append(("load.server", f"'{server}' is not a server group (servers: {', '.join(servers)})"))
+    elif not servers[server or next(iter(servers))].files:
+        problems.append(("load.server", f"server '{server or next(iter(servers))}' serves no HTTP files "
+                         "(the users' files are added to its 'files')"))
+    if ld.workers > ld.users:
+        problems.append(("load.workers", f"{ld.workers} workers for {ld.users} users: some would run no user"))
+    end = s.measure.duration.seconds
+    if ld.start.seconds >= end:
+        problems.append(("load.start", f"{ld.start} is not before the end of the workload ({s.measure.duration})"))
+    if ld.stop is not None:
+        if ld.stop.seconds <= ld.start.seconds:
+            problems.append(("load.stop", f"{ld.stop} is not after load.start ({ld.start})"))
+        elif ld.stop.seconds > end:
+            problems.append(("load.stop", f"{ld.stop} is after the end of the workload ({s.measure.duration})"))
+    if not any(r.weight > 0 for r in ld.mix.values()):
+        problems.append(("load.mix", "every weight is 0: the users would send nothing"))
+    for name, r in ld.mix.items():
+        if r.size.bytes < 1:
+            problems.append((f"load.mix.{name}.size", "must be at least 1B"))
+        if r.think is not None and r.think.distribution == "uniform":
+            if r.think.min is None or r.think.max is None:
+                problems.append((f"load.mix.{name}.think", "a uniform distribution needs 'min' and 'max'"))
+            elif r.think.min.seconds > r.think.max.seconds:
+                problems.append((f"load.mix.{name}.think.min", "min is larger than max"))
+    return problems
 
 
 def _replay_problems(s: Scenario, c: str, cg: ClientGroup, wl: ReplayWorkload, server: str) -> list[tuple[str, str]]:

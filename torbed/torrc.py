@@ -172,7 +172,7 @@ def fragments_for(node: Node) -> list[str]:
         files = ["common.torrc", "role-relay.torrc"]
         files.append("role-exit.torrc" if node.exit else "role-nonexit.torrc")
         return files + [f"variant-{node.variant}.torrc"]
-    if node.role == "client":
+    if node.role in ("client", "loadworker"):
         return ["common.torrc", "role-client.torrc"]
     raise ValueError(f"{node.name}: role {node.role} runs no tor")
 
@@ -191,8 +191,10 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
     lines.append(f"ControlPort 127.0.0.1:{node.ports['control']}")
     if paths.control_socket:
         lines.append(f"ControlSocket {paths.control_socket}")
-    if node.role == "client":
-        lines.append(f"SocksPort 127.0.0.1:{node.ports['socks']}")
+    if node.role in ("client", "loadworker"):
+        # IsolateSOCKSAuth (tor's default, spelled out): each background user's own SOCKS
+        # credentials give it its own circuits.
+        lines.append(f"SocksPort 127.0.0.1:{node.ports['socks']}" + (" IsolateSOCKSAuth" if node.role == "loadworker" else ""))
     else:
         lines.append("SocksPort 0")
         lines.append(f"Address {node.address}")

@@ -263,8 +263,35 @@ def test_nightly_definition_checked_by_the_schema(tools, tmp_path, mutate, expec
     assert t.returncode != 0 and expected in t.stderr, show(t, limit=1500)
 
 
-def test_without_nightly_mode_a_scenario_is_still_required(tools, tmp_path):
+def test_without_nightly_mode_and_a_scenario_the_quickstart_is_deployed_and_checked(tools, tmp_path):
     f = tmp_path / "v.yaml"
+    f.write_text("variant: ewma-66\n")
+    t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(f))
+    assert t.returncode == 0 and "torbed.io/scenario: \"quickstart\"" in t.stdout, show(t, limit=1500)
+    assert "torbed.io/variant: \"ewma-66\"" in t.stdout
+    # The default goes through the same cross-field checks as a given scenario.
     f.write_text("variant: kist\n")
     t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(f))
-    assert t.returncode != 0 and "apiVersion" in t.stderr, show(t, limit=1500)
+    assert t.returncode != 0 and "variant: 'kist' is not one of the scenario's variants" in t.stderr, show(t)
+    # Part of a scenario (clients without network) is refused, not merged into the default.
+    f.write_text("clients: {web: {count: 1, workload: {kind: fetch, file: small}}}\n")
+    t = run(tools, tools["helm"], "template", "n", str(CHART), "-f", str(f))
+    assert t.returncode != 0 and "'network' required, if 'clients' exists" in t.stderr, show(t, limit=1500)
+    lint = run(tools, tools["helm"], "lint", str(CHART))
+    assert lint.returncode == 0, show(lint)
+
+
+def test_the_nightly_runner_holds_every_permission_its_releases_grant(tools):
+    """RBAC lets a subject grant only what it holds: the nightly runner installs releases whose
+    key hook Role grants permissions, so the runner's Role must hold each of them (a missing
+    verb fails every night's install with 'attempting to grant RBAC permissions not held')."""
+    def roles(*args):
+        p = run(tools, tools["helm"], "template", "t", str(CHART), *args)
+        assert p.returncode == 0, show(p)
+        return [d for d in yaml.safe_load_all(p.stdout) if d and d["kind"] == "Role"]
+    runner = next(r for r in roles("-f", str(NIGHTLY_VALUES)) if r["metadata"]["name"].endswith("-nightly"))
+    held = {(g, res, v) for rule in runner["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+            for v in rule["verbs"]}
+    granted = {(g, res, v) for role in roles("-f", str(REPO / "scenarios" / "quickstart.yaml"))
+               for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"] for v in rule["verbs"]}
+    assert granted and granted <= held, sorted(granted - held)

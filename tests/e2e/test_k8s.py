@@ -41,8 +41,11 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
     rep = run_dir / "ewma-66" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     assert meta["status"] == "ok", meta
-    print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; helm install "
-          f"{meta['install_s']:.1f} s, network ready {meta['ready_s']:.1f} s after install began")
+    b = meta["bringup"]
+    assert abs(b["install_s"] + b["containers_s"] + b["readiness_s"] - meta["ready_s"]) < 0.01, b
+    print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; network ready "
+          f"{meta['ready_s']:.1f} s after helm install began: helm install (key hook) {b['install_s']:.1f} s, "
+          f"containers started {b['containers_s']:.1f} s later, clients ready {b['readiness_s']:.1f} s after that")
     transfers = records(rep / "transfers.jsonl")
     ok = [t for t in transfers if t["status"] == "ok"]
     # The driver checks every body's sha256 against the seeded file: ok means it matched.
@@ -53,9 +56,14 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
         assert records(rep / name), f"{name} is empty"
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
     assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
+    # Where every node ran, and that node's hardware (API server + the pods' /proc/cpuinfo).
+    assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]
+    hw = next(iter(meta["hardware"].values()))
+    assert hw["arch"] in ("amd64", "arm64") and hw["cpu_model"] and "middle0" in hw["ran"], hw
     r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run_dir / "report" / "report.html").exists()
+    assert hw["cpu_model"] in (run_dir / "report" / "report.md").read_text()
     assert leftovers(kube, meta["release"]) == []
 
 
@@ -223,3 +231,83 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
         assert e.value.status == 422
     finally:
         ext.delete_custom_resource_definition(name)
+
+
+def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp_path):
+    """A cluster whose nodes lack an image: the first pod that needs it (the key hook) cannot
+    start; the run must say which image on which node and what to do, at once, not after
+    helm's timeout, and remove everything it created (the pre-delete hook cannot run either)."""
+    t0 = time.time()
+    p, run_dir = torbed_run(tmp_path, QUICKSTART, "--variant", "vanilla", "--duration", "20s",
+                            "--set", "images.tag=not-built-0")
+    took = time.time() - t0
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and run_dir, out[-3000:]
+    meta = json.loads((run_dir / "vanilla" / "rep-0" / "meta.json").read_text())
+    assert meta["status"] == "failed", meta
+    assert "image torbed/client:not-built-0 is not available on node" in meta["error"], meta["error"]
+    assert "make images" in meta["error"]
+    # Seconds, not helm's timeout (ready_timeout + 120 s): generous for a loaded machine.
+    assert took < 120, f"{took:.0f} s"
+    assert leftovers(kube, meta["release"]) == [], "left behind"
+    print(f"missing image reported after {took:.1f} s: {meta['error'][:200]}")
+
+
+def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes(kube, helm):
+    rel = "plain"
+    base = [helm["bin"], "-n", "default"]
+    try:
+        p = subprocess.run([*base, "install", rel, str(REPO / "charts" / "torbed"), "--set", ISOLATE,
+                            "--set", "measure.duration=30s", "--timeout", "300s"],
+                           capture_output=True, text=True, env=helm["env"])
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert 'scenario "quickstart"' in p.stdout
+        t = subprocess.run([*base, "test", rel, "--logs", "--timeout", "600s"],
+                           capture_output=True, text=True, env=helm["env"])
+        assert t.returncode == 0 and "Phase:          Succeeded" in t.stdout, t.stdout[-3000:] + t.stderr[-3000:]
+        assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
+        print(t.stdout.splitlines()[-1] if t.stdout else "")
+    finally:
+        subprocess.run([*base, "uninstall", rel, "--wait", "--timeout", "180s"],
+                       capture_output=True, text=True, env=helm["env"])
+    deadline = time.time() + 120
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
+
+
+def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
+    """The torchestra relay image on the cluster: one bulk download beside three web clients
+    through all-Torchestra relays; the exit moves the bulk circuit to the heavy connection
+    (its EWMA is several times the connection's average), every hop completes the switch,
+    and nothing breaks (checksummed transfers, no circuit closed for a protocol violation)."""
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["variants"] = ["torchestra"]
+    data["clients"]["bulk"]["count"] = 1
+    data["clients"]["web"]["count"] = 3
+    scenario = tmp_path / "torchestra.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    p, run_dir = torbed_run(tmp_path, scenario, "--duration", "60s")
+    assert p.returncode == 0 and run_dir, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = run_dir / "torchestra" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    transfers = records(rep / "transfers.jsonl")
+    assert len([t for t in transfers if t["status"] == "ok"]) >= 3, transfers[:3]
+    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
+    last: dict[str, dict] = {}
+    for r in records(rep / "metrics.jsonl"):
+        last[r["relay"]] = r["samples"]
+    assert set(last) == {"guard0", "middle0", "exit0"}, sorted(last)
+    counters = {relay: {k.split('event="')[1].rstrip('"}'): v for k, v in s.items()
+                        if k.startswith("tor_relay_torchestra_total{")} for relay, s in last.items()}
+    assert all(counters.values()), counters            # the patched tor, Torchestra on, at every relay
+    # No circuit closed for a protocol violation, except stock tor's own tiny-network close (a
+    # path that would leave through the hop it came from), as torbed.bench_torchestra counts.
+    from torbed.bench_torchestra import TINY_NETWORK_CLOSE
+    for relay, s in last.items():
+        pod_log = rep / "logs" / f"{meta['release']}-{relay[:-1]}-{relay[-1]}.tor.log"
+        tiny = pod_log.read_text(errors="replace").count(TINY_NETWORK_CLOSE) if pod_log.exists() else 0
+        assert s.get("tor_relay_circ_proto_violation_total", 0) - tiny <= 0, (relay, s, tiny)
+    assert counters["exit0"].get("switch_to_heavy", 0) >= 1, counters
+    print(f"torchestra on Kubernetes: {counters}")
+    assert leftovers(kube, meta["release"]) == []

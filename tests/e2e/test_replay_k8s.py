@@ -62,17 +62,6 @@ def check_cells(cells: list[dict]) -> None:
     assert {("web", "d"), ("ssh", "d"), ("ssh", "u")} <= groups, groups
 
 
-# Known to fail sometimes, not yet fixed: on the merged main (engine + replay) a CI run saw
-# the SSH client's only flow end at once with "stream detached (END MISC)": the exit could
-# not open the connection to the replay server when the flow started (the server logged no
-# connection), so the SSH group recorded no cells. The driver does not retry a replay flow
-# whose stream fails before any byte; until it does (or the start barrier also proves the
-# exit can reach the replay server), these tests run and report, but do not gate CI.
-FIRST_FLOW_RACE = pytest.mark.xfail(strict=False, reason="a replay flow whose first stream the exit cannot "
-                                    "open (END MISC) is not retried yet; see the comment above")
-
-
-@FIRST_FLOW_RACE
 def test_helm_install_replays_and_measures_the_clock(kube, helm, tmp_path):
     rel = "replay"
     scenario = short_scenario(tmp_path)
@@ -112,7 +101,6 @@ def _report(run_dir: Path) -> dict:
     return json.loads((run_dir / "report" / "summary.json").read_text())
 
 
-@FIRST_FLOW_RACE
 def test_torbed_run_k8s_delays_agree_with_the_local_backend(kube, tmp_path):
     scenario = short_scenario(tmp_path)
     p, k8s_run = torbed_run(tmp_path, scenario, "--variant", VARIANT)

@@ -100,7 +100,8 @@ def test_client_requirements_follow_pyproject():
     line = re.search(r"pip install --no-cache-dir -q \\\n([^\n]*)\n", text).group(1)
     installed = re.findall(r'"([A-Za-z0-9_.-]+[=<>!~][^"]*)"', line)
     names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower(): r for r in installed}
-    assert set(names) == {"stem", "python-socks", "pydantic", "pyyaml", "rich"}
+    # prometheus-client: the driver's exporter and the results service's /metrics.
+    assert set(names) == {"stem", "python-socks", "pydantic", "pyyaml", "rich", "prometheus-client"}
     for name, req in names.items():
         assert by_name[name] == req, f"client Dockerfile has {req}, pyproject.toml {by_name[name]}"
     assert "--no-deps" in text

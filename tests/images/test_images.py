@@ -155,6 +155,7 @@ def test_config_only_families_share_the_unpatched_tor(docker, built):
 
 def test_client_python_and_tc(docker, built):
     code = ("import torbed.client.driver, torbed.collectors, torbed.fileserver, torbed.keys, torbed.variants\n"
+            "import torbed.k8s.results\n"
             "import importlib.util as u\n"
             "assert not any(u.find_spec(m) for m in ('numpy', 'scipy', 'matplotlib')), 'analysis stack installed'\n"
             "from torbed.variants import list_families\n"

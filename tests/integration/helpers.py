@@ -97,3 +97,28 @@ def records(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def checked_build(variant: str, tmp_path: Path) -> tuple[dict, str]:
+    """`build-tor.sh --check` of a variant's patches (tor and its unit tests built with
+    --enable-fatal-warnings, the variant's test groups run): its build.json and the check's
+    log. Slow (a full build with tests), so cached by the variant's content key under
+    ~/.cache/torbed/check/: once per patch set. The build must succeed."""
+    import shutil
+
+    from torbed import constants
+    from torbed.variants import load_variant
+    v = load_variant(variant)
+    done = constants.CACHE_DIR / "check" / v.build_key / "build.json"
+    if not done.exists():
+        out = tmp_path / "check-build"
+        cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(out), "--check"]
+        for patch in v.patches:
+            cmd += ["--patch", str(patch)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        done.parent.mkdir(parents=True, exist_ok=True)
+        (done.parent / "check.log").write_text(p.stderr)
+        shutil.copy(out / "build.json", done.with_suffix(".tmp"))
+        done.with_suffix(".tmp").rename(done)
+    return json.loads(done.read_text()), (done.parent / "check.log").read_text()

@@ -53,13 +53,15 @@ def test_torrc_fragments_are_the_local_backends():
         assert text.splitlines()[1:] == lines
 
 
-def test_chart_keys_are_dropped_from_the_scenario_the_pods_read():
-    """_helpers.tpl lists the chart-only keys it removes before handing the scenario to the
-    pods (which decode it strictly); the list must be ChartValues' fields."""
-    import re
-    text = (chart.CHART_DIR / "templates" / "_helpers.tpl").read_text()
-    listed = re.search(r'\$chartKeys := list ((?:"[A-Za-z]+" ?)+)', text).group(1)
-    assert sorted(re.findall(r'"([A-Za-z]+)"', listed)) == sorted(chart.ChartValues.model_fields)
+def test_the_pods_scenario_is_the_scenario_keys_only():
+    """_helpers.tpl hands the pods (which decode strictly) only the scenario's own keys, read
+    from the generated files/scenario-keys.yaml; every other top-level value is a chart key."""
+    keys = yaml.safe_load(chart.generated_files()["files/scenario-keys.yaml"])["keys"]
+    assert keys == list(chart.Scenario.model_fields)
+    props = set(chart.values_schema()["properties"])
+    assert set(keys) | set(chart.ChartValues.model_fields) == props
+    assert not set(keys) & set(chart.ChartValues.model_fields)
+    assert "files/scenario-keys.yaml" in (chart.CHART_DIR / "templates" / "_helpers.tpl").read_text()
 
 
 def test_schema_rejects_a_group_name_outside_the_pattern():

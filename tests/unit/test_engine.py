@@ -148,16 +148,22 @@ def test_sigterm_interrupts_tears_down_and_records(tmp_path):
     def signal_self(rep):
         os.kill(os.getpid(), signal.SIGTERM)
 
-    b = Scripted({("kist", 1, "measure"): signal_self})
+    sc = _scenario()
+    first = engine.run_order(list(sc.variants), sc.repetitions, sc.seed)[0]
+    b = Scripted({(*first, "measure"): signal_self})
     with pytest.raises(Interrupted) as e:
-        _run(tmp_path, b)
+        _run(tmp_path, b, sc)
     assert e.value.exit_code == EXIT_INTERRUPTED
     run_dir = next(d for d in (tmp_path / "runs").iterdir() if not d.is_symlink())
-    m = _meta(run_dir, "kist", 1)
+    m = _meta(run_dir, *first)
     assert m["status"] == "interrupted" and "SIGTERM" in m["error"]
-    assert ("teardown", "kist", 1) in b.calls
-    assert not (run_dir / "ewma-66").exists(), "no repetition starts after an interrupt"
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert ("teardown", *first) in b.calls
+    info = json.loads((run_dir / "run.json").read_text())
+    order = [tuple(x) for x in info["order"]]
+    later = order[1:]
+    assert later and not any((run_dir / v / f"rep-{k}").exists() for v, k in later), \
+        "no repetition starts after an interrupt"
+    assert info["status"] == "interrupted"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
 
 
@@ -257,3 +263,17 @@ def test_k8s_api_errors_become_run_failures(api_server):
     api_server.server_close()
     with pytest.raises(KubernetesError, match="list jobs of r1"):   # nobody listening: no answer at all
         c.jobs("r1")
+
+
+def test_repetitions_run_in_shuffled_blocks_recorded_in_run_json(tmp_path):
+    from torbed.engine import run_order
+    order = run_order(["a", "b", "c"], 4, seed=5)
+    # Block k holds repetition k of every variant; the orders inside blocks are not all alike.
+    assert [sorted(order[3 * k:3 * k + 3]) for k in range(4)] == [[("a", k), ("b", k), ("c", k)] for k in range(4)]
+    assert len({tuple(v for v, _ in order[3 * k:3 * k + 3]) for k in range(4)}) > 1
+    assert run_order(["a", "b", "c"], 4, seed=5) == order          # seeded: the same run, the same order
+    b = Scripted({})
+    run_dir = _run(tmp_path, b)
+    info = json.loads((run_dir / "run.json").read_text())
+    ran = [(v, k) for (what, v, k) in b.calls if what == "bring_up"]
+    assert ran == [tuple(x) for x in info["order"]]

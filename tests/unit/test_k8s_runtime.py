@@ -383,3 +383,38 @@ def test_replay_container_replays_ships_cells_and_answers_the_clock(service, tmp
             _, err = proc.communicate()
     assert proc.returncode == 0, err[-2000:]
     assert "replay server replay: http-browsing" in err and "ssh-session" in err
+
+
+def test_bringup_breakdown_adds_up_to_ready_time():
+    import datetime as dt
+    from types import SimpleNamespace as NS
+
+    from torbed.backends.k8s import _bringup_breakdown
+
+    def cs(t):
+        return NS(state=NS(running=NS(started_at=dt.datetime.fromtimestamp(t, dt.timezone.utc))))
+    pods = [NS(status=NS(init_container_statuses=[cs(1012.0)], container_statuses=[cs(1013.5)])),
+            NS(status=NS(init_container_statuses=None, container_statuses=[cs(1020.0), NS(state=NS(running=None))]))]
+    meta = {"t_start": 1000.0, "t_installed": 1010.0, "t_ready": 1031.0}
+    assert _bringup_breakdown(pods, meta) == {"install_s": 10.0, "containers_s": 10.0, "readiness_s": 11.0}
+    # No container running yet (or clock skew): the parts still add up.
+    assert _bringup_breakdown([], meta) == {"install_s": 10.0, "containers_s": 0.0, "readiness_s": 21.0}
+
+
+def test_results_service_exports_what_it_received(service, tmp_path):
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    d, url = service
+    src = tmp_path / "out"
+    src.mkdir()
+    (src / "transfers.jsonl").write_text('{"a": 1}\n{"b": 2}\n')
+    assert Shipper(src, url, interval=3600).ship()
+    urllib.request.urlopen(urllib.request.Request(url + "/ready/web0", data=b"", method="POST"))
+    with urllib.request.urlopen(url + "/metrics") as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        samples = {(s.name, s.labels.get("file")): s.value
+                   for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+    assert samples[("torbed_results_appended_lines_total", "transfers.jsonl")] == 2
+    assert samples[("torbed_results_appended_bytes_total", "transfers.jsonl")] == len('{"a": 1}\n{"b": 2}\n')
+    assert samples[("torbed_results_clients_ready", None)] == 1
+    assert samples[("torbed_results_workload_started", None)] == 1   # make_handler waits for no client by default

@@ -124,6 +124,32 @@ INVALID = [
     ("replay-port-is-http-port", {"servers.www.replay": {"port": 80}}, "servers.www.replay.port", "already the HTTP port"),
     ("server-without-files-or-replay", {"servers.www.files": {}}, "servers.www", "needs 'files'"),
     ("fetch-from-replay-only-server", {"servers.www": {"replay": {}}}, "clients.web.workload.server", "has no files"),
+    # Background load (load:).
+    ("load-unknown-key", {"load": {"userz": 3}}, "load", "unknown key 'userz'"),
+    ("load-zero-users", {"load": {"users": 0}}, "load.users", "greater than or equal to 1"),
+    ("load-spawn-rate-zero", {"load": {"spawn_rate": 0}}, "load.spawn_rate", "greater than 0"),
+    ("load-path-two-hops", {"load": {"path": ["guard", "exit"]}}, "load.path", "at least 3"),
+    ("load-path-unknown-group", {"load": {"path": ["guard", "midle", "exit"]}}, "load.path[1]", "not a relay group"),
+    ("load-path-no-exit", {"load": {"path": ["guard", "exit", "middle"]}}, "load.path[2]", "must end at an exit"),
+    ("load-unknown-server", {"load": {"server": "ww"}}, "load.server", "not a server group"),
+    ("load-replay-only-server", {"servers.www": {"replay": {}}, "clients.web.workload": {"kind": "replay", "trace": TRACE},
+                                 "clients.bulk": DELETE, "load": {}}, "load.server", "serves no HTTP files"),
+    ("load-more-workers-than-users", {"load": {"users": 2, "workers": 3}}, "load.workers", "run no user"),
+    ("load-start-after-end", {"load": {"start": "2m"}}, "load.start", "not before the end"),
+    ("load-stop-before-start", {"load": {"start": "20s", "stop": "10s"}}, "load.stop", "not after load.start"),
+    ("load-stop-after-end", {"load": {"stop": "90s"}}, "load.stop", "after the end of the workload"),
+    ("load-bad-size", {"load": {"mix": {"web": {"weight": 1, "size": "50 kilobytes"}}}}, "load.mix.web.size",
+     "not a size"),
+    ("load-all-weights-zero", {"load": {"mix": {"web": {"weight": 0, "size": "50KiB"}}}}, "load.mix", "every weight is 0"),
+    ("load-negative-weight", {"load": {"mix": {"web": {"weight": -1, "size": "50KiB"}}}}, "load.mix.web.weight",
+     "greater than or equal to 0"),
+    ("load-uniform-think-without-bounds", {"load": {"mix": {"web": {"weight": 1, "size": "1KiB",
+                                                                    "think": {"distribution": "uniform"}}}}},
+     "load.mix.web.think", "needs 'min' and 'max'"),
+    ("load-bad-mix-name", {"load": {"mix": {"Web Pages": {"weight": 1, "size": "1KiB"}}}}, "load.mix.Web Pages",
+     "does not match"),
+    ("load-group-name-reserved", {"clients.load": {"workload": {"kind": "bulk", "file": "bulk"}}}, "clients.load",
+     "reserved"),
 ]
 
 
@@ -281,3 +307,24 @@ def test_overrides_are_validated_like_the_file():
         scenario.with_overrides(s, "t.yaml", measure__duration="5q")
     with pytest.raises(scenario.ScenarioError, match="t.yaml: measure.warmup: warmup 5s is not shorter"):
         scenario.with_overrides(s, "t.yaml", measure__duration="2s")
+
+
+def test_load_defaults_to_the_mccoy_mix():
+    """The default mix: weights are McCoy et al. 2008's connection shares (HTTP 92.45%, BitTorrent
+    3.33%, as Tang & Goldberg 2010 quote them); its sizes give byte shares near the paper's
+    57.97% / 40.20% (41% BitTorrent of the two together)."""
+    s = scenario.parse(patched({"load": {}}), "load.yaml")
+    mix = s.load.mix
+    assert {n: r.weight for n, r in mix.items()} == {"web": 92.45, "bulk": 3.33}
+    by = {n: r.weight * r.size.bytes for n, r in mix.items()}
+    share = by["bulk"] / sum(by.values())
+    assert abs(share - 40.20 / (57.97 + 40.20)) < 0.02, share
+    assert s.load.stop is None and s.load.start.seconds == 0
+    assert s.load_server() == "www" and set(s.load_files()) == {"load-web", "load-bulk"}
+
+
+def test_load_groups_can_be_shaped():
+    s = scenario.parse(patched({"load": {}, "links.pairs": [{"between": ["load", "guard"], "rate": "2mbit"}]}), "l.yaml")
+    assert s.links.pairs[0].between == ["load", "guard"]
+    with pytest.raises(scenario.ScenarioError, match="links.pairs\\[0\\].between\\[0\\]: 'load' is not a group"):
+        scenario.parse(patched({"links.pairs": [{"between": ["load", "guard"], "rate": "2mbit"}]}), "l.yaml")

@@ -43,6 +43,10 @@ from ..scenario import Scenario
 
 CHART = constants.REPO_ROOT / "charts" / "torbed"
 POLL_S = 1.0
+INSTALL_POLL_S = 2.0
+# Node labels that say what hardware a node is (recorded in meta.json "hardware").
+HARDWARE_LABELS = ("torbed.io/", "kubernetes.io/arch", "node.kubernetes.io/instance-type",
+                   "feature.node.kubernetes.io/cpu-model", "feature.node.kubernetes.io/cpu-hardware")
 # Waiting reasons that will not resolve by waiting longer.
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -138,6 +142,49 @@ class Cluster:
         except KubernetesError as e:
             return f"(log unavailable: {e})\n"
 
+    def sweep(self, release: str) -> list[str]:
+        """Delete every object of the release's kinds that is still there (label
+        app.kubernetes.io/instance=release); returns what was deleted, as kind/name."""
+        from kubernetes import client
+        rbac = client.RbacAuthorizationV1Api()
+        sel = f"app.kubernetes.io/instance={release}"
+        kinds = [("job", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
+                 ("secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
+                 ("configmap", self.core.list_namespaced_config_map, self.core.delete_namespaced_config_map),
+                 ("serviceaccount", self.core.list_namespaced_service_account,
+                  self.core.delete_namespaced_service_account),
+                 ("role", rbac.list_namespaced_role, rbac.delete_namespaced_role),
+                 ("rolebinding", rbac.list_namespaced_role_binding, rbac.delete_namespaced_role_binding),
+                 ("pod", self.core.list_namespaced_pod, self.core.delete_namespaced_pod)]
+        gone = []
+        for kind, lister, deleter in kinds:
+            for obj in self._call(f"list {kind}s of {release}", lister, self.ns, label_selector=sel).items:
+                if obj.metadata.deletion_timestamp:
+                    continue
+                try:
+                    deleter(obj.metadata.name, self.ns, propagation_policy="Background")
+                    gone.append(f"{kind}/{obj.metadata.name}")
+                except self.ApiException as e:
+                    if e.status != 404:
+                        raise KubernetesError(f"Kubernetes API: delete {kind} {obj.metadata.name}: "
+                                              f"HTTP {e.status} {e.reason}") from None
+        return gone
+
+    def node_hardware(self, names: set[str]) -> dict[str, dict]:
+        """What the API server knows of these nodes' hardware: architecture, OS, kernel,
+        runtime, capacity and the labels that describe hardware (torbed.io/*, the
+        architecture, instance type, Node Feature Discovery's CPU labels)."""
+        out = {}
+        for name in sorted(names):
+            n = self._call(f"read node {name}", self.core.read_node, name)
+            info, cap, labels = n.status.node_info, n.status.capacity or {}, n.metadata.labels or {}
+            out[name] = {"arch": info.architecture, "os": info.os_image, "kernel": info.kernel_version,
+                         "container_runtime": info.container_runtime_version, "kubelet": info.kubelet_version,
+                         "cpus": cap.get("cpu"), "memory": cap.get("memory"),
+                         "labels": {k: v for k, v in labels.items() if k.startswith(HARDWARE_LABELS)},
+                         "taints": [f"{t.key}={t.value or ''}:{t.effect}" for t in n.spec.taints or []]}
+        return out
+
     def delete_pod(self, pod: str) -> None:
         self._call(f"delete pod {pod}", self.core.delete_namespaced_pod, pod, self.ns)
 
@@ -162,6 +209,47 @@ def _pod_problem(pod) -> str | None:
     return None
 
 
+IMAGE_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+
+
+def _image_problem(pod) -> str | None:
+    """A container of the pod whose image the node cannot get, said so a user can act, or None."""
+    for st in (pod.status.init_container_statuses or []) + (pod.status.container_statuses or []):
+        w = st.state.waiting if st.state else None
+        if not (w and w.reason in IMAGE_WAITING):
+            continue
+        node = pod.spec.node_name or "?"
+        if w.reason == "ErrImageNeverPull" or "not present" in (w.message or ""):
+            todo = ("the node does not have it and may not pull it: build and load it (`make images`, then "
+                    "`hack/cluster.sh import` for the local cluster, or `ctr -n k8s.io images import` on the "
+                    "node), or push it to a registry and pass --set images.registry=REGISTRY")
+        elif w.reason == "InvalidImageName":
+            todo = "the image reference is malformed: check images.registry, images.tag and the repositories"
+        else:
+            todo = ("the node could not pull it: check that the registry (images.registry) has this tag, that "
+                    "the node reaches the registry, and pull secrets if it is private (charts/torbed/README.md); "
+                    "without a registry, load the image into the node (`make images`, `hack/cluster.sh import`)")
+        return (f"image {st.image} is not available on node {node} (pod {pod.metadata.name}, container "
+                f"{st.name}: {w.reason}): {todo}")
+    return None
+
+
+def _bringup_breakdown(pods, meta: dict) -> dict:
+    """Where bring-up time went, in consecutive parts (seconds): ``install_s`` helm install
+    (the pre-install key hook, then creating the objects), ``containers_s`` from then until
+    the last container of the release started (scheduling, image start, the shapers' startup
+    probes that gate tor), ``readiness_s`` from then until every client was ready (tor
+    bootstrap, the consensus listing every relay). From the API's container start times."""
+    started = [st.state.running.started_at.timestamp() for p in pods
+               for st in (p.status.init_container_statuses or []) + (p.status.container_statuses or [])
+               if st.state and st.state.running and st.state.running.started_at]
+    t_containers = max(started) if started else meta["t_installed"]
+    t_containers = min(max(t_containers, meta["t_installed"]), meta["t_ready"])
+    return {"install_s": round(meta["t_installed"] - meta["t_start"], 3),
+            "containers_s": round(t_containers - meta["t_installed"], 3),
+            "readiness_s": round(meta["t_ready"] - t_containers, 3)}
+
+
 def _restarts(pods) -> dict[str, int]:
     out = {}
     for p in pods:
@@ -181,33 +269,66 @@ class Release:
         self.values, self.variant, self.rep, self.extra = values, variant, rep, extra_set
         self.console = console
         self.installed = False
+        self.hooks_broken = False   # a hook's pod cannot start: uninstall without hooks
 
     def install(self, timeout_s: int) -> None:
+        """helm install, watching the release's pods meanwhile: a pod whose image the node
+        cannot get (the pre-install key hook's first of all) fails the install within
+        seconds, naming image, node and what to do, instead of after helm's timeout."""
         cmd = [self.helm, "install", self.name, str(CHART), "-n", self.cluster.ns, "-f", str(self.values),
                "--set", f"variant={self.variant}", "--set", f"repetition={self.rep}",
                "--timeout", f"{timeout_s}s"]
         for s in self.extra:
             cmd += ["--set", s]
         self.installed = True   # from here on, uninstall (a failed install leaves a release)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while True:
+                try:
+                    out, err = proc.communicate(timeout=INSTALL_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                for pod in self.cluster.pods(self.name):
+                    why = _image_problem(pod) or _pod_problem(pod)
+                    if why:
+                        self.hooks_broken = True
+                        raise RunFailed(f"helm install {self.name} stopped: {why}")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
         if proc.returncode != 0:
-            raise RunFailed(f"helm install {self.name} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise RunFailed(f"helm install {self.name} failed: {err.strip() or out.strip()}")
 
     def uninstall(self) -> str | None:
+        """helm uninstall, then delete whatever of the release is left (hook Jobs and RBAC of
+        an install stopped half-way, keys the pre-delete hook could not remove): nothing stays."""
         if not self.installed:
             return None
-        proc = subprocess.run([self.helm, "uninstall", self.name, "-n", self.cluster.ns, "--wait",
-                               "--timeout", "180s"], capture_output=True, text=True)
+        cmd = [self.helm, "uninstall", self.name, "-n", self.cluster.ns, "--wait", "--timeout", "180s"]
+        if self.hooks_broken:
+            cmd.append("--no-hooks")   # the pre-delete hook needs the same image the node lacks
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         self.installed = False
+        problems = []
         if proc.returncode != 0 and "not found" not in proc.stderr:
-            return proc.stderr.strip()
+            problems.append(proc.stderr.strip())
+        swept = self.cluster.sweep(self.name)
+        if swept:
+            self.console.log(f"removed what helm left of {self.name}: {', '.join(swept)}")
         # helm returns once the owners are deleted; their pods terminate afterwards.
         deadline = time.time() + 120
         while self.cluster.pods(self.name):
             if time.time() > deadline:
-                return f"pods of {self.name} still terminating after 120 s"
+                problems.append(f"pods of {self.name} still terminating after 120 s")
+                break
             time.sleep(1)
-        return None
+        return "; ".join(problems) or None
 
 
 class K8sBackend:
@@ -217,6 +338,7 @@ class K8sBackend:
     name = "k8s"
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
+        "load": "background load (Locust) runs on the local backend only so far",
     }
     bringup_estimate_s = 60.0
 
@@ -233,6 +355,9 @@ class K8sBackend:
                    extra_set=args.set or [])
 
     def preflight(self, scenario: Scenario) -> dict:
+        if scenario.load is not None:
+            # Refused rather than ignored: a run without its background load would look loaded.
+            raise RunFailed(f"load: {self.unsupported['load']}; run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()
@@ -278,8 +403,12 @@ class K8sBackend:
         meta["t_ready"] = start["t_all_ready"]
         meta["ready_s"] = round(meta["t_ready"] - meta["t_start"], 3)
         meta["t_workload_start"] = start["t_workload"]
-        self.console.log(f"[green]ready[/green] {meta['ready_s']:.1f} s after helm install started "
-                         f"({meta['install_s']:.1f} s install)")
+        meta["bringup"] = _bringup_breakdown(self.cluster.pods(name), meta)
+        b = meta["bringup"]
+        self.console.log(f"[green]ready[/green] {meta['ready_s']:.1f} s after helm install started: "
+                         f"{b['install_s']:.1f} s helm install (key hook), then "
+                         f"{b['containers_s']:.1f} s until every container ran, "
+                         f"{b['readiness_s']:.1f} s until every client was ready")
 
     def _wait_start(self, rep: engine.Repetition, deadline: float) -> dict:
         """Ready = every client's evidence (see torbed.k8s.client), announced by the
@@ -358,6 +487,7 @@ class K8sBackend:
                     time.sleep(2.0)   # the replay servers' last cells: their shippers send every second
                 _fetch(self.cluster, st["name"], rep.dir, st["fetched"])
                 _save_logs(self.cluster, st["name"], rep.logs)
+                _record_hardware(self.cluster, st["name"], rep)
         except (RunFailed, OSError, ValueError) as e:   # ValueError: a garbled answer (JSON)
             meta.setdefault("collect_errors", []).append(str(e))
         finally:   # never let collection keep a release installed
@@ -416,6 +546,44 @@ def _fetch(cluster: Cluster, fn: str, rep_dir: Path, fetched: dict[str, int], on
         ready = [r["client"] for r in lines if r.get("event") == "ready"]
         return "; ".join(not_ready) or f"{len(ready)} client(s) ready"
     return f"{len(sizes)} file(s)"
+
+
+def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> None:
+    """meta.json: ``hardware`` {Kubernetes node: what the API says, plus the CPU model the
+    release's pods saw there and which torbed nodes ran on it}; each node entry gets
+    ``k8s_node``. Pods report themselves in hardware.jsonl (relays' collectors, clients);
+    the API's pod list places the rest (authorities, servers)."""
+    placed: dict[str, str] = {}
+    cpu: dict[str, str] = {}
+    path = rep.dir / "hardware.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("k8s_node"):
+            placed[r["node"]] = r["k8s_node"]
+            if r.get("cpu_model"):
+                cpu[r["k8s_node"]] = r["cpu_model"]
+    pods = {p.metadata.name: p.spec.node_name for p in cluster.pods(release) if p.spec.node_name}
+    for n in rep.meta.get("nodes") or []:
+        k8s_node = placed.get(n["name"]) or next((v for pod, v in pods.items() if _pod_is(pod, release, n)), None)
+        n["k8s_node"] = k8s_node
+    names = {n["k8s_node"] for n in rep.meta.get("nodes") or [] if n.get("k8s_node")}
+    try:
+        hw = cluster.node_hardware(names)
+    except KubernetesError as e:   # nodes are cluster-scoped: a namespaced runner may not read them
+        hw = {name: {"node_status": f"not readable: {e}"} for name in names}
+    for name, h in hw.items():
+        h["cpu_model"] = cpu.get(name)
+        h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
+    rep.meta["hardware"] = hw
+
+
+def _pod_is(pod: str, release: str, node: dict) -> bool:
+    """Whether a StatefulSet pod <release>-<group>-<i> is this torbed node (<group><i>)."""
+    m = re.fullmatch(rf"{re.escape(release)}-(.+)-(\d+)", pod)
+    return bool(m) and f"{m.group(1)}{m.group(2)}" == node["name"]
 
 
 def _save_logs(cluster: Cluster, release: str, logs: Path) -> None:

@@ -36,11 +36,11 @@ from pathlib import Path
 import stem
 import stem.control
 
-from .. import builds, constants, emulator, engine, netns, readiness, shaping
+from .. import builds, constants, emulator, engine, load, netns, prometheus, readiness, shaping
 from ..errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
 from ..fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
 from ..keys import node_keys
-from ..network import plan as make_plan
+from ..network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
 from ..records import RecordWriter
 from ..replay.trace import read as read_trace
 from ..scenario import Scenario
@@ -60,6 +60,8 @@ VOTE_LEAD = 7
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
 POLL_S = 0.2               # readiness polling
+# Longest wait for the directory caches before clients go online anyway (see bring_up).
+CACHE_WAIT_S = 20.0
 MEASURE_POLL_S = 0.5
 
 
@@ -108,7 +110,10 @@ class LocalBackend:
         if self.shaper == "linkemu":
             emulator.ensure_binary(self.console)
         stock = builds.ensure(None, self.console, self.system_tor)
-        return {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
+        extra = {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
+        if scenario.measure.prometheus.enabled:
+            extra["prometheus_version"] = prometheus.version(prometheus.binary())
+        return extra
 
     def start_run(self, run: engine.Run) -> None:
         self.manifest = prepare_files(run.scenario)
@@ -151,7 +156,7 @@ class LocalBackend:
         ids = st["ids"] = Identities()
         paths: dict[str, NodePaths] = {}
         for n in plan.nodes:
-            if n.role == "server":
+            if not n.runs_tor:
                 continue
             data = scratch / n.name
             paths[n.name] = NodePaths(datadir=str(data), log=str(rep.logs / f"{n.name}.log"),
@@ -181,30 +186,46 @@ class LocalBackend:
     def bring_up(self, rep: engine.Repetition) -> None:
         st = rep.state
         self._network(rep)
+        # Prometheus first, so its TSDB holds the bring-up too.
+        st["prometheus"] = prometheus.start(rep, self.console)
         torrc_dir = self._torrc(rep)
         self._start_servers(rep)
-        # Every tor starts now. Relays and clients ask for a consensus before it exists and
-        # back off (up to ~10 s); once it exists, SIGHUP makes tor reset its download
-        # failures and fetch at once (main.c do_hup()), so nobody waits out the back-off.
+        # Every tor starts now, clients with their network off. Relays ask for a consensus
+        # before it exists and back off (up to ~10 s); once it exists, SIGHUP makes tor reset
+        # its download failures and fetch at once (main.c do_hup()), so nobody waits out the
+        # back-off. Clients go online only once the directory caches hold the consensus and
+        # every microdescriptor: a client that asks a cache too early gets a 404 for the
+        # microdescriptors, and SIGHUP relaunches only consensus downloads, so it then waits
+        # for tor's 10 s descriptor retry (the slow bring-up of issue 26).
         deadline = time.time() + rep.scenario.measure.ready_timeout.seconds
         env = tor_env()
-        rep.meta["bootstrap"]["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
-        rep.meta["bootstrap"]["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
+        boot = rep.meta["bootstrap"]
+        boot["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
+        boot["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
         # Variants with their own environment (mtrelay's malloc arenas): recorded per variant.
         variant_env = {v: var.env for v, var in st["variants"].items() if var.env}
         if variant_env:
-            rep.meta["bootstrap"]["variant_env"] = variant_env
-        tors = [n for n in st["plan"].nodes if n.role != "server"]
+            boot["variant_env"] = variant_env
+        tors = [n for n in st["plan"].nodes if n.runs_tor]
         for n in tors:
+            offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + [
-                st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc")],
+                st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
                 rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
-            if n.role != "authority":
+            if n.role == "relay":
                 st["sup"].signal(n.name, signal.SIGHUP)
+        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S))
+        boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
+        if why is not None:
+            boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
+        self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
+                         f"({time.time() - st['t0']:.1f} s); clients online")
+        _clients_online(rep)
+        boot["clients_online_after_caches"] = True
         _wait_clients(rep, deadline)
         _relax_voting(rep)
         rep.ready(st["t0"])
@@ -218,8 +239,8 @@ class LocalBackend:
         plan, topo = st["plan"], st["topo"]
         topo.create()
         if self.shaper == "linkemu":
-            emulator.start(st["sup"], topo, plan, st["scratch"], rep.logs / "linkemu.log",
-                           stats_file=rep.dir / "linkemu.stats.json")
+            st["emulator"] = emulator.start(st["sup"], topo, plan, st["scratch"], rep.logs / "linkemu.log",
+                                            stats_file=rep.dir / "linkemu.stats.json")
         elif self.shaper != "none":
             for n in plan.nodes:
                 batch = shaping.tc_batch(plan, n, netem=self.shaper == "htb+netem")
@@ -244,10 +265,13 @@ class LocalBackend:
         for name, text in render_fragments(plan, ids, st["variants"], voting_offset).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
-            if n.role != "server":
-                (torrc_dir / f"{n.name}.torrc").write_text(render_node(n, plan, st["paths"][n.name], str(torrc_dir)))
+            if n.runs_tor:
+                text = render_node(n, plan, st["paths"][n.name], str(torrc_dir))
+                if n.role == "loadworker":
+                    text += "".join(line + "\n" for line in load.torrc_lines(rep.scenario, plan, ids.fingerprints))
+                (torrc_dir / f"{n.name}.torrc").write_text(text)
         meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
-                          "build": st["build"][n.name].key if n.role != "server" else None} for n in plan.nodes]
+                          "build": st["build"][n.name].key if n.runs_tor else None} for n in plan.nodes]
         rep.write_meta()
         return torrc_dir
 
@@ -279,13 +303,16 @@ class LocalBackend:
         cfg_dir.mkdir(exist_ok=True)
         self._start_collector(rep, cfg_dir)
         drivers, longest = self._start_drivers(rep, cfg_dir, t_work)
+        background = _Load(rep, cfg_dir, t_work, self.manifest) if rep.scenario.load else None
         rep.write_meta()
         t_end = t_work + rep.scenario.measure.duration.seconds
         hard_end = t_end + min(longest, 300) + 10
-        _Watch(rep, drivers, t_work, t_end, hard_end).run()
+        _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
         sup = st["sup"]
         sup.stop(drivers, grace=10)
         failed = {d: rc for d, rc in sup.exited(drivers).items() if rc not in (0, -signal.SIGTERM)}
+        if background:
+            failed.update(background.stop())
         sup.stop(["collector"], grace=10)
         rep.meta["t_end"] = time.time()
         self.console.log(f"measured {_count_lines(rep.dir / 'transfers.jsonl')} transfers "
@@ -305,6 +332,10 @@ class LocalBackend:
                            "control": {"socket": st["paths"][r.name].control_socket},
                            "metrics_url": f"http://{r.address}:{r.ports['metrics']}/metrics"}
                           for r in st["plan"].by_role("relay")]}
+        if s.measure.prometheus.enabled:
+            cfg["metrics_listen"] = ["127.0.0.1", constants.COLLECTOR_METRICS_PORT]
+            if st.get("emulator"):
+                cfg["linkemu_socket"] = str(st["emulator"].socket)
         (cfg_dir / "collector.json").write_text(json.dumps(cfg, indent=1))
         st["sup"].start("collector", netns.exec_prefix(st["topo"].switch) + [
             sys.executable, "-m", "torbed.collectors", str(cfg_dir / "collector.json")],
@@ -343,6 +374,8 @@ class LocalBackend:
                                 socks_port=c.ports["socks"], output=rep.dir / "transfers.jsonl",
                                 workload=workload_entry(wl, target, **extra), t_work=t_work,
                                 debug=bool(os.environ.get("TORBED_DEBUG")))
+            if s.measure.prometheus.enabled:
+                cfg["metrics"] = {"address": c.address, "port": constants.DRIVER_METRICS_PORT}
             longest = max(longest, cfg["workload"]["timeout_s"])
             path = cfg_dir / f"{c.name}.driver.json"
             path.write_text(json.dumps(cfg, indent=1))
@@ -354,6 +387,8 @@ class LocalBackend:
 
     def teardown(self, rep: engine.Repetition) -> None:
         st = rep.state
+        if st.get("prometheus") is not None:
+            st["prometheus"].close()
         sup = st.get("sup")
         if sup is not None:
             sup.stop_all()
@@ -436,6 +471,57 @@ def _relax_voting(rep: engine.Repetition) -> None:
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
 
 
+def _microdescs_held(datadir: Path) -> int:
+    """How many microdescriptors a tor's data directory holds (each starts "onion-key")."""
+    n = 0
+    for name in ("cached-microdescs", "cached-microdescs.new"):
+        try:
+            data = (datadir / name).read_bytes()
+        except OSError:
+            continue
+        n += data.count(b"\nonion-key\n") + data.startswith(b"onion-key\n")
+    return n
+
+
+def _cache_problem(datadir: Path, relays: int) -> str | None:
+    """What a directory cache still lacks before it can answer a client's bootstrap."""
+    if not (datadir / "cached-microdesc-consensus").exists():
+        return "no microdescriptor consensus"
+    held = _microdescs_held(datadir)
+    return None if held >= relays else f"{held} of {relays} microdescriptors"
+
+
+def _wait_caches(rep: engine.Repetition, until: float) -> str | None:
+    """Until every relay a client may ask for directory documents (a directory guard: Guard
+    and V2Dir in the consensus; every V2Dir relay if none is a guard) holds the
+    microdescriptor consensus and every relay's microdescriptor; returns None then, or what
+    one still lacked at ``until``."""
+    st = rep.state
+    plan, paths, sup = st["plan"], st["paths"], st["sup"]
+    relays = plan.by_role("relay")
+    flags = rep.meta["consensus_flags"]
+    caches = [r.name for r in relays if "V2Dir" in flags.get(r.name, [])]
+    caches = [c for c in caches if "Guard" in flags.get(c, [])] or caches
+    names = list(sup.procs)
+    while True:
+        sup.check(names)
+        problems = {c: why for c in caches if (why := _cache_problem(Path(paths[c].datadir), len(relays)))}
+        if not problems:
+            return None
+        c = sorted(problems)[0]
+        if time.time() >= until:
+            return f"{c}: {problems[c]} ({len(problems)} of {len(caches)} caches)"
+        rep.status(f"waiting for the directory caches: {c}: {problems[c]} ({len(problems)} left)")
+        time.sleep(POLL_S)
+
+
+def _clients_online(rep: engine.Repetition) -> None:
+    plan = rep.state["plan"]
+    for c in plan.by_role("client") + plan.by_role("loadworker"):   # load nodes' tors are clients too
+        with _controller(rep.state["paths"][c.name].control_socket) as ctl:
+            ctl.set_conf("DisableNetwork", "0")
+
+
 def _relay_has_consensus(datadir: str) -> bool:
     return any((Path(datadir) / f).exists() for f in ("cached-consensus", "cached-microdesc-consensus"))
 
@@ -449,7 +535,8 @@ def _wait_clients(rep: engine.Repetition, deadline: float) -> None:
     names = list(sup.procs)
     ctls: dict[str, stem.control.Controller] = {}
     last: dict[str, str] = {}
-    pending = {c.name for c in plan.by_role("client")} | {r.name for r in plan.by_role("relay")}
+    pending = {c.name for c in plan.by_role("client") + plan.by_role("loadworker")} | \
+        {r.name for r in plan.by_role("relay")}
     try:
         while pending:
             sup.check(names)
@@ -495,10 +582,12 @@ def _count_lines(path: Path) -> int:
 
 class ResourceSampler:
     """Per-node RSS and CPU time of the tor processes, from /proc, as JSON lines
-    (resources.jsonl): at readiness, every RESOURCE_INTERVAL seconds, and at the end."""
+    (resources.jsonl): at readiness, every RESOURCE_INTERVAL seconds, and at the end.
+    ``extra()``: further supervised processes to sample, as (process name, role, group)
+    (the Locust processes of a background load: what the load itself costs)."""
 
-    def __init__(self, sup: Supervisor, nodes: list, path: Path, variant: str, rep: int):
-        self.sup, self.nodes, self.variant, self.rep = sup, nodes, variant, rep
+    def __init__(self, sup: Supervisor, nodes: list, path: Path, variant: str, rep: int, extra=lambda: []):
+        self.sup, self.nodes, self.variant, self.rep, self.extra = sup, nodes, variant, rep, extra
         self.writer = RecordWriter(path)
         self.next_t = time.time() + RESOURCE_INTERVAL
         self.ticks = os.sysconf("SC_CLK_TCK")
@@ -515,18 +604,90 @@ class ResourceSampler:
 
     def sample(self, label: str) -> None:
         now = time.time()
-        for n in self.nodes:
-            proc = self.sup.procs.get(n.name)
+        for name, role, group in [(n.name, n.role, n.group) for n in self.nodes] + list(self.extra()):
+            proc = self.sup.procs.get(name)
             got = self._proc(proc[0].pid) if proc and proc[0].poll() is None else None
             if got:
-                self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": n.name,
-                                   "role": n.role, "group": n.group, "t": now, "label": label,
+                self.writer.write({"type": "resources", "variant": self.variant, "rep": self.rep, "node": name,
+                                   "role": role, "group": group, "t": now, "label": label,
                                    "rss_bytes": got[0], "rss_peak_bytes": got[1], "cpu_s": got[2]})
 
     def maybe_sample(self, now: float) -> None:
         if now >= self.next_t:
             self.sample("periodic")
             self.next_t = now + RESOURCE_INTERVAL
+
+
+class _Load:
+    """Background load (torbed.load): a Locust worker beside each load node's tor from the
+    start of the workload, the headless master from load.start until load.stop. Records:
+    load.jsonl (the master's statistics) and locust/ (Locust's own CSV files)."""
+
+    def __init__(self, rep: engine.Repetition, cfg_dir: Path, t_work: float, manifest: dict):
+        self.rep, self.t_work = rep, t_work
+        st, s = rep.state, rep.scenario
+        self.plan, self.sup, self.topo = st["plan"], st["sup"], st["topo"]
+        self.t_start = t_work + s.load.start.seconds
+        self.t_stop = t_work + (s.load.stop or s.measure.duration).seconds
+        cfg = load.locust_config(s, self.plan, manifest[s.load_server()], variant=rep.variant, rep=rep.index,
+                                 output=rep.dir / "load.jsonl")
+        self.cfg_path = cfg_dir / "locust.json"
+        self.cfg_path.write_text(json.dumps(cfg, indent=1))
+        (rep.dir / "locust").mkdir(exist_ok=True)
+        self.workers = []
+        for n in self.plan.by_role("loadworker"):
+            name = f"{n.name}.locust"
+            self.sup.start(name, netns.exec_prefix(self.topo.ns(n.name)) + load.worker_argv(self.plan),
+                           rep.logs / f"{name}.log", env=self._env(n.name))
+            self.workers.append(name)
+        self.master = None
+        self.resources: ResourceSampler | None = None
+        self.sampled = False
+        rep.meta["load"] = {"t_start": None, "t_stop": None, "workers": self.workers}
+
+    def processes(self) -> list[tuple[str, str, str]]:
+        """The Locust processes running now, for resources.jsonl: (name, role, group)."""
+        return [(w, "locust-worker", LOAD_GROUP) for w in self.workers] + \
+            ([(self.master, "locust-master", LOAD_MASTER_GROUP)] if self.master else [])
+
+    def _env(self, node: str) -> dict:
+        return {**child_env(), "TORBED_LOAD_CONFIG": str(self.cfg_path), "TORBED_LOAD_NODE": node}
+
+    def tick(self, now: float) -> None:
+        """Start the master when load.start comes; fail the repetition if a Locust process
+        ends before load.stop (its variant would be measured without the load it claims)."""
+        self._check(now)
+        if self.resources and not self.sampled and now >= self.t_stop - 1.5:
+            # Locust ends itself at load.stop: its cost is sampled just before.
+            self.resources.sample("load-end")
+            self.sampled = True
+        if self.master is None and now >= self.t_start:
+            master = self.plan.by_role("loadmaster")[0]
+            self.master = f"{master.name}.locust"
+            self.sup.start(self.master, netns.exec_prefix(self.topo.ns(master.name)) + load.master_argv(
+                self.rep.scenario, self.plan, run_time_s=self.t_stop - now, csv_prefix=self.rep.dir / "locust" / "stats"),
+                self.rep.logs / f"{self.master}.log", env=self._env(master.name))
+            self.rep.meta["load"]["t_start"] = now
+            self.rep.console.log(f"background load: {self.rep.scenario.load.users} Locust users on "
+                                 f"{len(self.workers)} worker(s) until +{self.t_stop - self.t_work:.0f} s")
+            self.rep.write_meta()
+
+    def _check(self, now: float) -> None:
+        if now >= self.t_stop - 2:   # the master ends the load itself at load.stop, the workers with it
+            return
+        names = self.workers + ([self.master] if self.master else [])
+        for name, rc in self.sup.exited(names).items():
+            raise RunFailed(f"{name} exited ({rc}) while the background load was due to run:\n"
+                            + tail(self.sup.log_of(name), 8))
+
+    def stop(self) -> dict[str, int]:
+        """Stop the master (it writes its last statistics) and then the workers. Returns the
+        Locust processes that failed: {name: exit status}."""
+        names = ([self.master] if self.master else [])
+        self.sup.stop(names, grace=10)
+        self.sup.stop(self.workers, grace=10)
+        self.rep.meta["load"]["t_stop"] = time.time()
+        return {n: rc for n, rc in self.sup.exited(names + self.workers).items() if rc not in (0, -signal.SIGTERM)}
 
 
 def _kill(sup: Supervisor, targets: list[str]) -> None:
@@ -542,13 +703,18 @@ class _Watch:
     """The measurement window: faults on schedule, resource samples, nodes that die, until
     every driver is done (or ``hard_end``)."""
 
-    def __init__(self, rep: engine.Repetition, drivers: list[str], t_work: float, t_end: float, hard_end: float):
+    def __init__(self, rep: engine.Repetition, drivers: list[str], t_work: float, t_end: float, hard_end: float,
+                 background: "_Load | None" = None):
         self.rep, self.drivers, self.t_work, self.t_end, self.hard_end = rep, drivers, t_work, t_end, hard_end
+        self.background = background
         st = rep.state
         self.plan, self.sup = st["plan"], st["sup"]
-        self.tors = [n for n in self.plan.nodes if n.role != "server"]
+        self.tors = [n for n in self.plan.nodes if n.runs_tor]
         self.faults = sorted(((f.at.seconds, f) for f in rep.scenario.faults), key=lambda x: x[0])
-        self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index)
+        self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index,
+                                         extra=background.processes if background else lambda: [])
+        if background:
+            background.resources = self.resources
 
     def run(self) -> None:
         self.resources.sample("ready")
@@ -556,6 +722,8 @@ class _Watch:
             now = time.time()
             self.resources.maybe_sample(now)
             self._faults(now)
+            if self.background:
+                self.background.tick(now)
             running = [d for d in self.drivers if self.sup.procs[d][0].poll() is None]
             if not running or now > self.hard_end:
                 break

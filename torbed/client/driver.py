@@ -38,6 +38,7 @@ from python_socks.sync import Proxy
 from stem.control import EventType
 
 from ..records import RecordWriter
+from .metrics import DriverMetrics, NullMetrics
 
 RECV = 1 << 16
 # Body byte counts whose arrival time a transfer records (``progress``), besides each tenth of
@@ -78,13 +79,31 @@ class Circuit:
     alive: bool = True
 
 
+class _MeteredWriter:
+    """A RecordWriter whose transfer records also update the exporter's series."""
+
+    def __init__(self, writer: RecordWriter, metrics):
+        self.writer, self.metrics = writer, metrics
+
+    def write(self, rec: dict) -> None:
+        self.writer.write(rec)
+        if "status" in rec:
+            self.metrics.transfer_done(rec)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class Driver:
     """One client: its controller connection, its circuit(s) and stream attachment."""
 
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.rng = random.Random(f"{cfg['seed']}:{cfg['client']}")
-        self.writer = RecordWriter(cfg["output"])
+        # The exporter (config ``metrics``: {address, port}) sees every record the driver
+        # writes, so transfers.jsonl and the live series count the same transfers.
+        self.metrics = DriverMetrics(cfg) if cfg.get("metrics") else NullMetrics()
+        self.writer = _MeteredWriter(RecordWriter(cfg["output"]), self.metrics)
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[str, threading.Event, dict]] = {}  # source port -> (circ, ev, state)
         self.streams: dict[str, int] = {}                                 # stream id -> source port
@@ -193,11 +212,14 @@ class Driver:
                                                   timeout=self.cfg.get("circuit_timeout", 60))
             except stem.CircuitExtensionFailed as e:
                 self.circuits.pop(key, None)
+                self.metrics.circuit_failed()
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {e}")
             except (stem.Timeout, stem.ControllerError) as e:
                 self.circuits.pop(key, None)
+                self.metrics.circuit_failed()
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {type(e).__name__} {e}")
             self.circuits[key] = Circuit(id=cid, path=chosen, build_s=time.time() - t0)
+            self.metrics.circuit_built(self.circuits[key].build_s)
             return self.circuits[key]
 
     def socks_url(self, key: str = "") -> str:
@@ -216,6 +238,7 @@ class Driver:
                "circuit": None, "t_start": time.time(), "t_socks": None, "t_request": None,
                "t_first_byte": None, "t_last_byte": None, "bytes": 0, "status": "ok", "error": None}
         deadline = rec["t_start"] + timeout
+        self.metrics.transfer_started()
         sock = None
         port = None
         try:
@@ -385,6 +408,8 @@ _register_replay()
 def run(cfg: dict, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     driver = Driver(cfg)
+    if cfg.get("metrics"):
+        driver.metrics.serve(cfg["metrics"]["address"], cfg["metrics"]["port"])
     driver.connect()
     try:
         driver.wait_bootstrapped(time.time() + cfg.get("bootstrap_timeout", 120))

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from .. import network, safeload
+from ..records import RecordWriter
 from ..scenario import Scenario, parse
 
 SCENARIO_FILE = Path("/etc/torbed/scenario/scenario.json")
@@ -46,6 +47,19 @@ def load_scenario(path: Path | None = None) -> Scenario:
     path = path or SCENARIO_FILE
     # The same bounds as every input file (size, UTF-8, nesting), with its path in the error.
     return parse(safeload.load_json(path, "scenario (chart values)"), source=str(path))
+
+
+def write_hardware(out: Path, node: str, group: str) -> None:
+    """One hardware.jsonl record: which Kubernetes node this pod of ``node`` runs on and that
+    node's CPU as the pod sees it (the API server knows the node, not its CPU model)."""
+    import platform
+
+    from ..provenance import cpu_model
+    with RecordWriter(out / "hardware.jsonl") as w:
+        w.write({"node": node, "group": group, "pod": os.environ.get("POD_NAME"),
+                 "k8s_node": os.environ.get("NODE_NAME"), "arch": platform.machine(), "cpu_model": cpu_model(),
+                 "cpus": os.cpu_count(), "kernel": platform.release(), "variant": variant(), "rep": repetition(),
+                 "t": time.time()})
 
 
 def variant() -> str:

@@ -24,7 +24,8 @@ import stem.control
 from .. import constants, fileserver, readiness, workloads
 from ..client import driver
 from ..records import RecordWriter
-from . import Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant
+from . import (Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
+               write_hardware)
 
 def _connect(deadline: float) -> stem.control.Controller:
     while True:
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
     events = RecordWriter(out / "clients.jsonl")
+    write_hardware(out, node, group)
     rc = 1
     try:
         t0 = time.time()
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             s, p, client=node, group=group, variant=variant(), rep=repetition(), fingerprints=fprs,
             control={"address": "127.0.0.1", "port": constants.CONTROL_PORT}, socks_port=constants.SOCKS_PORT,
             output=out / "transfers.jsonl", workload=workload, t_work=t_work)
+        # The driver's exporter, on the pod address (the chart's scrape annotations and
+        # client PodMonitor point at it).
+        cfg["metrics"] = {"address": os.environ.get("POD_IP") or "0.0.0.0", "port": constants.DRIVER_METRICS_PORT}
         events.write({"client": node, "event": "ready", "t": t_ready, "ready_s": t_ready - t0,
                       "t_workload": t_work, "t_measure": cfg["t_measure"], "t_end": cfg["t_end"],
                       "server": server_group, "server_address": server_ip, "address": os.environ.get("POD_IP"),

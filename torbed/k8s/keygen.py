@@ -86,6 +86,11 @@ def delete() -> int:
     for kind in ("secrets", "configmaps"):
         api.delete_collection(kind, selector)
     log(f"cleanup: deleted secrets and configmaps matching {selector}")
+    # `helm test`'s pod is kept after it ran (so `helm test --logs` can read it) and helm
+    # does not remove hook pods at uninstall: this hook does.
+    tests = f"app.kubernetes.io/instance={env('TORBED_INSTANCE')},app.kubernetes.io/component=test"
+    api.delete_collection("pods", tests)
+    log(f"cleanup: deleted pods matching {tests}")
     return 0
 
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from .. import collectors, constants
-from . import Shipper, env, load_scenario, log, node_name, repetition, variant
+from . import Shipper, env, load_scenario, log, node_name, repetition, variant, write_hardware
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                     "control": {"address": "127.0.0.1", "port": constants.CONTROL_PORT},
                     "metrics_url": f"http://{env('POD_IP')}:{constants.METRICS_PORT}/metrics"}],
     }
+    write_hardware(out, node, group)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

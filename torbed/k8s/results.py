@@ -12,6 +12,8 @@ GET  /start           200 {"t_workload": t} once every one of --clients clients 
                       (t = then + START_LEAD_S, so all start their workload together, as on
                       the local backend), 204 before
 GET  /healthz         readiness
+GET  /metrics         Prometheus exposition: bytes and lines appended per file, clients ready,
+                      shapers reported, whether the start barrier opened
 The directory is fetched with ``kubectl exec ... tar`` (NOTES.txt, torbed run --backend k8s).
 """
 
@@ -27,6 +29,9 @@ import threading
 import time
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 START_LEAD_S = 2.0
 
@@ -36,6 +41,15 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
     ready: dict[str, float] = {}
     shaped: dict[str, float] = {}
     start: dict[str, float] = {}
+    registry = CollectorRegistry()
+    appended_bytes = Counter("torbed_results_appended_bytes", "Bytes of records appended", ["file"], registry=registry)
+    appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"], registry=registry)
+    Gauge("torbed_results_clients_ready", "Clients that reported ready", registry=registry).set_function(
+        lambda: len(ready))
+    Gauge("torbed_results_shapers_reported", "Shapers that reported", registry=registry).set_function(
+        lambda: len(shaped))
+    Gauge("torbed_results_workload_started", "1 once the start barrier opened", registry=registry).set_function(
+        lambda: float("t_workload" in start))
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, fmt, *args):
@@ -52,6 +66,14 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
         def do_GET(self):
             if self.path == "/healthz":
                 return self._reply(200, {"ok": True})
+            if self.path == "/metrics":
+                data = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if self.path == "/files":
                 return self._reply(200, {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()})
             if self.path.startswith("/files/"):
@@ -98,6 +120,8 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
                 return self._reply(400, {"error": "append whole lines only"})
             with lock, open(directory / name, "ab") as f:
                 f.write(data)
+            appended_bytes.labels(name).inc(len(data))
+            appended_lines.labels(name).inc(data.count(b"\n"))
             self._reply(200, {"appended": len(data)})
 
     return Handler

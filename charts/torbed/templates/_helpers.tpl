@@ -67,6 +67,17 @@ torbed.io/repetition: {{ .Values.repetition | quote }}
 {{/* Image references. */}}
 {{- define "torbed.tag" -}}{{ .Values.images.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "torbed.registryPrefix" -}}{{ with .Values.images.registry }}{{ trimSuffix "/" . }}/{{ end }}{{- end -}}
+{{/* imagePullSecrets of every pod (images.pullSecrets: names of Secrets of type
+kubernetes.io/dockerconfigjson in the release's namespace); nothing when empty. */}}
+{{- define "torbed.pullSecrets" -}}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "torbed.image.client" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.client }}:{{ include "torbed.tag" . }}{{- end -}}
 {{- define "torbed.image.dirauth" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.dirauth }}:{{ include "torbed.tag" . }}{{- end -}}
 {{- define "torbed.image.relay" -}}
@@ -168,10 +179,11 @@ Args: (list $root $group).
 {{- end -}}
 
 {{- define "torbed.scenarioJson" -}}
-{{- $chartKeys := list "variant" "repetition" "images" "networkPolicy" "isolation" "podMonitor" "chaosMesh" "resources" "replayTraces" "clusterDomain" "nightly" -}}
+{{- /* The scenario's own keys (generated from the scenario model): chart keys never leak in. */ -}}
+{{- $scenarioKeys := ((.Files.Get "files/scenario-keys.yaml") | fromYaml).keys -}}
 {{- $s := dict -}}
 {{- range $k, $v := .Values -}}
-{{- if not (has $k $chartKeys) }}{{- $_ := set $s $k $v -}}{{- end -}}
+{{- if has $k $scenarioKeys }}{{- $_ := set $s $k $v -}}{{- end -}}
 {{- end -}}
 {{- toJson $s -}}
 {{- end -}}
@@ -194,6 +206,8 @@ Args: (list $root $group).
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 - name: HOST_IP
   valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
 {{- end -}}
 
 {{/* Rate string ("4mbit", "1MB/s") -> bits per second, an integer (as torbed.units). */}}
@@ -282,9 +296,23 @@ or nothing when there are none (pods then use the traces shipped in the client i
 {{- end }}
 {{- end -}}
 
-{{/* Nightly mode (nightly.enabled): only templates/nightly/ render; no network. */}}
+{{/* Nightly mode (nightly.enabled): only templates/nightly/ render; no network.
+Every template starts with this check, so it also puts the default scenario in place first. */}}
 {{- define "torbed.nightlyMode" -}}
+{{- include "torbed.defaultScenario" . -}}
 {{- if and .Values.nightly .Values.nightly.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* Values that name no scenario (no `network`: `helm install torbed charts/torbed`) get the
+quickstart (files/default-scenario.yaml, a generated copy of scenarios/quickstart.yaml); keys
+the values do give (--set measure.duration=30s, variant=ewma-66) override its fields (but a
+zero value such as seed=0 counts as unset: sprig's merge). The
+schema refuses a partial scenario (servers or clients without network). Idempotent: after the
+first call `network` is set. Prints nothing. */}}
+{{- define "torbed.defaultScenario" -}}
+{{- if and (not .Values.network) (not (and .Values.nightly .Values.nightly.enabled)) -}}
+{{- $_ := merge .Values (.Files.Get "files/default-scenario.yaml" | fromYaml) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Labels of the nightly runner's objects (no scenario or variant: it runs many). */}}

@@ -9,7 +9,7 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $relays := $v.network.relays | default dict -}}
 {{- $servers := $v.servers | default dict -}}
 {{- $clients := $v.clients | default dict -}}
-{{- $reserved := list "authority" "auth" "switch" "collector" -}}
+{{- $reserved := list "authority" "auth" "switch" "collector" "load" "locust" -}}
 {{- $families := ((.Files.Get "files/variants.yaml") | fromYaml).families -}}
 
 {{- /* Group names share one namespace. */ -}}
@@ -20,6 +20,12 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- if hasKey $seen $g }}{{ $problems = append $problems (printf "%s.%s: group name '%s' is also used in %s; names must be unique" $kind $g $g (index $seen $g)) }}{{ end -}}
 {{- $_ := set $seen $g $kind -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* Background load runs on the local backend only (docs/load.md): refuse it rather
+       than install a network without the load the scenario asks for. */ -}}
+{{- if $v.load -}}
+{{- $problems = append $problems "load: background load (Locust) is not in the chart yet; run this scenario with the local backend (docs/load.md)" -}}
 {{- end -}}
 
 {{- /* Variants. */ -}}

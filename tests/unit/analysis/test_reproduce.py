@@ -4,6 +4,7 @@ docs/reproduction.md rows with the paper's number, ours with intervals and the v
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -55,9 +56,10 @@ def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsy
     queue = next(v for k, v in lines.items() if k.startswith("Exp. 3"))
     assert "653 ms -> 115 ms" in queue and "Δ -8" in queue and "| agrees |" in queue
     assert "not part of this shortened run" in next(v for k, v in lines.items() if k.startswith("Exp. 1"))
-    # Torchestra and mtrelay exist; neither's experiment is wired into reproduce yet.
-    assert "variant torchestra exists but no experiment is wired up" in next(
-        v for v in lines.values() if v.startswith("| Gopal"))
+    # Torchestra's experiments are wired in but not part of this run; mtrelay exists, its
+    # experiment is not wired into reproduce yet.
+    gopal = [v for v in lines.values() if v.startswith("| Gopal")]
+    assert len(gopal) == 8 and all("not part of this shortened run" in v for v in gopal), gopal
     assert "variant mtrelay exists but no experiment is wired up" in next(
         v for v in lines.values() if v.startswith("| Engler"))
     assert (runs / "tang-goldberg-2010-exp3" / "golden-run" / "report" / "summary.json").is_file()
@@ -81,3 +83,24 @@ def test_an_unfinished_run_is_not_reused(tmp_path, capsys):
 def test_bad_arguments_exit_2(argv, tmp_path, capsys):
     assert reproduce.main(argv + ["--runs", str(tmp_path), "--dry-run"]) == 2
     assert "reproduce:" in capsys.readouterr().err
+
+
+def test_a_row_against_another_baseline_is_compared_with_that_baseline(tmp_path):
+    """A report's vs_baseline inference is against the run's baseline (vanilla); a row whose
+    baseline is another variant must get its numbers from that comparison, not vanilla's."""
+    from torbed.analysis import reproduce as r
+    from torbed.analysis.report import analyse
+    from torbed.analysis import summary as summary_mod
+    run = Path(__file__).resolve().parents[2] / "data" / "golden-run"
+    summ = summary_mod.round_floats(analyse(run)[2])
+    metric = next(m for m, e in summ["metrics"].items()
+                  if ((e["variants"].get("ewma-66") or {}).get("vs_baseline") or {}).get("inference", {}).get("status") == "tested")
+    fwd = r.Row("p", "x", "y", "golden", metric, baseline="vanilla", variant="ewma-66")
+    back = r.Row("p", "x", "y", "golden", metric, baseline="ewma-66", variant="vanilla")
+    cache: dict = {}
+    e_fwd = r.evaluate(fwd, r.summary_for(fwd, {"golden": summ}, {"golden": run}, cache))
+    e_back = r.evaluate(back, r.summary_for(back, {"golden": summ}, {"golden": run}, cache))
+    assert ("golden", "ewma-66") in cache and ("golden", "vanilla") not in cache
+    # The reverse comparison's change is the inverse ratio: (1 + a)(1 + b) = 1.
+    a, b = e_fwd["change_pct"] / 100, e_back["change_pct"] / 100
+    assert abs((1 + a) * (1 + b) - 1) < 0.02, (a, b)

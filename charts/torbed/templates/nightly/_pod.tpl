@@ -7,6 +7,7 @@ The runner's pod spec. Args: (list $root $args $withClaim). Non-root, read-only 
 {{- $fn := include "torbed.fullname" $root -}}
 serviceAccountName: {{ $fn }}-nightly
 automountServiceAccountToken: {{ $claim }}
+{{- include "torbed.pullSecrets" $root }}
 restartPolicy: Never
 securityContext:
   runAsNonRoot: true

@@ -1,0 +1,44 @@
+"""make bench's bring-up part: figures beside their target and the previous result."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from torbed import bench_backend as bb
+
+
+def _run(ready: float, soak: float, rss: float) -> dict:
+    return {"cmd_to_ready_s": ready, "setup_to_ready_s": ready - 1, "cmd_to_first_transfer_s": ready + 3,
+            "rss_ready_mib": {"relay0": 20.0}, "rss_end_mib": {"relay0": rss}, "rss_peak_mib": {"relay0": rss},
+            "cpu_pct_ready_to_end": {"relay0": 1.0}, "roles": {"relay0": "relay"}, "soak_s": soak}
+
+
+def _render(t) -> str:
+    c = Console(width=250, record=True)
+    c.print(t)
+    return c.export_text()
+
+
+def test_every_run_the_target_verdict_and_the_previous_result(tmp_path):
+    runs = [_run(7.0, 300, 40.0)] + [_run(r, 20, 25.0) for r in (7.5, 8.0, 11.0)]
+    s = bb.summarize("quickstart", runs)
+    assert s["cmd_to_ready_s"]["values"] == [7.0, 7.5, 8.0, 11.0]
+    # After-soak figures only from the soaked run.
+    assert s["relay_rss_end_mib"]["median"] == 40.0 and s["relay_rss_ready_mib"]["n"] == 4
+    old = {"quickstart": {"summary": bb.summarize("quickstart", [_run(r, 300, 30.0) for r in (9.0, 10.0)])}}
+    (tmp_path / "backend-20260101T000000Z.json").write_text(json.dumps(old))
+    (tmp_path / "backend-20300101T000000Z.json").write_text("{}")   # a later file is not "previous"
+    name, prev = bb.previous_results(tmp_path, "backend-20261123T000000Z.json")
+    assert name == "backend-20260101T000000Z.json"
+    text = _render(bb.table({"quickstart": {"summary": s}}, prev, name))
+    assert "7.0 7.5 8.0 11.0" in text
+    assert "MISSED: <= 8 s median, <= 10 s every run" in text     # median 7.75 but one run took 11 s
+    assert "9.5 s (x0.82)" in text                                  # previous median 9.5 s
+    ok = bb.summarize("quickstart", [_run(r, 300, 30.0) for r in (6.0, 7.0)])
+    assert "met:" in _render(bb.table({"quickstart": {"summary": ok}}, {}, None))
+
+
+def test_no_previous_results(tmp_path):
+    assert bb.previous_results(tmp_path, "backend-x.json") == (None, {})
