@@ -339,6 +339,8 @@ class K8sBackend:
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
         "load": "background load (Locust) runs on the local backend only so far",
+        "cpu": "network.relays.*.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, "
+               "place the group on a slow node instead: placement)",
     }
     bringup_estimate_s = 60.0
 
@@ -358,6 +360,8 @@ class K8sBackend:
         if scenario.load is not None:
             # Refused rather than ignored: a run without its background load would look loaded.
             raise RunFailed(f"load: {self.unsupported['load']}; run it with --backend local")
+        if any(g.cpu != "native" for g in scenario.network.relays.values()):
+            raise RunFailed(f"{self.unsupported['cpu']}; run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()
