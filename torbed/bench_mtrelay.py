@@ -196,10 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(path), "--out", str(out)],
                            capture_output=True, text=True, cwd=constants.REPO_ROOT)
     run_dir = (out / f"{data['name']}-latest").resolve()
-    if p.returncode != 0 or not run_dir.is_dir():
+    if not run_dir.is_dir():
         console.print(f"[red]mtrelay: the run failed[/red] (exit {p.returncode}): {p.stderr[-1500:]}")
         return 1
     run = load_run(run_dir)
+    # A repetition that failed (e.g. bring-up timed out) has no value; the others are shown.
+    broken = {f"{r.variant} rep {r.index}": str(r.error)[:200] for r in run.reps if r.status != "ok"}
+    for k, why in broken.items():
+        console.print(f"[yellow]mtrelay: {k} did not complete: {why}[/yellow]")
     series = throughput_series(run).get(TARGET, {})
     arms = list(data["variants"])
     values = {a: [series.get(a, {}).get(k, {}).get("rate_max") for k in range(run.repetitions)] for a in arms}
@@ -232,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     (args.out / f"mtrelay-{stamp}.json").write_text(json.dumps(
         {"host_cpus": ncpu, "t": time.time(), "run_dir": str(run_dir), "scenario": data, "rows": rows,
-         "values": values, "failed_transfers": failed, "cpu_per_thread": cpu}, indent=2))
-    ok = all(r["n"] > 0 for r in rows) and not any(failed.values())
+         "values": values, "failed_transfers": failed, "cpu_per_thread": cpu,
+         "incomplete": broken, "load_average": os.getloadavg()}, indent=2))
+    ok = p.returncode == 0 and all(r["n"] > 0 for r in rows) and not any(failed.values())
     return 0 if ok else 1
 
 
