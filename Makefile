@@ -74,7 +74,7 @@ images-push: venv  ## push every built architecture of each image under one tag 
 images-test: images  ## tests/images against the built images
 	$(BIN)/pytest -q tests/images $(PYTEST_ARGS)
 
-bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost); results in runs/bench/ (BENCH_QUICK=1: shorter)
+bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost, mtrelay throughput); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
 
 # Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Under 2 h here,

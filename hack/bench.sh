@@ -32,5 +32,8 @@ part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QU
 part prometheus "$bin/python" -m torbed.bench_prometheus --out "$out" ${BENCH_QUICK:+--runs 1 --duration 60s}
 # Background load (Locust through tor): users carried, CPU per user, at rising user counts.
 part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users 10,100 --duration 30}
+# mtrelay (Engler & Goldberg 2021): relay throughput of a middle relay vs connection threads
+# (stock, mtrelay-1/2/3), median and range over repetitions, ratio to single-threaded.
+part mtrelay "$bin/python" -m torbed.bench_mtrelay --out "$out" ${BENCH_QUICK:+--quick}
 
 exit $rc

@@ -91,6 +91,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("placement")
     if s.load is not None:
         used.add("load")
+    if any(g.cpu != "native" for g in s.network.relays.values()):
+        used.add("cpu")
     return sorted(used)
 
 

@@ -91,6 +91,10 @@ class RelayGroup(Strict):
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
     torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment)")
+    cpu: Literal["native", "qemu"] = Field(
+        "native", description="qemu: run this group's tor under qemu-user emulation (qemu-x86_64, no AES "
+                              "instructions): every thread much slower, a slow CPU like a Raspberry Pi's, so the "
+                              "relay's CPU binds before the rest of the network does; local backend only")
 
 
 class Network(Strict):

@@ -2,7 +2,8 @@
 
 Public API:
 
-- ``tor_env() -> dict``: tor's environment (two glibc malloc settings, see below)
+- ``tor_env(overrides=None) -> dict``: tor's environment (two glibc malloc settings, see
+  below), with a variant's own settings over them (an empty value unsets)
 - ``child_env() -> dict``: torbed's helper processes (drivers, collectors, servers): the
   repository importable, output unbuffered
 - ``TOR_MALLOC_ENV``: {variable: (torbed override variable, default)}
@@ -20,7 +21,7 @@ TOR_MALLOC_ENV = {"MALLOC_ARENA_MAX": ("TORBED_MALLOC_ARENA_MAX", "1"),
                   "MALLOC_MMAP_THRESHOLD_": ("TORBED_MALLOC_MMAP_THRESHOLD", "131072")}
 
 
-def tor_env() -> dict:
+def tor_env(overrides: dict | None = None) -> dict:
     """tor's environment, with two glibc malloc settings (each overridable by its TORBED_
     variable; empty leaves glibc's default). Directory caches (guards) and authorities
     compress every new consensus and each consensus diff with lzma (preset 6: 12.5 + 16.3 + 64 MiB
@@ -38,10 +39,16 @@ def tor_env() -> dict:
       guard instead of 41 MiB (before the threshold was fixed).
 
     Cell processing is single-threaded and never allocates 128 KiB at once, so this changes
-    memory, not scheduling; a multi-threaded relay variant should set its own arena count."""
+    memory, not scheduling. A multi-threaded relay variant sets its own (``overrides``, from
+    its variant.yaml ``env``: mtrelay unsets MALLOC_ARENA_MAX, see its README A.9)."""
     env = dict(os.environ)
     for var, (override, default) in TOR_MALLOC_ENV.items():
         value = os.environ.get(override, default)
+        if value:
+            env[var] = value
+        else:
+            env.pop(var, None)
+    for var, value in (overrides or {}).items():
         if value:
             env[var] = value
         else:

@@ -42,13 +42,16 @@ class Variant:
     torrc: str
     parameters: dict = field(default_factory=dict)
     directory: Path | None = None
+    # Environment of this variant's relays over torenv.tor_env(): {variable: value}, an
+    # empty value unsets the variable (e.g. mtrelay's MALLOC_ARENA_MAX).
+    env: dict = field(default_factory=dict)
 
     @property
     def build_key(self) -> str:
         return build_key(self.tor_version, self.patches)
 
 
-_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters"}
+_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters", "env"}
 
 
 def build_key(tor_version: str, patches: tuple[Path, ...] | list[Path] = ()) -> str:
@@ -120,6 +123,14 @@ def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Vari
         torrc = data["torrc"].format(**values)
     except (KeyError, IndexError) as e:
         raise VariantError(f"{path}: torrc uses undefined parameter {e}") from e
+    env_spec = data.get("env") or {}
+    if not isinstance(env_spec, dict) or not all(isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)
+                                                  for k in env_spec):
+        raise VariantError(f"{path}: env must map environment variable names to values")
+    try:
+        env = {k: str("" if v is None else v).format(**values) for k, v in env_spec.items()}
+    except (KeyError, IndexError) as e:
+        raise VariantError(f"{path}: env uses undefined parameter {e}") from e
     patches = tuple(variants_dir / family / p for p in (data.get("patches") or []))
     for p in patches:
         if not p.exists():
@@ -127,4 +138,4 @@ def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Vari
     canonical = family if not arg else f"{family}-{arg}"
     return Variant(name=canonical, family=family, description=data["description"],
                    paper=data.get("paper", ""), tor_version=str(data["tor"]), patches=patches,
-                   torrc=torrc, parameters=values, directory=variants_dir / family)
+                   torrc=torrc, parameters=values, directory=variants_dir / family, env=env)

@@ -3,7 +3,7 @@
 # with torbed variant patches applied, and install the binaries into OUT/bin.
 #
 # Usage:
-#   build-tor.sh --out DIR [--patch FILE]... [--check] [--jobs N]
+#   build-tor.sh --out DIR [--patch FILE]... [--check] [--tsan] [--jobs N]
 #   build-tor.sh --list-patches VARIANT_DIR
 #
 #   --out DIR     install prefix of the result: DIR/bin/{tor,tor-gencert} and
@@ -12,6 +12,10 @@
 #                 repeated, patches are applied in the order given.
 #   --check       also build tor's unit tests (with -Werror) and run the
 #                 circuitmux test groups; the build fails if they fail.
+#   --tsan        build with ThreadSanitizer (-fsanitize=thread -O1): the
+#                 stress-check flavour of multi-threaded variants (mtrelay).
+#                 Slow binaries, for checks only, never for measurements; run
+#                 them with TSAN_OPTIONS=halt_on_error=1 to fail on a race.
 #   --jobs N      parallel make jobs (default: number of CPUs).
 #   --list-patches VARIANT_DIR
 #                 print the patches of VARIANT_DIR/variant.yaml, one path a line,
@@ -70,9 +74,9 @@ AUTOTOOLS_DEPS=(autoconf automake)
 
 # Unit test groups run by --check, if the test binary has them (circuitmux_rr/
 # only exists with the round-robin patch of variants/vanilla, torchestra/ with
-# variants/torchestra).  Set
+# variants/torchestra, mtrelay/ with variants/mtrelay).  Set
 # TORBED_CHECK_ALL=1 to run tor's whole unit test suite as well (~1 min).
-CHECK_TEST_CANDIDATES=(circuitmux circuitmux_ewma circuitmux_rr torchestra)
+CHECK_TEST_CANDIDATES=(circuitmux circuitmux_ewma circuitmux_rr torchestra mtrelay)
 
 log() { printf '[build-tor] %s\n' "$*" >&2; }
 die() { printf '[build-tor] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -117,6 +121,7 @@ list_patches() {
 OUT=""
 PATCHES=()
 CHECK=0
+TSAN=0
 JOBS=$(nproc 2>/dev/null || echo 2)
 
 while [ $# -gt 0 ]; do
@@ -126,6 +131,7 @@ while [ $# -gt 0 ]; do
     --patch)  [ $# -ge 2 ] || die "--patch needs a file"; PATCHES+=("$2"); shift 2 ;;
     --patch=*) PATCHES+=("${1#--patch=}"); shift ;;
     --check)  CHECK=1; shift ;;
+    --tsan)   TSAN=1; shift ;;
     --jobs)   [ $# -ge 2 ] || die "--jobs needs a number"; JOBS=$2; shift 2 ;;
     --jobs=*) JOBS=${1#--jobs=}; shift ;;
     --list-patches) [ $# -ge 2 ] || die "--list-patches needs a variant directory"; list_patches "$2"; exit 0 ;;
@@ -369,6 +375,11 @@ fi
 # The build dir has a random name; map it to a fixed one in debug info and
 # __FILE__ strings so identical inputs give identical binaries (the binaries'
 # sha256 in build.json is then meaningful across builds).
+if [ "$TSAN" -eq 1 ]; then
+  # -O1 keeps TSan's reports readable and its slowdown tolerable.
+  CFLAGS="${CFLAGS:--g -O1} -fsanitize=thread -fno-omit-frame-pointer"
+  export LDFLAGS="${LDFLAGS:-} -fsanitize=thread"
+fi
 CFLAGS_RECORDED="${CFLAGS:--g -O2} -ffile-prefix-map=<builddir>=tor-$TOR_VERSION"
 export CFLAGS="${CFLAGS:--g -O2} -ffile-prefix-map=$SRC=tor-$TOR_VERSION"
 
@@ -452,6 +463,7 @@ cat > "$STAGE/build.json" <<EOF
   "configure_flags": $(json_array "${CONFIGURE_FLAGS[@]}"),
   "cflags": $(json_str "$CFLAGS_RECORDED"),
   "check": $([ "$CHECK" -eq 1 ] && echo true || echo false),
+  "tsan": $([ "$TSAN" -eq 1 ] && echo true || echo false),
   "check_test_groups": $([ "$CHECK" -eq 1 ] && json_array "${CHECK_TEST_GROUPS[@]}" || echo '[]'),
   "fetch_seconds": $FETCH_SECONDS,
   "build_seconds": $BUILD_SECONDS,

@@ -343,6 +343,8 @@ class K8sBackend:
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
         **{f"faults.{k}": "runs on the local backend only so far (issue 20: Chaos Mesh resources to come)"
            for k in ("pause", "restart", "link", "cpu")},
+        "cpu": "network.relays.*.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, "
+               "place the group on a slow node instead: placement)",
     }
     bringup_estimate_s = 60.0
 
@@ -363,6 +365,8 @@ class K8sBackend:
             if f"faults.{f.kind}" in self.unsupported:
                 raise RunFailed(f"faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
                                 "run it with --backend local")
+        if any(g.cpu != "native" for g in scenario.network.relays.values()):
+            raise RunFailed(f"{self.unsupported['cpu']}; run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()

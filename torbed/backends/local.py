@@ -65,6 +65,21 @@ CACHE_WAIT_S = 20.0
 MEASURE_POLL_S = 0.5
 
 
+def qemu_binary() -> str | None:
+    """qemu-user for this machine's architecture (relay groups with ``cpu: qemu``)."""
+    return shutil.which("qemu-x86_64-static") or shutil.which("qemu-x86_64")
+
+
+def cpu_prefix(plan, node) -> list[str]:
+    """The command prefix of a node's tor: qemu-user for relays of a ``cpu: qemu`` group.
+    qemu-user runs each guest thread on a host thread of its own, so a multi-threaded
+    relay's threads still run in parallel; its default CPU model has no AES-NI, so OpenSSL
+    takes its software AES as on a Raspberry Pi."""
+    if node.role == "relay" and plan.scenario.network.relays[node.group].cpu == "qemu":
+        return [qemu_binary() or "qemu-x86_64-static"]
+    return []
+
+
 def preflight(scenario: Scenario) -> str:
     """Checks that need no network: privileges, tools, the kernel's shaping. Returns the shaper."""
     if os.geteuid() != 0:
@@ -74,6 +89,8 @@ def preflight(scenario: Scenario) -> str:
     for tool in ("ip", "tc"):
         if not shutil.which(tool):
             raise RunFailed(f"'{tool}' not found: apt-get install iproute2 (or `make setup`)")
+    if any(g.cpu == "qemu" for g in scenario.network.relays.values()) and not qemu_binary():
+        raise RunFailed("network.relays.*.cpu: qemu needs qemu-x86_64-static: apt-get install qemu-user-static")
     caps = shaping.probe_kernel()
     shaper = "none"
     for v in scenario.variants:
@@ -204,12 +221,20 @@ class LocalBackend:
         boot = rep.meta["bootstrap"]
         boot["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
         boot["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
+        # Variants with their own environment (mtrelay's malloc arenas): recorded per variant.
+        variant_env = {v: var.env for v, var in st["variants"].items() if var.env}
+        if variant_env:
+            boot["variant_env"] = variant_env
         tors = [n for n in st["plan"].nodes if n.runs_tor]
+        emulated = [n.name for n in tors if cpu_prefix(st["plan"], n)]
+        if emulated:
+            boot["emulated_cpu"] = {"qemu": qemu_binary(), "nodes": emulated}
         for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
-            st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + [
+            own = variant_env.get(n.variant) if n.variant else None
+            st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + cpu_prefix(st["plan"], n) + [
                 st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
-                rep.logs / f"{n.name}.stdout.log", env=env)
+                rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
