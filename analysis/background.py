@@ -13,26 +13,17 @@ Public API:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .load import Run
+from .load import Run, read_typed
 
 LOAD_FILE = "load.jsonl"
 
 
 def read(path: Path) -> list[dict]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("type") == "load" and isinstance(rec.get("total"), dict):
-            out.append(rec)
-    return out
+    return read_typed(path, "load", "total", dict)
 
 
 def rep_row(records: list[dict]) -> dict | None:

@@ -18,25 +18,16 @@ Public API:
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
-from .load import Run
+from .load import Run, read_typed
 
 FAULTS_FILE = "faults.jsonl"
 
 
 def read(path: Path) -> list[dict]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("type") == "fault" and isinstance(rec.get("fault"), int):
-            out.append(rec)
-    return out
+    return read_typed(path, "fault", "fault", int)
 
 
 def _describe(rec: dict) -> str:

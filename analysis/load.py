@@ -189,6 +189,21 @@ def iter_jsonl(path: Path):
             raise RecordError(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
 
 
+def read_typed(path: Path, rtype: str, key: str, key_type: type) -> list[dict]:
+    """The object records of type ``rtype`` whose ``key`` holds a ``key_type``, from a
+    JSON-lines file that a process may have been killed while writing: unparseable lines
+    (a cut last line) and other records are skipped, not errors (faults.jsonl, load.jsonl)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("type") == rtype and isinstance(rec.get(key), key_type):
+            out.append(rec)
+    return out
+
+
 def read_jsonl(path: Path, kind: str) -> tuple[list[dict], list[str]]:
     """Read one JSON-lines record file of ``kind`` (a key of FILES).
 

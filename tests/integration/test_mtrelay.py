@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from datetime import datetime
 
 import pytest
 
 from tests.conftest import require_root
-from tests.integration.helpers import only_run_dir, run_torbed, write_scenario
-from torbed import bench_torchestra, constants
+from tests.integration.helpers import checked_build, only_run_dir, run_torbed, write_scenario
+from torbed import bench_torchestra
 from torbed.variants import load_variant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,28 +46,13 @@ def test_tor_unit_tests_with_our_patch_pass_under_werror(tmp_path):
     mtrelay/.. group run. Slow (a full build with tests), so the result is cached by the
     variant's content key: once per patch."""
     v = load_variant("mtrelay")
-    done = constants.CACHE_DIR / "check" / v.build_key / "build.json"
-    if not done.exists():
-        out = tmp_path / "check-build"
-        cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(out), "--check"]
-        for p in v.patches:
-            cmd += ["--patch", str(p)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        ours = re.findall(r"^mtrelay/(\S+): (?:\[forking\] )?OK", p.stderr, re.M)
-        assert sorted(ours) == sorted(OUR_TESTS), p.stderr[-3000:]
-        done.parent.mkdir(parents=True, exist_ok=True)
-        (done.parent / "check.log").write_text(p.stderr)
-        shutil.copy(out / "build.json", done.with_suffix(".tmp"))
-        done.with_suffix(".tmp").rename(done)
-    info = json.loads(done.read_text())
+    info, log = checked_build("mtrelay", tmp_path)
+    ours = re.findall(r"^mtrelay/(\S+): (?:\[forking\] )?OK", log, re.M)
+    assert sorted(ours) == sorted(OUR_TESTS), log[-3000:]
     assert info["check"] is True
     assert "--enable-fatal-warnings" in info["configure_flags"]
     assert "mtrelay/.." in info["check_test_groups"]
     assert [x["file"] for x in info["patches"]] == [p.name for p in v.patches]
-    log = (done.parent / "check.log").read_text()
-    for t in OUR_TESTS:
-        assert re.search(rf"^mtrelay/{t}: (\[forking\] )?OK", log, re.M), t
 
 
 def test_middle_with_two_connection_threads_between_stock_relays(tmp_path):
