@@ -14,8 +14,6 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
   stats_interval_s while a test runs and once when it stops: cumulative counts and bytes, current requests/s
   and failures/s, response-time percentiles over Locust's current window (10 s) and over
   the whole run so far.
-- The master also serves those statistics to Prometheus (``torbed.load.metrics``) at the
-  config's ``metrics`` address and port, when it names one (the local backend's does).
 """
 
 from __future__ import annotations
@@ -105,9 +103,6 @@ def _write(line: dict) -> None:
 def _stats_writer(environment, **_):
     if isinstance(environment.runner, WorkerRunner):
         return
-    if CFG.get("metrics"):
-        from torbed.load import metrics
-        metrics.serve(environment.runner, CFG["variant"], CFG["metrics"]["address"], CFG["metrics"]["port"])
     state = {"greenlet": None}
 
     def loop():
