@@ -15,6 +15,8 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
   and failures/s, response-time percentiles over Locust's current window (10 s) and over
   the whole run so far. The 'end' record is written once the workers' final reports are
   in (every request the master ever counted), or at the latest when Locust quits.
+- The master also serves those statistics to Prometheus (``torbed.load.metrics``) at the
+  config's ``metrics`` address and port, when it names one (the local backend's does).
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def _stats_writer(environment, **_):
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         return
+    if CFG.get("metrics"):
+        from torbed.load import metrics
+        metrics.serve(runner, CFG["variant"], CFG["metrics"]["address"], CFG["metrics"]["port"])
     state = {"greenlet": None, "end": None}
 
     def loop():
