@@ -16,10 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_load import loaded
 from torbed import constants, load, network, prometheus
+from torbed.client.metrics import TIME_BUCKETS
 
 CHILD = textwrap.dedent("""
     import sys, time
     from locust.stats import RequestStats
+    from torbed.client.metrics import TIME_BUCKETS
     from torbed.load import metrics
 
     class Runner:   # what the exporter reads of a runner: its statistics and its user count
@@ -34,7 +36,7 @@ CHILD = textwrap.dedent("""
     r.stats.log_error("GET", "web", "HTTP 503")
     for _ in range(2):
         r.stats.log_request("GET", "bulk", 4500, 1048576)
-    print(metrics.serve(r, "kist", "127.0.0.1", 0), flush=True)
+    print(metrics.serve(r, "kist", "127.0.0.1", 0, TIME_BUCKETS), flush=True)
     time.sleep(60)
 """)
 
@@ -106,7 +108,11 @@ def test_locust_master_is_a_scrape_target_on_its_private_address():
     assert load.metrics_target(plan) == (master.address, constants.LOCUST_METRICS_PORT)
     cfg = load.locust_config(s, plan, {"load-web": {"size": 1}, "load-bulk": {"size": 2}}, variant="kist",
                              rep=0, output="x", metrics=True)
-    assert cfg["metrics"] == {"address": master.address, "port": constants.LOCUST_METRICS_PORT}
+    assert cfg["metrics"] == {"address": master.address, "port": constants.LOCUST_METRICS_PORT,
+                              "buckets": list(TIME_BUCKETS)}
+    k8s = load.locust_config(s, plan, {"load-web": {"size": 1}, "load-bulk": {"size": 2}}, variant="kist",
+                             rep=0, output="x", metrics=True, metrics_address="0.0.0.0")
+    assert k8s["metrics"]["address"] == "0.0.0.0" and k8s["metrics"]["port"] == constants.LOCUST_METRICS_PORT
     # Without load: no locust job.
     from tests.unit.test_scenario import patched
     from torbed import scenario

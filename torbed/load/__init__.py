@@ -10,7 +10,7 @@ Public API:
 
 - ``LOCUSTFILE``: path of the locustfile
 - ``locust_config(s, plan, manifest, *, variant, rep, output, servers=None, socks_port=None,
-  metrics=False) -> dict``: the locustfile's JSON
+  metrics=False, metrics_address=None) -> dict``: the locustfile's JSON
 - ``metrics_target(plan) -> (address, port)``: the master's Prometheus exporter (``torbed.load.metrics``)
 - ``path_options(s, plan, fingerprints) -> {option: value}`` / ``torrc_lines(...) -> [str]``: a load
   node's path restriction
@@ -25,15 +25,18 @@ import sys
 from pathlib import Path
 
 from ..client.driver import think_config
+from ..client.metrics import TIME_BUCKETS
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
 
 def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Path,
-                  servers: list[str] | None = None, socks_port: int | None = None, metrics: bool = False) -> dict:
+                  servers: list[str] | None = None, socks_port: int | None = None, metrics: bool = False,
+                  metrics_address: str | None = None) -> dict:
     """``servers`` / ``socks_port``: where the load's server and the load node's SOCKS port
     are when not at the plan's addresses (Kubernetes: the server group's Service).
-    ``metrics``: the master serves its statistics to Prometheus at ``metrics_target(plan)``."""
+    ``metrics``: the master serves its statistics to Prometheus at ``metrics_target(plan)``,
+    or on ``metrics_address`` (Kubernetes: the pod's, 0.0.0.0) at that port."""
     ld, group = s.load, s.load_server()
     if servers is None:
         servers = [f"http://{n.address}:{n.ports['http']}" for n in plan.group_nodes(group)]
@@ -44,8 +47,13 @@ def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Pa
                       "weight": r.weight, "think": think_config(r.think)} for name, r in ld.mix.items()],
         "timeout_s": ld.timeout.seconds, "stats_interval_s": ld.stats_interval.seconds,
         "stats_output": str(output),
-        "metrics": dict(zip(("address", "port"), metrics_target(plan))) if metrics else None,
+        "metrics": _metrics(plan, metrics_address) if metrics else None,
     }
+
+
+def _metrics(plan, address: str | None) -> dict:
+    addr, port = metrics_target(plan)
+    return {"address": address or addr, "port": port, "buckets": list(TIME_BUCKETS)}
 
 
 def metrics_target(plan) -> tuple[str, int]:

@@ -21,11 +21,13 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import random
 import time
+from pathlib import Path
 
 import gevent
 from locust import HttpUser, events, task
@@ -105,14 +107,22 @@ def _write(line: dict) -> None:
         f.flush()
 
 
+def _metrics_module():
+    # By path, beside this file: Locust's own venv (the locust image's) has no torbed.
+    spec = importlib.util.spec_from_file_location("torbed_load_metrics", Path(__file__).with_name("metrics.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @events.init.add_listener
 def _stats_writer(environment, **_):
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         return
     if CFG.get("metrics"):
-        from torbed.load import metrics
-        metrics.serve(runner, CFG["variant"], CFG["metrics"]["address"], CFG["metrics"]["port"])
+        m = CFG["metrics"]
+        _metrics_module().serve(runner, CFG["variant"], m["address"], m["port"], m["buckets"])
     state = {"greenlet": None, "end": None}
 
     def loop():

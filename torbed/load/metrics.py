@@ -10,16 +10,19 @@ and ``method``; the scrape adds node/role/group/rep):
 - ``torbed_load_requests_per_second`` / ``torbed_load_failures_per_second``: Locust's current
   rates (over its last 10 s)
 - ``torbed_load_response_time_seconds``: histogram of every response time so far (Locust's
-  rounded milliseconds, into ``torbed.client.metrics.TIME_BUCKETS``), so
+  rounded milliseconds, into the given buckets: ``torbed.client.metrics.TIME_BUCKETS``), so
   ``histogram_quantile`` over ``rate(...)`` gives percentiles over any window
 - ``torbed_load_response_time_window_seconds{quantile}``: Locust's own percentiles over its
   current window, the values of load.jsonl's ``p50_ms`` ...
 
 This module imports no Locust (the locustfile hands it the runner), so it can be used and
-tested without Locust's gevent patching.
+tested without Locust's gevent patching, and nothing of torbed but prometheus-client: the
+locustfile loads it by its path, since Locust's own venv (the locust image's /opt/locust)
+has no torbed.
 
-Public API: ``LoadCollector(runner, variant)``; ``serve(runner, variant, address, port) -> port``
-(the port bound: ``port`` or, when 0, the one chosen)
+Public API: ``LoadCollector(runner, variant, buckets)``; ``serve(runner, variant, address, port,
+buckets) -> port`` (the port bound: ``port`` or, when 0, the one chosen); ``buckets``: upper
+bounds in seconds
 """
 
 from __future__ import annotations
@@ -27,16 +30,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from ..client.metrics import TIME_BUCKETS
-
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 class LoadCollector:
     """``runner``: a Locust runner (``.stats``, ``.user_count``)."""
 
-    def __init__(self, runner, variant: str):
-        self.runner, self.variant = runner, variant
+    def __init__(self, runner, variant: str, buckets):
+        self.runner, self.variant, self.buckets = runner, variant, tuple(buckets)
 
     def collect(self):
         v = self.variant
@@ -68,7 +69,7 @@ class LoadCollector:
             fams["fps"].add_metric(lv, e.current_fail_per_sec)
             times = sorted(dict(e.response_times).items())
             buckets, i, below = [], 0, 0
-            for bound in TIME_BUCKETS:
+            for bound in self.buckets:
                 while i < len(times) and times[i][0] <= bound * 1000:
                     below += times[i][1]
                     i += 1
@@ -87,8 +88,8 @@ class LoadCollector:
         yield from fams.values()
 
 
-def serve(runner, variant: str, address: str, port: int) -> int:
+def serve(runner, variant: str, address: str, port: int, buckets) -> int:
     registry = CollectorRegistry()
-    registry.register(LoadCollector(runner, variant))
+    registry.register(LoadCollector(runner, variant, buckets))
     server, _ = start_http_server(port, addr=address, registry=registry)
     return server.server_port
