@@ -34,6 +34,7 @@ COLLECTOR_METRICS_PORT = 9037  # collectors' exporter (control plane)
 HTTP_PORT = 80
 REPLAY_PORT = 8000
 LOCUST_MASTER_PORT = 5557     # Locust's default master port (workers connect to it)
+LOCUST_METRICS_PORT = 9038    # Locust master's Prometheus exporter (torbed.load.metrics)
 LOCUST_WEB_PORT = 8089        # Locust's web UI (Kubernetes: kubectl port-forward)
 
 # Default private address range of the testbed (RFC 1918). .0.1 is the control plane

@@ -185,7 +185,8 @@ def plan(scenario: Scenario, variant: str) -> Plan:
                 ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})
 
     if scenario.load is not None:
-        add(f"{LOAD_MASTER_GROUP}0", "loadmaster", LOAD_MASTER_GROUP, 0, ports={"master": constants.LOCUST_MASTER_PORT})
+        add(f"{LOAD_MASTER_GROUP}0", "loadmaster", LOAD_MASTER_GROUP, 0, ports={"master": constants.LOCUST_MASTER_PORT,
+                                                                         "metrics": constants.LOCUST_METRICS_PORT})
         for i in range(scenario.load.workers):
             add(f"{LOAD_GROUP}{i}", "loadworker", LOAD_GROUP, i,
                 ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})

@@ -9,6 +9,8 @@ reaches every node's exporters and nothing outside the testbed. It scrapes
   ``torbed.client.metrics``),
 - ``collector``: the collectors' exporter in the switch namespace (CELL_STATS cells and
   queue wait per relay, linkemu's per-port and per-link counters when linkemu runs),
+- ``locust``: the Locust master's exporter when the scenario has ``load:``
+  (``torbed_load_*``, ``torbed.load.metrics``; up only from load.start to load.stop),
 - ``prometheus``: itself (its own CPU and memory cost),
 
 with target labels ``node``, ``role``, ``group``, ``variant``, ``release`` (the run
@@ -91,6 +93,10 @@ def scrape_config(plan, *, release: str, variant: str, rep: int, interval_s: flo
         # The driver's own group/variant labels are the same values; honour them.
         jobs.append({"job_name": "driver", "honor_labels": True,
                      "static_configs": [target(c.address, driver_port, c) for c in plan.by_role("client")]})
+    for m in plan.by_role("loadmaster"):
+        # Its series carry the same variant; honour them like the driver's.
+        jobs.append({"job_name": "locust", "honor_labels": True,
+                     "static_configs": [target(m.address, m.ports["metrics"], m)]})
     if collector_port:
         jobs.append({"job_name": "collector", "honor_labels": True,
                      "static_configs": [target("127.0.0.1", collector_port, None, node="collector",

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from test_chart import CHART, CRD_APIS, REPO, SCENARIOS, kubeconform_ok, run, show
+from torbed import constants
 
 NAMESPACE, RELEASE, DOMAIN = "lab", "rel", "cluster.local"
 COMPARED = ("job", "release", "variant", "group", "node", "role", "rep")
@@ -44,8 +45,8 @@ def prometheus_yml(docs) -> dict:
 
 
 def pods(docs) -> list[dict]:
-    """The pods the release's StatefulSets and Indexed Jobs create: name, DNS name, labels,
-    annotations (as the controllers set them)."""
+    """The pods the release's StatefulSets, Indexed Jobs and Deployments create: name, DNS
+    name (none for a Deployment's), labels, annotations (as the controllers set them)."""
     out = []
     for d in docs:
         if d["kind"] == "StatefulSet":
@@ -60,6 +61,10 @@ def pods(docs) -> list[dict]:
                 out.append({"name": f"{host}-x7k2p", "dns": f"{host}.{sub}", "kind": "Job",
                             "labels": d["spec"]["template"]["metadata"]["labels"],
                             "annotations": {"batch.kubernetes.io/job-completion-index": str(i)}})
+        elif d["kind"] == "Deployment":
+            for _ in range(d["spec"].get("replicas", 1)):
+                out.append({"name": f"{d['metadata']['name']}-7c9d8b6f5-q2w4e", "dns": None, "kind": "Deployment",
+                            "labels": d["spec"]["template"]["metadata"]["labels"], "annotations": {}})
     return out
 
 
@@ -99,6 +104,36 @@ def test_in_chart_prometheus_renders_validates_and_promtool_accepts_it(tools, sc
     assert 9037 in ports["collector"] and 9036 in ports["driver"]
 
 
+LOAD_VALUES = CHART / "tests" / "load" / "values-load.yaml"
+
+
+def test_in_chart_prometheus_scrapes_the_locust_master_through_its_service(tools, tmp_path):
+    """With load:, job locust has one target: the master's Service by its DNS name, on the
+    Service port that leads to the master container's exporter port (9038); promtool accepts
+    the config. Without load there is no such job (the parametrized test's scenarios)."""
+    docs = render(tools, REPO / "scenarios" / "quickstart.yaml", "-f", str(LOAD_VALUES))
+    cfg = prometheus_yml(docs)
+    f = tmp_path / "prometheus.yml"
+    f.write_text(yaml.safe_dump(cfg))
+    p = subprocess.run([shutil.which("promtool") or "promtool", "check", "config", str(f)], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "locust"]
+    ((target,),) = [sc["targets"] for sc in job["static_configs"]]
+    host, port = target.rsplit(":", 1)
+    svc_name, rest = host.split(".", 1)
+    assert rest == f"{NAMESPACE}.svc.{DOMAIN}"
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == svc_name)
+    (master,) = [pod for pod in pods(docs) if svc["spec"]["selector"].items() <= pod["labels"].items()]
+    assert master["labels"]["app.kubernetes.io/component"] == "load-master"
+    (sp,) = [sp for sp in svc["spec"]["ports"] if sp["port"] == int(port)]
+    dep = next(d for d in docs if d["kind"] == "Deployment" and master["name"].startswith(d["metadata"]["name"] + "-"))
+    cports = {cp["name"]: cp["containerPort"] for c in dep["spec"]["template"]["spec"]["containers"]
+              for cp in c.get("ports", [])}
+    assert cports[sp["targetPort"]] == constants.LOCUST_METRICS_PORT == int(port)
+    assert job["static_configs"][0]["labels"]["node"] == "locust0" and job["honor_labels"] is True
+
+
 def _sanitize(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
@@ -119,7 +154,7 @@ def test_podmonitor_relabelings_give_the_in_chart_prometheus_labels(tools, tmp_p
     """Run the PodMonitors' and the ServiceMonitor's relabelings in a real Prometheus over the
     discovery labels the release's pods would have; the resulting target labels must be the
     in-chart config's (a relay group with its own variant included)."""
-    docs = render(tools, REPO / "scenarios" / "quickstart.yaml", "--set", "podMonitor.enabled=true",
+    docs = render(tools, REPO / "scenarios" / "quickstart.yaml", "-f", str(LOAD_VALUES), "--set", "podMonitor.enabled=true",
                   "--set", "variant=ewma-66", "--set", "network.relays.middle.variant=kist", "--set", "repetition=4")
     static = {}
     for job in prometheus_yml(docs)["scrape_configs"]:
@@ -152,7 +187,7 @@ def test_podmonitor_relabelings_give_the_in_chart_prometheus_labels(tools, tmp_p
             jobs.append({"job_name": f"{d['metadata']['name']}-{k}", "honor_labels": ep.get("honorLabels", False),
                          "file_sd_configs": [{"files": [str(sd)]}],
                          "relabel_configs": [_snake(r) for r in ep["relabelings"]]})
-    assert len(jobs) == 4       # relays: tor + collector; drivers; results
+    assert len(jobs) == 5       # relays: tor + collector; drivers; Locust master; results
     cfg = tmp_path / "prometheus.yml"
     # A long interval: nothing needs scraping, only the targets' labels are looked at.
     cfg.write_text(yaml.safe_dump({"global": {"scrape_interval": "1h"}, "scrape_configs": jobs}))
@@ -181,3 +216,4 @@ def test_podmonitor_relabelings_give_the_in_chart_prometheus_labels(tools, tmp_p
     assert got == want
     assert got[("tor", "middle0")]["variant"] == "kist" and got[("driver", "bulk1")]["variant"] == "ewma-66"
     assert got[("collector", "guard0")]["rep"] == "4"
+    assert got[("locust", "locust0")]["role"] == "loadmaster" and got[("locust", "locust0")]["variant"] == "ewma-66"

@@ -4,8 +4,9 @@ Deployments (the locust image), driven by `torbed run --backend k8s`.
 Proves that the Locust users' requests go through the private Tor network (Locust's
 statistics are recorded and every relay of the load's path moved at least the bytes Locust
 and the foreground client received), that the load starts at the scenario's time, that the
-report shows it, and that nothing of the release is left afterwards, nor after a Ctrl-C
-while the load runs.
+report shows it, that the in-chart Prometheus scrapes the Locust master's statistics
+(torbed_load_*, job locust), and that nothing of the release is left afterwards, nor after a
+Ctrl-C while the load runs.
 
 Shortened for a 2-core machine: one variant, one foreground client, four users on two load
 workers, a 60 s workload."""
@@ -95,11 +96,23 @@ def test_locust_users_cross_the_private_network_and_nothing_is_left(kube, tmp_pa
     assert leftovers(kube, meta["release"]) == []
 
 
+def _prometheus(kube, release: str, expr: str) -> list[dict]:
+    """An instant query to the release's in-chart Prometheus through the API server's proxy."""
+    r = kube.ApiClient().call_api(f"/api/v1/namespaces/default/services/{release}-prometheus:web/proxy/api/v1/query",
+                                  "GET", query_params=[("query", expr)], auth_settings=["BearerToken"],
+                                  _preload_content=False, _return_http_data_only=True, _request_timeout=30)
+    body = json.loads(r.data)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
 def test_ctrl_c_while_the_load_runs_leaves_no_locust_pod(kube, tmp_path):
     scenario = load_scenario(tmp_path, duration="5m")
     out = tmp_path / "runs"
     log = open(tmp_path / "torbed.log", "w")
-    proc = subprocess.Popen([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(out), "--set", ISOLATE],
+    # With the in-chart Prometheus: it must scrape the Locust master's exporter (job locust).
+    proc = subprocess.Popen([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(out), "--set", ISOLATE,
+                             "--set", "prometheus.enabled=true", "--set", "prometheus.scrapeInterval=5s"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     core = kube.CoreV1Api()
     release = None
@@ -119,6 +132,30 @@ def test_ctrl_c_while_the_load_runs_leaves_no_locust_pod(kube, tmp_path):
         roles = sorted((p.metadata.labels or {}).get("app.kubernetes.io/component", "") for p in pods
                        if p.status.phase == "Running")
         assert roles.count("load-worker") == 2 and roles.count("load-master") == 1, roles
+
+        # The in-chart Prometheus scrapes the master's exporter through its Service, labelled
+        # as the local backend's locust job, while the users run.
+        expr = f'torbed_load_requests_total{{release="{release}", job="locust"}}'
+        deadline, series, users = time.time() + 120, [], []
+        while time.time() < deadline:
+            try:
+                series = _prometheus(kube, release, expr)
+                users = _prometheus(kube, release, f'torbed_load_users{{release="{release}"}}')
+            except Exception:      # Prometheus not up yet, proxy 503: keep polling
+                series = []
+            if series and sum(float(r["value"][1]) for r in series) > 0 and \
+                    [float(r["value"][1]) for r in users] == [4.0]:
+                break
+            time.sleep(3)
+        print(f"in-chart Prometheus: {[(r['metric'].get('name'), r['value'][1]) for r in series]}")
+        assert series and {r["metric"].get("name") for r in series} <= {"web", "bulk"}, series
+        assert sum(float(r["value"][1]) for r in series) > 0, series
+        labels = series[0]["metric"]
+        assert (labels["node"], labels["role"], labels["group"], labels["variant"]) == \
+            ("locust0", "loadmaster", "locust", VARIANT), labels
+        up = _prometheus(kube, release, f'up{{release="{release}", job="locust"}}')
+        assert [r["value"][1] for r in up] == ["1"], up
+        assert [float(r["value"][1]) for r in users] == [4.0], users
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(300)
     finally:

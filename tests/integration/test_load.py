@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import statistics
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from tests.conftest import require_root
 from tests.integration.helpers import (namespaces, only_run_dir, processes_mentioning, records, run_torbed,
                                        small_scenario, start_torbed, wait_for, write_scenario)
-from torbed import constants
+from torbed import constants, prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -101,11 +103,38 @@ def test_load_crosses_the_relays_and_slows_the_foreground(tmp_path):
                                                                         statistics.median(during))
     assert not processes_with_env(str(run)), "Locust processes left behind"
 
+    # The master's exporter was scraped by the run's Prometheus: its target was up, and its
+    # request counter agrees with load.jsonl (up to the requests of the last scrape interval).
+    assert meta["prometheus"]["jobs"]["locust"] == [_master_target(rep)]
+    with prometheus.serve(rep / "prometheus") as served:
+        span = f"{int(meta['t_end'] - meta['t_start']) + 5}s"
+        up = _query(served.url, f'max_over_time(up{{job="locust"}}[{span}])', meta["t_end"])
+        assert [r["value"][1] for r in up] == ["1"], up
+        reqs = _query(served.url, f"sum by (name) (max_over_time(torbed_load_requests_total[{span}]))", meta["t_end"])
+        scraped = {r["metric"]["name"]: float(r["value"][1]) for r in reqs}
+        assert set(scraped) == {"web", "bulk"} and all(v > 0 for v in scraped.values()), scraped
+        assert sum(scraped.values()) <= total["requests"], (scraped, total)
+        users = _query(served.url, f"max_over_time(torbed_load_users[{span}])", meta["t_end"])
+        assert [float(r["value"][1]) for r in users] == [6.0], users
+
     r = run_torbed(["report", str(run)])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run / "report" / "summary.json").read_text())
     assert summary["load"][0]["requests"] == total["requests"]
     assert "Background load (Locust)" in (run / "report" / "report.md").read_text()
+
+
+def _master_target(rep: Path) -> str:
+    cfg = json.loads((rep / "config" / "locust.json").read_text())
+    return f"{cfg['metrics']['address']}:{cfg['metrics']['port']}"
+
+
+def _query(url: str, expr: str, t: float) -> list[dict]:
+    q = urllib.parse.urlencode({"query": expr, "time": f"{t:.3f}"})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=30) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
 
 
 def test_sigint_during_load_stops_every_locust_process(tmp_path):

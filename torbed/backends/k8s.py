@@ -577,8 +577,9 @@ LOCUST_CSV = {"stats_stats.csv": "stats/requests/csv", "stats_stats_history.csv"
 def _collect_load(cluster: Cluster, release: str, rep_dir: Path, fetched: dict[str, int],
                   wait_s: float = 20.0) -> None:
     """Locust's statistics into the repetition directory, as the local backend leaves them:
-    load.jsonl complete (the master writes its 'end' record when the users have stopped and
-    ships it within a second: wait for it, bounded) and locust/stats_*.csv from the master."""
+    load.jsonl complete (the master writes its 'end' record when the users have stopped and the
+    workers' final reports are in, at most 7 s later, and ships it within a second: wait for
+    it, bounded) and locust/stats_*.csv from the master."""
     deadline = time.time() + wait_s
     while True:
         _fetch(cluster, release, rep_dir, fetched, only="load.jsonl")

@@ -656,7 +656,7 @@ class _Load:
         self.t_start = t_work + s.load.start.seconds
         self.t_stop = t_work + (s.load.stop or s.measure.duration).seconds
         cfg = load.locust_config(s, self.plan, manifest[s.load_server()], variant=rep.variant, rep=rep.index,
-                                 output=rep.dir / "load.jsonl")
+                                 output=rep.dir / "load.jsonl", metrics=True)
         self.cfg_path = cfg_dir / "locust.json"
         self.cfg_path.write_text(json.dumps(cfg, indent=1))
         (rep.dir / "locust").mkdir(exist_ok=True)

@@ -10,7 +10,8 @@ worker, connected to the master's Service.
 ``kubectl port-forward``) from pod start; when the start barrier opens (t_workload), wait for
 load.start, then for every worker, and start the users through the master's own web API
 (/swarm, with load.stop as run time: Locust stops them itself). Its statistics (load.jsonl,
-written by the locustfile while users run) are streamed to the results service. The master
+written by the locustfile while users run) are streamed to the results service, and served
+to Prometheus on port 9038 (torbed.load.metrics; the chart's Service port ``metrics``). The master
 then stays up, idle, so its web UI shows the finished test until the release is removed.
 
 The Locust program is ``$TORBED_LOCUST`` (the image's /opt/locust venv); the locustfile is
@@ -60,8 +61,10 @@ def write_config(s, output: Path) -> None:
     group = s.load_server()
     server_ip = socket.gethostbyname(service_host(group))
     manifest = {f"load-{name}": {"size": r.size.bytes} for name, r in s.load.mix.items()}
+    # The master's exporter listens on the pod's address (the chart's Service port metrics).
     cfg = load.locust_config(s, plan(s), manifest, variant=variant(), rep=repetition(), output=output,
-                             servers=[f"http://{server_ip}:{s.servers[group].port}"], socks_port=constants.SOCKS_PORT)
+                             servers=[f"http://{server_ip}:{s.servers[group].port}"], socks_port=constants.SOCKS_PORT,
+                             metrics=True, metrics_address="0.0.0.0")
     CONFIG.write_text(json.dumps(cfg, indent=1))
 
 

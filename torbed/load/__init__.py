@@ -9,8 +9,9 @@ Locust worker beside it; the users fetch the ``load-<mix name>`` files of the lo
 Public API:
 
 - ``LOCUSTFILE``: path of the locustfile
-- ``locust_config(s, plan, manifest, *, variant, rep, output, servers=None, socks_port=None) -> dict``:
-  the locustfile's JSON
+- ``locust_config(s, plan, manifest, *, variant, rep, output, servers=None, socks_port=None,
+  metrics=False, metrics_address=None) -> dict``: the locustfile's JSON
+- ``metrics_target(plan) -> (address, port)``: the master's Prometheus exporter (``torbed.load.metrics``)
 - ``path_options(s, plan, fingerprints) -> {option: value}`` / ``torrc_lines(...) -> [str]``: a load
   node's path restriction
 - ``master_argv(...)`` / ``worker_argv(...)``: the Locust command lines
@@ -24,14 +25,18 @@ import sys
 from pathlib import Path
 
 from ..client.driver import think_config
+from ..client.metrics import TIME_BUCKETS
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
 
 def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Path,
-                  servers: list[str] | None = None, socks_port: int | None = None) -> dict:
+                  servers: list[str] | None = None, socks_port: int | None = None, metrics: bool = False,
+                  metrics_address: str | None = None) -> dict:
     """``servers`` / ``socks_port``: where the load's server and the load node's SOCKS port
-    are when not at the plan's addresses (Kubernetes: the server group's Service)."""
+    are when not at the plan's addresses (Kubernetes: the server group's Service).
+    ``metrics``: the master serves its statistics to Prometheus at ``metrics_target(plan)``,
+    or on ``metrics_address`` (Kubernetes: the pod's, 0.0.0.0) at that port."""
     ld, group = s.load, s.load_server()
     if servers is None:
         servers = [f"http://{n.address}:{n.ports['http']}" for n in plan.group_nodes(group)]
@@ -42,7 +47,18 @@ def locust_config(s, plan, manifest: dict, *, variant: str, rep: int, output: Pa
                       "weight": r.weight, "think": think_config(r.think)} for name, r in ld.mix.items()],
         "timeout_s": ld.timeout.seconds, "stats_interval_s": ld.stats_interval.seconds,
         "stats_output": str(output),
+        "metrics": _metrics(plan, metrics_address) if metrics else None,
     }
+
+
+def _metrics(plan, address: str | None) -> dict:
+    addr, port = metrics_target(plan)
+    return {"address": address or addr, "port": port, "buckets": list(TIME_BUCKETS)}
+
+
+def metrics_target(plan) -> tuple[str, int]:
+    master = plan.by_role("loadmaster")[0]
+    return master.address, master.ports["metrics"]
 
 
 def path_options(s, plan, fingerprints: dict[str, str]) -> dict[str, str]:

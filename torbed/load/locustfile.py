@@ -13,25 +13,33 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
 - The master (or a stand-alone Locust) appends its statistics to load.jsonl every
   stats_interval_s while a test runs and once when it stops: cumulative counts and bytes, current requests/s
   and failures/s, response-time percentiles over Locust's current window (10 s) and over
-  the whole run so far.
+  the whole run so far. The 'end' record is written once the workers' final reports are
+  in (every request the master ever counted), or at the latest when Locust quits.
+- The master also serves those statistics to Prometheus (``torbed.load.metrics``) at the
+  config's ``metrics`` address and port, when it names one (the local backend's does).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import random
 import time
+from pathlib import Path
 
 import gevent
 from locust import HttpUser, events, task
-from locust.runners import WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
 CFG = json.load(open(os.environ["TORBED_LOAD_CONFIG"]))
 NODE = os.environ.get("TORBED_LOAD_NODE", "load")
 _ids = itertools.count()
 PERCENTILES = (0.5, 0.9, 0.95, 0.99)
+# How long a master's end record waits for the workers' final reports after a stop: a
+# worker reports every 3 s (Locust's WORKER_REPORT_INTERVAL), so two intervals and a margin.
+END_WAIT_S = 7.0
 
 
 def _think(rng: random.Random, think: dict | None) -> float:
@@ -99,11 +107,23 @@ def _write(line: dict) -> None:
         f.flush()
 
 
+def _metrics_module():
+    # By path, beside this file: Locust's own venv (the locust image's) has no torbed.
+    spec = importlib.util.spec_from_file_location("torbed_load_metrics", Path(__file__).with_name("metrics.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @events.init.add_listener
 def _stats_writer(environment, **_):
-    if isinstance(environment.runner, WorkerRunner):
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
         return
-    state = {"greenlet": None}
+    if CFG.get("metrics"):
+        m = CFG["metrics"]
+        _metrics_module().serve(runner, CFG["variant"], m["address"], m["port"], m["buckets"])
+    state = {"greenlet": None, "end": None}
 
     def loop():
         while True:
@@ -117,15 +137,66 @@ def _stats_writer(environment, **_):
     def _start(environment, **_):
         if state["greenlet"] is None or state["greenlet"].dead:
             state["greenlet"] = gevent.spawn(loop)
+            state["end"] = None
 
-    def _final(environment, **_):
-        # Locust fires 'test_stop' and then 'quitting' (more than once on a master): one
-        # 'end' record per test.
+    # A master's test_stop is not the end of its statistics: with --run-time Locust fires it
+    # before telling the workers to quit, and a worker sends the requests of its last
+    # interval only then (or, after a /stop, in its next report). So the 'end' record waits
+    # until every worker connected at the stop has reported with no user left running (its
+    # statistics are then final), for at most END_WAIT_S, and is written at 'quitting' in any
+    # case -- after the master's window for the workers' final reports.
+    @events.test_stopping.add_listener
+    def _stopping(environment, **_):
+        if state["greenlet"] is not None and not state["greenlet"].dead and state["end"] is None:
+            state["end"] = {"final": set(), "written": False, "waiter": None}
+
+    @events.worker_report.add_listener
+    def _report(client_id, data, **_):
+        end = state["end"]
+        if end is not None and data.get("user_count") == 0:
+            end["final"].add(client_id)
+
+    def _pending() -> set:
+        # Workers that left (quit, missed heartbeats) are not waited for.
+        return {c.id for c in runner.clients.all} - state["end"]["final"] if isinstance(runner, MasterRunner) else set()
+
+    def _write_end():
+        end = state["end"]
+        if end is None or end["written"]:
+            return
+        end["written"] = True
+        _write(_record(environment, "end"))
+
+    def _wait_then_write():
+        deadline = time.monotonic() + END_WAIT_S
+        while _pending() and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+        _write_end()
+
+    @events.test_stop.add_listener
+    def _stop(environment, **_):
         greenlet = state["greenlet"]
         if greenlet is None or greenlet.dead:
             return
         greenlet.kill(block=True)
-        _write(_record(environment, "end"))
+        if state["end"] is None:   # (a stop without test_stopping: none in Locust 2.47)
+            state["end"] = {"final": set(), "written": False, "waiter": None}
+        state["end"]["waiter"] = gevent.spawn(_wait_then_write)
 
-    events.test_stop.add_listener(_final)
-    events.quitting.add_listener(_final)
+    @events.quitting.add_listener
+    def _quitting(environment, **_):
+        greenlet = state["greenlet"]
+        if greenlet is not None and not greenlet.dead and isinstance(runner, MasterRunner):
+            # SIGTERM while users run: Locust fires 'quitting' before it tells the workers
+            # to quit; quit them now, so their final reports (quit() waits 0.5 s for them)
+            # are in the end record.
+            runner.quit()
+        greenlet = state["greenlet"]
+        if greenlet is not None and not greenlet.dead:   # stand-alone Locust: no stop came
+            greenlet.kill(block=True)
+            state["end"] = state["end"] or {"final": set(), "written": False, "waiter": None}
+        end = state["end"]
+        if end is not None and not end["written"]:
+            if end["waiter"] is not None:
+                end["waiter"].kill(block=True)
+            _write_end()
