@@ -28,7 +28,9 @@ CHAOS_MESH_VERSION=$(sed -n 's/^CHAOS_MESH_VERSION=\([^ ]*\).*/\1/p' "$HERE/k8s-
 # written, 4 days newer) is pinned instead.
 CHAOS_MESH_API_VERSION=v0.0.0-20260906172039-d70b66ad97ac
 SHORT=${CHAOS_MESH_VERSION##*-}
-DIR=$CACHE/k8s/chaos-mesh-$SHORT-api-${CHAOS_MESH_API_VERSION##*-}
+# IMAGE_REV: bump when the image's layout (not the versions) changes.
+IMAGE_REV=1
+DIR=$CACHE/k8s/chaos-mesh-$SHORT-api-${CHAOS_MESH_API_VERSION##*-}-r$IMAGE_REV
 IMAGE=localhost/torbed/chaos-controller-manager:$SHORT
 NS=chaos-mesh
 
@@ -57,7 +59,9 @@ cmd_build() {
   [ -d "$mod/cmd/chaos-controller-manager" ] || die "no cmd/chaos-controller-manager in $mod"
   out=$DIR.tmp
   rm -rf "$out"
-  mkdir -p "$out/rootfs"
+  # /tmp: the only writable place a FROM-scratch image would otherwise lack.
+  mkdir -p "$out/rootfs/tmp"
+  chmod 1777 "$out/rootfs/tmp"
   # The module cache is read-only and go.mod needs one edit: build from a copy.
   src=$out/src
   cp -r "$mod" "$src"

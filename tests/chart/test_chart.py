@@ -119,6 +119,17 @@ def test_chaos_mesh_faults_validate(tools, tmp_path):
     assert found == 2 + kubeconform_ok(tools, f, [], CRD_APIS)   # two PodChaos more
 
 
+def test_chaos_mesh_controller_manifests_validate(tools):
+    """hack/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
+    tests/e2e/test_chaos_mesh_k8s.py) against the Kubernetes schemas, strictly."""
+    m = run(tools, "bash", str(REPO / "hack" / "chaos-mesh.sh"), "manifests")
+    assert m.returncode == 0, show(m)
+    env = tools["env"]
+    k = run(tools, tools["kubeconform"], "-strict", "-summary", "-kubernetes-version", env["TORBED_KUBE_VERSION"],
+            "-schema-location", f"{env['TORBED_K8S_SCHEMAS']}/{K8S_TEMPLATE}", "-", stdin=m.stdout)
+    assert k.returncode == 0 and "Valid: 5, Invalid: 0, Errors: 0" in k.stdout, show(k)
+
+
 def kubeconform_ok(tools, scenario, extra, apis) -> int:
     """Render and validate; returns the number of resources."""
     api_args = [a for api in apis for a in ("--api-versions", api)]
