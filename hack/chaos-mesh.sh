@@ -118,7 +118,7 @@ rules:
     resources: [events]
     verbs: [create, patch, get, list, watch]
   - apiGroups: [""]
-    resources: [nodes, namespaces, services, persistentvolumes, persistentvolumeclaims]
+    resources: [nodes, namespaces, services, endpoints, persistentvolumes, persistentvolumeclaims]
     verbs: [get, list, watch]
   - apiGroups: [discovery.k8s.io]
     resources: [endpointslices]
