@@ -1,7 +1,9 @@
 """Chaos Mesh itself carries out the chart's PodChaos pod-kill: its controller-manager, built
-from its Go module by hack/chaos-mesh.sh (image FROM scratch), runs in the cluster; torbed's
-resume (the k8s backend's Cluster.resume_podchaos) unpauses the chart's PodChaos and the
-controller deletes the selected pod, which its StatefulSet recreates with a new UID.
+from its Go module by hack/chaos-mesh.sh (image FROM scratch), runs in the cluster; given the
+chart's PodChaos for a kill, it deletes the selected pod (its StatefulSet recreates it with a
+new UID) and records the kill in the PodChaos status and an event. It does so as soon as the
+PodChaos exists, although the chart creates it paused: upstream, pod-kill is one-shot and a
+one-shot chaos ignores the pause annotation.
 
 What this does not exercise: chaos-daemon (network, stress and IO chaos), which is neither
 built nor run here, and Chaos Mesh's admission webhooks (not registered; the CRD schemas
@@ -34,7 +36,9 @@ def chaos_mesh(cluster):
                     f"{b.stderr[-3000:]}", pytrace=False)
     tarball = b.stdout.strip().splitlines()[-1]
     print(f"controller-manager image ready after {time.time() - t0:.1f} s ({b.stderr.strip()[-200:]})")
-    if cluster["local"]:
+    # The local cluster also when KUBECONFIG already points at it (make e2e-cluster).
+    local_env = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "env"], capture_output=True, text=True)
+    if cluster["local"] or f"KUBECONFIG={cluster['kubeconfig']}" in local_env.stdout:
         ld = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "load-image", tarball],
                             capture_output=True, text=True)
         assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
@@ -72,7 +76,6 @@ def _wait(what, fn, timeout):
 def test_chaos_mesh_controller_carries_out_the_charts_pod_kill(cluster, chaos_mesh, helm, tmp_path):
     from kubernetes import client, config
 
-    from torbed.backends.k8s import Cluster
     config.load_kube_config(config_file=cluster["kubeconfig"])
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
     rel = "cmkill"
@@ -109,13 +112,12 @@ def test_chaos_mesh_controller_carries_out_the_charts_pod_kill(cluster, chaos_me
         first = _wait(f"{pod_name} running", lambda: (p := _pod(core, pod_name)) and p.status.phase == "Running" and p,
                       120)
         uid0 = first.metadata.uid
-        custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", chaos[0])
-        # Paused, as the chart creates it: the controller must leave the pod alone.
-        time.sleep(8)
-        p = _pod(core, pod_name)
-        assert p and p.metadata.uid == uid0 and p.metadata.deletion_timestamp is None, "a paused PodChaos acted"
         t0 = time.time()
-        Cluster("default").resume_podchaos(name)
+        # Created as the chart renders it, paused. Chaos Mesh treats pod-kill as one-shot and
+        # decides "running" before it consults the pause annotation (controllers/common/
+        # desiredphase), so the kill happens at creation: the chart's paused-then-resumed
+        # PodChaos cannot time a kill (found by this test; see docs/faults.md).
+        custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", chaos[0])
         second = _wait(f"{pod_name} recreated by its StatefulSet with a new UID",
                        lambda: (p := _pod(core, pod_name)) and p.metadata.uid != uid0
                        and p.status.phase == "Running" and p, 120)
@@ -130,7 +132,7 @@ def test_chaos_mesh_controller_carries_out_the_charts_pod_kill(cluster, chaos_me
                             for e in r.get("events") or [])] and st
         status = _wait("the PodChaos status to record the kill", injected, 60)
         print(f"Chaos Mesh deleted {pod_name} (uid {uid0[:8]} -> {second.metadata.uid[:8]}, running again "
-              f"{took:.1f} s after the resume); status: {status['experiment']['containerRecords']}")
+              f"{took:.1f} s after the paused PodChaos was created); status: {status['experiment']['containerRecords']}")
         # The kill is the controller's: it records an event on the PodChaos.
         ev = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
         assert any(e.reason == "Applied" for e in ev), [(e.reason, e.message) for e in ev]
