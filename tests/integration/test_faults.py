@@ -26,6 +26,19 @@ def _run(tmp_path, name, **overrides) -> Path:
     return rep
 
 
+def _start(tmp_path, data):
+    """`torbed run` of ``data`` in the background (output in torbed.log): (process, runs dir)."""
+    out = tmp_path / "runs"
+    proc = start_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"],
+                        tmp_path / "torbed.log")
+    return proc, out
+
+
+def _workload_started(out: Path) -> Path:
+    """The repetition directory, once its workload (and so faults.jsonl) has started."""
+    return wait_for(lambda: next(out.glob("*/kist/rep-0/faults.jsonl"), None), 120, "the workload to start").parent
+
+
 def _events(rep: Path) -> dict:
     """faults.jsonl as {(fault, event): record}."""
     return {(r["fault"], r["event"]): r for r in records(rep / "faults.jsonl")}
@@ -116,12 +129,9 @@ def test_pause_then_restart_of_a_relay(tmp_path):
         "clients.web.workload": FETCH, "measure.duration": "32s",
         "faults": [{"at": "5s", "kind": "pause", "target": "middle0", "duration": "6s"},
                    {"at": "15s", "kind": "restart", "target": "middle0", "duration": "2s"}]})
-    out = tmp_path / "runs"
-    proc = start_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"],
-                        tmp_path / "torbed.log")
+    proc, out = _start(tmp_path, data)
     try:
-        faults = wait_for(lambda: next(out.glob("*/kist/rep-0/faults.jsonl"), None), 120, "the workload to start")
-        rep = faults.parent
+        rep = _workload_started(out)
         applied = wait_for(lambda: _events(rep).get((0, "apply")), 30, "the pause")
         pid = applied["pids"]["middle0"]
         assert _proc_state(pid) == "T", "middle0's tor should be stopped"
@@ -183,12 +193,9 @@ def test_interrupt_while_faults_are_in_force_leaves_nothing_behind(tmp_path):
         "faults": [{"at": "3s", "kind": "pause", "target": "middle0"},
                    {"at": "3s", "kind": "cpu", "target": "exit0", "cpu": "10%"},
                    {"at": "3s", "kind": "link", "between": ["web", "guard"], "partition": True}]})
-    out = tmp_path / "runs"
-    proc = start_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out), "--system-tor"],
-                        tmp_path / "torbed.log")
+    proc, out = _start(tmp_path, data)
     try:
-        faults = wait_for(lambda: next(out.glob("*/kist/rep-0/faults.jsonl"), None), 120, "the workload to start")
-        rep = faults.parent
+        rep = _workload_started(out)
         wait_for(lambda: all((i, "apply") in _events(rep) for i in range(3)), 30, "the three faults")
         ev = _events(rep)
         pid = ev[(0, "apply")]["pids"]["middle0"]

@@ -11,6 +11,7 @@ import yaml
 
 from torbed import bench_circswitch, constants
 from torbed.variants import VariantError, load_variant
+from tests.unit.patchtext import c_format
 
 DIR = constants.VARIANTS_DIR / "circswitch"
 OURS = DIR / "0001-circswitch-guard-side-active-switching.patch"
@@ -56,10 +57,7 @@ def test_chart_renders_the_family():
 
 
 def _c_format(pattern: str) -> str:
-    text = OURS.read_text()
-    i = text.rindex("log_", 0, text.index(pattern))
-    call = text[i:text.index(");", i)].replace('%"PRIu64', '%u"')
-    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
+    return c_format(OURS, pattern)
 
 
 def test_parser_matches_the_patchs_notice_lines():

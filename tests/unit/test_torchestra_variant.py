@@ -9,6 +9,7 @@ import yaml
 
 from torbed import bench_torchestra, constants
 from torbed.variants import VariantError, load_variant
+from tests.unit.patchtext import c_format
 
 PATCH = constants.VARIANTS_DIR / "torchestra" / "0001-torchestra-light-heavy-channel-pairs.patch"
 
@@ -47,12 +48,7 @@ def test_chart_renders_the_same_parameters():
 
 
 def _c_format(pattern: str) -> str:
-    """The format string of the patch's log call that starts with ``pattern``."""
-    text = PATCH.read_text()
-    i = text.rindex("log_", 0, text.index(pattern))
-    # Join the C string literal pieces of the call (lines of the added file start with '+').
-    call = text[i:text.index(");", i)].replace('%"PRIu64', '%u"')
-    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
+    return c_format(PATCH, pattern)
 
 
 def _fill(fmt: str) -> str:
