@@ -9,9 +9,9 @@
 #   hack/chaos-mesh.sh down         remove what `up` created (the CRDs too)
 #   hack/chaos-mesh.sh image        print the image name
 #
-# Only the controller runs: it carries out PodChaos pod-kill (and container-kill, pod-failure)
-# through the API server. chaos-daemon, which every network/stress/IO fault needs, is not
-# built or run (its images cannot be built here and its network faults need sch_netem).
+# Only the controller runs: it carries out PodChaos pod-kill (and pod-failure) through the
+# API server. chaos-daemon, which container-kill and every network/stress/IO fault need, is
+# not built or run (its network faults need sch_netem, which this kernel lacks).
 # The admission webhooks are not registered with the API server: the CRDs' OpenAPI schemas
 # still validate objects server-side, and the controller's webhook server (it always starts
 # one) gets a throwaway self-signed certificate.

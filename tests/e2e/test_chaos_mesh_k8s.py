@@ -1,29 +1,36 @@
-"""Chaos Mesh itself carries out the chart's PodChaos pod-kill: its controller-manager, built
-from its Go module by hack/chaos-mesh.sh (image FROM scratch), runs in the cluster; given the
-chart's PodChaos for a kill, it deletes the selected pod (its StatefulSet recreates it with a
-new UID) and records the kill in the PodChaos status and an event. It does so as soon as the
-PodChaos exists, although the chart creates it paused: upstream, pod-kill is one-shot and a
-one-shot chaos ignores the pause annotation.
+"""Chaos Mesh itself carries out a scenario's kill fault, on time: its controller-manager,
+built from its Go module by hack/chaos-mesh.sh (image FROM scratch), runs in the cluster;
+`torbed run --backend k8s --set chaosMesh.enabled=true` creates the chart's PodChaos (kept
+as a manifest in the release's <release>-faults ConfigMap) at the fault's time, the
+controller deletes the relay's pod and its StatefulSet recreates it.
 
-What this does not exercise: chaos-daemon (network, stress and IO chaos), which is neither
-built nor run here, and Chaos Mesh's admission webhooks (not registered; the CRD schemas
-still validate server-side, see test_k8s.py)."""
+Chaos Mesh carries out a one-shot PodChaos (pod-kill) as soon as it exists, paused or not
+(controllers/common/desiredphase decides "running" for one-shot kinds before it looks at the
+pause annotation): the chart used to create it paused at `helm install`, which killed the
+relay at install time. This test is the one that found it; it now checks that the pod's UID
+changes only after the fault's time.
+
+What this does not exercise: chaos-daemon (container-kill, network, stress and IO chaos),
+which is neither built nor run here (no sch_netem in this kernel, and it would replace the
+pod's root qdisc that the shaper owns), and Chaos Mesh's admission webhooks (not registered;
+the CRD schemas still validate server-side, see test_k8s.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import threading
 import time
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, leftovers
+from test_k8s import QUICKSTART, records, torbed_run
 
 pytestmark = pytest.mark.e2e
 CHAOS_MESH = ["bash", str(REPO / "hack" / "chaos-mesh.sh")]
-QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
-TOOLBOX = "localhost/torbed/toolbox:1"   # imported by hack/cluster.sh up
 
 
 @pytest.fixture(scope="module")
@@ -53,102 +60,81 @@ def chaos_mesh(cluster):
         subprocess.run([*CHAOS_MESH, "down"], capture_output=True, text=True, env=env)
 
 
-def _pod(core, name):
-    from kubernetes.client.exceptions import ApiException
-    try:
-        return core.read_namespaced_pod(name, "default")
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+class PodWatch:
+    """Every (time, pod, uid) seen for the middle relay's pods, polled twice a second while
+    the run goes on (the run's release name is not known in advance)."""
 
+    def __init__(self, kube, selector: str):
+        self.core, self.selector = kube.CoreV1Api(), selector
+        self.seen: dict[tuple[str, str], list[float]] = {}   # (pod, uid) -> [first seen, last seen]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-def _wait(what, fn, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
-
-
-def test_chaos_mesh_controller_carries_out_the_charts_pod_kill(cluster, chaos_mesh, helm, tmp_path):
-    from kubernetes import client, config
-
-    config.load_kube_config(config_file=cluster["kubeconfig"])
-    core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
-    rel = "cmkill"
-    # The chart's PodChaos for "kill the middle group 5 s into the workload".
-    data = yaml.safe_load(QUICKSTART.read_text())
-    data["faults"] = [{"at": "5s", "kind": "kill", "target": "middle"}]
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(data))
-    t = subprocess.run([helm["bin"], "template", rel, str(REPO / "charts" / "torbed"), "-f", str(values),
-                        "--set", "chaosMesh.enabled=true", "--api-versions", "chaos-mesh.org/v1alpha1"],
-                       capture_output=True, text=True, env=helm["env"], check=True).stdout
-    objs = [o for o in yaml.safe_load_all(t) if o]
-    chaos = [o for o in objs if o["kind"] == "PodChaos"]
-    assert len(chaos) == 1 and chaos[0]["metadata"]["annotations"]["experiment.chaos-mesh.org/pause"] == "true"
-    name = chaos[0]["metadata"]["name"]
-    # The target: a stand-in for the middle relay with the labels the chart gives its relay pods
-    # (a real relay needs the whole network; the controller only sees labels and the pod).
-    relay = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-middle"))
-    labels = relay["spec"]["template"]["metadata"]["labels"]
-    sel = chaos[0]["spec"]["selector"]["labelSelectors"]
-    assert all(labels.get(k) == v for k, v in sel.items()), (labels, sel)
-    sts_name = relay["metadata"]["name"]
-    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet",
-           "metadata": {"name": sts_name, "labels": labels},
-           "spec": {"replicas": 1, "serviceName": sts_name,
-                    "selector": {"matchLabels": relay["spec"]["selector"]["matchLabels"]},
-                    "template": {"metadata": {"labels": labels},
-                                 "spec": {"terminationGracePeriodSeconds": 0,
-                                          "containers": [{"name": "tor", "image": TOOLBOX, "imagePullPolicy": "Never",
-                                                          "command": ["sleep", "3600"]}]}}}}
-    pod_name = f"{sts_name}-0"
-    apps.create_namespaced_stateful_set("default", sts)
-    try:
-        first = _wait(f"{pod_name} running", lambda: (p := _pod(core, pod_name)) and p.status.phase == "Running" and p,
-                      120)
-        uid0 = first.metadata.uid
-        t0 = time.time()
-        # Created as the chart renders it, paused. Chaos Mesh treats pod-kill as one-shot and
-        # decides "running" before it consults the pause annotation (controllers/common/
-        # desiredphase), so the kill happens at creation: the chart's paused-then-resumed
-        # PodChaos cannot time a kill (found by this test; see docs/faults.md).
-        custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", chaos[0])
-        second = _wait(f"{pod_name} recreated by its StatefulSet with a new UID",
-                       lambda: (p := _pod(core, pod_name)) and p.metadata.uid != uid0
-                       and p.status.phase == "Running" and p, 120)
-        took = time.time() - t0
-
-        def injected():
-            st = custom.get_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos",
-                                                     name).get("status") or {}
-            recs = (st.get("experiment") or {}).get("containerRecords") or []
-            return [r for r in recs if r.get("id") == f"default/{pod_name}" and r.get("phase") == "Injected"
-                    and any(e.get("operation") == "Apply" and e.get("type") == "Succeeded"
-                            for e in r.get("events") or [])] and st
-        status = _wait("the PodChaos status to record the kill", injected, 60)
-        print(f"Chaos Mesh deleted {pod_name} (uid {uid0[:8]} -> {second.metadata.uid[:8]}, running again "
-              f"{took:.1f} s after the paused PodChaos was created); status: {status['experiment']['containerRecords']}")
-        # The kill is the controller's: it records an event on the PodChaos.
-        ev = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
-        assert any(e.reason == "Applied" for e in ev), [(e.reason, e.message) for e in ev]
-    finally:
-        # While the controller still runs: it removes its finalizer from the PodChaos.
-        try:
-            custom.delete_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", name)
-        except client.exceptions.ApiException:
-            pass
-
-        def podchaos_gone():
+    def _run(self):
+        while not self.stop.is_set():
             try:
-                custom.get_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", name)
-                return False
-            except client.exceptions.ApiException as e:
-                return e.status == 404
-        _wait("the PodChaos deleted", podchaos_gone, 60)
-        apps.delete_namespaced_stateful_set(sts_name, "default")
-        _wait("the stand-in's pod gone", lambda: _pod(core, pod_name) is None, 120)
+                pods = self.core.list_namespaced_pod("default", label_selector=self.selector).items
+            except Exception:
+                pods = []
+            now = time.time()
+            for p in pods:
+                if p.metadata.deletion_timestamp:
+                    continue   # being deleted: the fault has happened
+                span = self.seen.setdefault((p.metadata.name, p.metadata.uid), [now, now])
+                span[1] = now
+            self.stop.wait(0.5)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_chaos_mesh_kills_the_relay_at_the_faults_time(kube, chaos_mesh, tmp_path):
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"}]
+    scenario = tmp_path / "cm-kill.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    watch = PodWatch(kube, "app.kubernetes.io/component=relay,torbed.io/group=middle")
+    try:
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "45s",
+                                "--set", "chaosMesh.enabled=true")
+    finally:
+        watch.close()
+    assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = run_dir / "ewma-66" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    rel = meta["release"]
+    assert meta["chaos_mesh"] is True, meta
+    # The timeline: planned at workload start + 20 s, applied then by creating the PodChaos.
+    recs = records(rep / "faults.jsonl")
+    planned = next(r for r in recs if r["event"] == "planned")
+    apply = next(r for r in recs if r["event"] == "apply")
+    assert planned["t_apply_planned"] == pytest.approx(meta["t_workload_start"] + 20, abs=0.01)
+    assert apply["t_planned"] == planned["t_apply_planned"] and "error" not in apply, apply
+    assert 0 <= apply["t"] - apply["t_planned"] < 1.5, apply   # the backend wakes for it
+    assert apply["done"].startswith(f"Chaos Mesh PodChaos {rel}-fault-0 created"), apply
+    assert apply["pods"] == [f"{rel}-middle-0"]
+    # The pod: one UID from install until the fault's time, a new one only after it.
+    mine = sorted((span, uid) for (pod, uid), span in watch.seen.items() if pod == f"{rel}-middle-0")
+    assert len(mine) == 2, mine
+    (first_span, uid0), (second_span, uid1) = mine
+    print(f"middle-0: uid {uid0[:8]} seen {first_span[0] - apply['t']:+.1f} .. {first_span[1] - apply['t']:+.1f} s "
+          f"around the fault's apply; uid {uid1[:8]} from {second_span[0] - apply['t']:+.1f} s; "
+          f"apply {apply['t'] - apply['t_planned']:.2f} s after planned")
+    assert first_span[0] < meta["t_workload_start"], "the relay's first pod did not live until the workload"
+    assert first_span[1] > apply["t_planned"] - 1.5, "the relay's pod was gone before the fault's time"
+    assert apply["t_planned"] - 1 < second_span[0] < apply["t"] + 30, (second_span, apply)
+    # It was Chaos Mesh: the controller's event on the PodChaos (torbed deleted no pod itself).
+    ev = kube.CoreV1Api().list_namespaced_event("default", field_selector=f"involvedObject.name={rel}-fault-0").items
+    assert any(e.reason == "Applied" for e in ev), [(e.reason, e.message) for e in ev]
+    assert "pod deleted" not in json.dumps(meta["faults"])
+    # The recreated relay came back as itself and carried transfers again.
+    transfers = records(rep / "transfers.jsonl")
+    assert [t for t in transfers if t["status"] == "ok" and t["t_start"] > second_span[0]], \
+        "no transfer succeeded after middle0 came back"
+    # Teardown deleted the PodChaos and everything of the release.
+    left = kube.CustomObjectsApi().list_namespaced_custom_object(
+        "chaos-mesh.org", "v1alpha1", "default", "podchaos", label_selector=f"app.kubernetes.io/instance={rel}")
+    assert left["items"] == []
+    assert leftovers(kube, rel) == []

@@ -37,6 +37,8 @@ RESIZE_TIMEOUT_S = 20.0
 # pause process when the pod shares its process namespace), signalled; prints their pids.
 SIGNAL_TOR = ('p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = tor ] && p="$p ${d#/proc/}"; done; '
               '[ -n "$p" ] || { echo "no tor process in the container"; exit 0; }; kill -%s $p && echo "signalled:$p"')
+# The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
+CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
 
 
 def chaos_objects(cluster, release: str) -> dict[int, dict] | None:
@@ -106,18 +108,22 @@ class Ctx:
                 errors.append(str(e))
         return errors
 
-    def signal_tor(self, pod: str, sig: str) -> str:
-        """Send ``sig`` (STOP, CONT, TERM) to tor in the pod's tor container; its pids."""
+    def exec_tor(self, pod: str, script: str, what: str) -> str:
+        """Run a bash script in the pod's tor container; its output."""
         from kubernetes.stream import stream
         try:
-            out = stream(self.cluster.core.connect_get_namespaced_pod_exec, pod, self.cluster.ns, container="tor",
-                         command=["bash", "-c", SIGNAL_TOR % sig], stderr=True, stdin=False, stdout=True, tty=False,
-                         _request_timeout=30)
+            return stream(self.cluster.core.connect_get_namespaced_pod_exec, pod, self.cluster.ns, container="tor",
+                          command=["bash", "-c", script], stderr=True, stdin=False, stdout=True, tty=False,
+                          _request_timeout=30)
         except (self.cluster.ApiException, *self.cluster.TransportError) as e:
-            raise RunFailed(f"exec in {pod} (SIG{sig} to tor): {e}") from None
+            raise RunFailed(f"exec in {pod} ({what}): {e}") from None
+
+    def signal_tor(self, pod: str, sig: str) -> str:
+        """Send ``sig`` (STOP, CONT, TERM) to tor in the pod's tor container; its pids."""
+        out = self.exec_tor(pod, SIGNAL_TOR % sig, f"SIG{sig} to tor")
         if "signalled:" not in out:
             raise RunFailed(f"SIG{sig} to tor in {pod}: {out.strip()[-300:]}")
-        return out.split("signalled:", 1)[1].split()[0] if out.split("signalled:", 1)[1].split() else "?"
+        return " ".join(out.split("signalled:", 1)[1].split()) or "?"
 
     def tor_cpu(self, pod: str) -> tuple[dict, dict]:
         """The tor container's resources as the spec asks and as the kubelet applied them."""
@@ -129,19 +135,22 @@ class Ctx:
                 {"requests": dict(applied.requests or {}), "limits": dict(applied.limits or {})} if applied else {})
 
     def resize(self, pod: str, resources: dict) -> float:
-        """Set the tor container's CPU in place and wait until the kubelet applied it (the
-        container status reports the new limit); returns how long that took."""
+        """Set the tor container's CPU in place and wait until the container's cgroup has
+        the new CFS quota (read inside the container: the API's container status may report
+        the allocation before the kubelet has written the cgroup); returns how long it took."""
         t0 = time.time()
         self.cluster._call(f"resize pod {pod}", self.cluster.core.patch_namespaced_pod_resize, pod, self.cluster.ns,
                            {"spec": {"containers": [{"name": "tor", "resources": resources}]}})
-        want = resources["limits"]["cpu"]
+        # The kubelet's CFS period is 100 ms: a limit of N millicores is a quota of N * 100 us.
+        want = str(_millicores(resources["limits"]["cpu"]) * 100)
         while True:
-            _, applied = self.tor_cpu(pod)
-            if _same_cpu((applied.get("limits") or {}).get("cpu"), want):
+            got = self.exec_tor(pod, CPU_QUOTA, "read the CPU quota").strip()
+            if got == want:
                 return time.time() - t0
             if time.time() - t0 > RESIZE_TIMEOUT_S:
-                raise RunFailed(f"pod {pod}: the kubelet did not apply the CPU limit {want} within "
-                                f"{RESIZE_TIMEOUT_S:.0f} s (applied: {applied})")
+                raise RunFailed(f"pod {pod}: the tor container's CFS quota is {got!r}, not {want} us per 100 ms, "
+                                f"{RESIZE_TIMEOUT_S:.0f} s after the resize to {resources['limits']['cpu']} "
+                                f"(status: {self.tor_cpu(pod)[1]})")
             time.sleep(0.2)
 
 
@@ -150,10 +159,6 @@ def _millicores(q: str | None) -> int | None:
         return None
     q = str(q)
     return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
-
-
-def _same_cpu(a, b) -> bool:
-    return a is not None and _millicores(a) == _millicores(b)
 
 
 class Kill(Action):
