@@ -129,6 +129,8 @@ def test_chaos_mesh_kills_the_relay_at_the_faults_time(kube, chaos_mesh, tmp_pat
     ev = kube.CoreV1Api().list_namespaced_event("default", field_selector=f"involvedObject.name={rel}-fault-0").items
     assert any(e.reason == "Applied" for e in ev), [(e.reason, e.message) for e in ev]
     assert "pod deleted" not in json.dumps(meta["faults"])
+    # ...and what the PodChaos said it did, kept in meta.json before teardown deleted it.
+    assert meta["chaos_objects"] == {f"{rel}-fault-0": {"kind": "PodChaos", "injected": [f"default/{rel}-middle-0"]}}
     # The recreated relay came back as itself and carried transfers again.
     transfers = records(rep / "transfers.jsonl")
     assert [t for t in transfers if t["status"] == "ok" and t["t_start"] > second_span[0]], \

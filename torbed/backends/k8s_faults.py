@@ -67,9 +67,10 @@ def check_chaos_mesh(cluster, objects: dict[int, dict]) -> None:
 class Ctx:
     """What the Kubernetes actions use: the API, the release, its Chaos Mesh manifests."""
 
-    def __init__(self, cluster, plan, release: str, chaos: dict[int, dict] | None):
+    def __init__(self, cluster, plan, release: str, chaos: dict[int, dict] | None, meta: dict | None = None):
         self.cluster, self.plan, self.release, self.chaos = cluster, plan, release, chaos
         self.created: dict[str, str] = {}   # Chaos Mesh object name -> plural, until deleted
+        self.meta = meta if meta is not None else {}   # the repetition's meta.json
 
     def pods(self, nodes: list[str]) -> list[str]:
         return [f"{self.release}-{self.plan.node(n).group}-{self.plan.node(n).index}" for n in nodes]
@@ -85,6 +86,7 @@ class Ctx:
         return f"Chaos Mesh {obj['kind']} {name} created"
 
     def delete(self, name: str) -> str:
+        self._keep_status(name)
         plural = self.created.pop(name)
         try:
             self.cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, self.cluster.ns, plural, name)
@@ -96,6 +98,21 @@ class Ctx:
             self.created[name] = plural
             raise RunFailed(f"Kubernetes API: delete {plural} {name}: {e}") from None
         return f"{plural} {name} deleted"
+
+    def _keep_status(self, name: str) -> None:
+        """meta.json ``chaos_objects``: what Chaos Mesh says it did with the object (the pods
+        it injected), read before the object is deleted: a cluster whose CRDs exist but whose
+        controller does not run accepts the object and does nothing."""
+        try:
+            obj = self.cluster.custom.get_namespaced_custom_object(GROUP, VERSION, self.cluster.ns,
+                                                                   self.created[name], name)
+        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            self.meta.setdefault("chaos_objects", {})[name] = {"status": f"not readable: {e}"}
+            return
+        recs = ((obj.get("status") or {}).get("experiment") or {}).get("containerRecords") or []
+        injected = sorted(r.get("id") for r in recs if any(
+            e.get("operation") == "Apply" and e.get("type") == "Succeeded" for e in r.get("events") or []))
+        self.meta.setdefault("chaos_objects", {})[name] = {"kind": obj["kind"], "injected": injected}
 
     def cleanup(self) -> list[str]:
         """Delete the Chaos Mesh objects still there (one-shot kinds stay until now, so their
@@ -264,5 +281,5 @@ KINDS = {"kill": Kill, "restart": Restart, "pause": Pause, "cpu": Cpu}
 
 
 def make_runner(backend, rep, t_work: float, chaos: dict[int, dict] | None) -> FaultRunner:
-    ctx = Ctx(backend.cluster, rep.state["plan"], rep.state["name"], chaos)
+    ctx = Ctx(backend.cluster, rep.state["plan"], rep.state["name"], chaos, rep.meta)
     return FaultRunner(rep, t_work, ctx=ctx, kinds=KINDS)
