@@ -193,7 +193,6 @@ class Cluster:
         self._call(f"delete pod {pod}", self.core.delete_namespaced_pod, pod, self.ns)
 
 
-
 def _pod_problem(pod) -> str | None:
     """Why a pod will not get anywhere by waiting, or None."""
     for st in (pod.status.init_container_statuses or []) + (pod.status.container_statuses or []):
