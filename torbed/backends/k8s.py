@@ -172,6 +172,21 @@ class Cluster:
                     if e.status != 404:
                         raise KubernetesError(f"Kubernetes API: delete {kind} {obj.metadata.name}: "
                                               f"HTTP {e.status} {e.reason}") from None
+        # Chaos Mesh objects the backend created at fault times (not helm's): normally deleted
+        # when the faults end; here if that failed. 404: Chaos Mesh's CRDs are not installed.
+        for plural in ("podchaos", "stresschaos"):
+            try:
+                items = self.custom.list_namespaced_custom_object("chaos-mesh.org", "v1alpha1", self.ns, plural,
+                                                                  label_selector=sel)["items"]
+            except self.ApiException as e:
+                if e.status == 404:
+                    continue
+                raise KubernetesError(f"Kubernetes API: list {plural} of {release}: HTTP {e.status} {e.reason}") from None
+            for obj in items:
+                name = obj["metadata"]["name"]
+                self._call(f"delete {plural} {name}", self.custom.delete_namespaced_custom_object,
+                           "chaos-mesh.org", "v1alpha1", self.ns, plural, name)
+                gone.append(f"{plural}/{name}")
         return gone
 
     def node_hardware(self, names: set[str]) -> dict[str, dict]:
