@@ -374,7 +374,8 @@ class K8sBackend:
                    extra_set=args.set or [])
 
     def preflight(self, scenario: Scenario) -> dict:
-        where = f"{self.scenario_path}: " if self.scenario_path else ""
+        path = getattr(self, "scenario_path", None)   # the file the errors name, when known
+        where = f"{path}: " if path else ""
         for i, f in enumerate(scenario.faults):
             if f"faults.{f.kind}" in self.unsupported:
                 raise InputError(f"{where}faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
