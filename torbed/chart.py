@@ -68,9 +68,10 @@ class Isolation(Strict):
 
 
 class ChaosMeshValues(Strict):
-    enabled: bool = Field(False, description="Render the scenario's faults as Chaos Mesh PodChaos objects "
-                                             "(paused; torbed run --backend k8s resumes each at its time); "
-                                             "needs Chaos Mesh in the cluster")
+    enabled: bool = Field(False, description="Render the scenario's kill, restart and cpu faults as Chaos Mesh "
+                                             "objects (PodChaos, StressChaos) in the ConfigMap <release>-faults; "
+                                             "torbed run --backend k8s creates each at its time and deletes it "
+                                             "when the fault ends; needs Chaos Mesh in the cluster")
 
 
 class PodMonitorValues(Strict):

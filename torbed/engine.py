@@ -83,6 +83,8 @@ def features_used(s: Scenario) -> list[str]:
     """The scenario's features a backend might lack, by name."""
     used = {f"workload.{cg.workload.kind}" for cg in s.clients.values()}
     used |= {f"faults.{f.kind}" for f in s.faults}
+    if any(f.kind == "restart" and f.duration is not None and f.duration.seconds > 0 for f in s.faults):
+        used.add("faults.restart.downtime")
     used |= {f"collect.{c}" for c in s.measure.collect}
     links = [s.links.default, *s.links.pairs]
     if any(link.delay or link.jitter or link.loss for link in links):

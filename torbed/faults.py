@@ -298,10 +298,12 @@ class FaultRunner:
     """The repetition's faults on schedule. Times in faults.jsonl are Unix seconds;
     ``t_planned`` is when the event was due."""
 
-    def __init__(self, rep, t_work: float, emulator=None):
+    def __init__(self, rep, t_work: float, emulator=None, ctx=None, kinds: dict | None = None):
         st = rep.state
         self.rep = rep
-        self.ctx = _Ctx(st["sup"], st["plan"], emulator, st["run_id"])
+        # Another backend (torbed.backends.k8s_faults) brings its own context and actions.
+        self.ctx = ctx if ctx is not None else _Ctx(st["sup"], st["plan"], emulator, st["run_id"])
+        kinds = kinds or FAULTS
         self.writer = RecordWriter(rep.dir / "faults.jsonl")
         self.active: dict[int, Action] = {}
         self.events: list[tuple[float, int, str]] = []   # (time due, fault index, "apply" | "undo")
@@ -320,7 +322,7 @@ class FaultRunner:
                 self.events.append((t_undo, i, "undo"))
             self._record(i, f, "planned", nodes=nodes, t_apply_planned=t_apply, t_undo_planned=t_undo,
                          params=_params(f), pairs=len(link_pairs(self.ctx.plan, f)) if f.kind == "link" else None)
-            self.active[i] = FAULTS[f.kind](i, f, nodes)
+            self.active[i] = kinds[f.kind](i, f, nodes)
         self.events.sort(key=lambda e: (e[0], e[2] == "apply", e[1]))   # undo before apply at one time
         self.applied: set[int] = set()
 
@@ -351,10 +353,12 @@ class FaultRunner:
         except (OSError, emulator_mod.EmulatorError, RunFailed) as e:
             self._record(i, f, "apply", t_planned=due, t_done=time.time(), error=str(e))
             raise RunFailed(f"faults[{i}] ({f.kind} {f.target or ' / '.join(f.between)}) could not be applied: {e}")
+        extra = getattr(action, "record", {})   # what else an action wants kept (k8s: pods, objects)
         self._record(i, f, "apply", t_planned=due, t_done=time.time(), done=done, t=t,
-                     pids=getattr(action, "pids", None), cgroup=str(action.group) if f.kind == "cpu" else None)
+                     pids=getattr(action, "pids", None),
+                     cgroup=str(action.group) if getattr(action, "group", None) else None, **extra)
         action.meta = {"at": f.at, "kind": f.kind, "target": f.target, "between": f.between,
-                       "nodes": action.nodes, "t": t, "t_undo": None}
+                       "nodes": action.nodes, "t": t, "t_undo": None, **extra}
         self.rep.meta["faults"].append(action.meta)
         self.rep.console.log(f"fault {i}: {done} (+{t - due:.2f} s late)")
         self.rep.write_meta()
@@ -367,7 +371,7 @@ class FaultRunner:
         t = time.time()
         try:
             done = action.undo(self.ctx, reason)
-        except (OSError, emulator_mod.EmulatorError) as e:
+        except (OSError, emulator_mod.EmulatorError, RunFailed) as e:
             self._record(i, f, "undo", t_planned=due, reason=reason, error=str(e))
             raise RunFailed(f"faults[{i}] ({f.kind}) could not be undone: {e}")
         self._record(i, f, "undo", t_planned=due, t_done=time.time(), reason=reason, done=done, t=t)
@@ -385,4 +389,9 @@ class FaultRunner:
                 self._undo(self.active[i], None, reason)
             except Exception as e:   # every other fault must still be undone
                 self.rep.meta.setdefault("teardown_errors", []).append(f"faults[{i}] undo: {e}")
+        cleanup = getattr(self.ctx, "cleanup", None)   # k8s: Chaos Mesh objects still there
+        if cleanup is not None:
+            self.rep.meta.setdefault("teardown_errors", []).extend(cleanup())
+            if not self.rep.meta["teardown_errors"]:
+                del self.rep.meta["teardown_errors"]
         self.rep.write_meta()

@@ -109,14 +109,47 @@ def test_template_validates(tools, scenario, variant, apis):
 
 
 def test_chaos_mesh_faults_validate(tools, tmp_path):
-    """The scenario's faults as PodChaos (chaosMesh.enabled), against Chaos Mesh's CRD schema."""
+    """The scenario's faults as Chaos Mesh objects (chaosMesh.enabled): one ConfigMap holding a
+    manifest per fault Chaos Mesh takes (not pause: torbed signals tor itself), each valid
+    against Chaos Mesh's CRD schema, strictly."""
     data = yaml.safe_load((REPO / "scenarios" / "quickstart.yaml").read_text())
     data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"},
-                      {"at": "40s", "kind": "kill", "target": "guard"}]
+                      {"at": "40s", "kind": "kill", "target": "guard"},
+                      {"at": "50s", "kind": "pause", "target": "exit0", "duration": "5s"},
+                      {"at": "60s", "kind": "restart", "target": "middle"},
+                      {"at": "70s", "kind": "cpu", "target": "exit0", "cpu": "10%", "duration": "10s"}]
     f = tmp_path / "faults.yaml"
     f.write_text(yaml.safe_dump(data))
     found = kubeconform_ok(tools, f, ["--set", "chaosMesh.enabled=true"], CRD_APIS)
-    assert found == 2 + kubeconform_ok(tools, f, [], CRD_APIS)   # two PodChaos more
+    assert found == 1 + kubeconform_ok(tools, f, [], CRD_APIS)   # the faults ConfigMap
+    objs = chaos_manifests(tools, f)
+    assert [(o["kind"], o["spec"].get("action")) for o in objs] == [
+        ("PodChaos", "pod-kill"), ("PodChaos", "pod-kill"), ("PodChaos", "container-kill"), ("StressChaos", None)]
+    env = tools["env"]
+    k = run(tools, tools["kubeconform"], "-strict", "-summary",
+            "-schema-location", f"{env['TORBED_CRD_SCHEMAS']}/{CRD_TEMPLATE}", "-",
+            stdin=yaml.safe_dump_all(objs))
+    assert k.returncode == 0 and "Valid: 4, Invalid: 0, Errors: 0" in k.stdout, show(k)
+
+
+def chaos_manifests(tools, values: Path) -> list[dict]:
+    """The Chaos Mesh objects the chart keeps in its <release>-faults ConfigMap."""
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(values), "--set", "chaosMesh.enabled=true",
+            "--show-only", "templates/chaos/configmap-faults.yaml")
+    assert t.returncode == 0, show(t)
+    cm = yaml.safe_load(t.stdout)
+    return [yaml.safe_load(cm["data"][k]) for k in sorted(cm["data"], key=lambda k: int(k[6:-5]))]
+
+
+def test_chaos_mesh_controller_manifests_validate(tools):
+    """hack/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
+    tests/e2e/test_chaos_mesh_k8s.py) against the Kubernetes schemas, strictly."""
+    m = run(tools, "bash", str(REPO / "hack" / "chaos-mesh.sh"), "manifests")
+    assert m.returncode == 0, show(m)
+    env = tools["env"]
+    k = run(tools, tools["kubeconform"], "-strict", "-summary", "-kubernetes-version", env["TORBED_KUBE_VERSION"],
+            "-schema-location", f"{env['TORBED_K8S_SCHEMAS']}/{K8S_TEMPLATE}", "-", stdin=m.stdout)
+    assert k.returncode == 0 and "Valid: 5, Invalid: 0, Errors: 0" in k.stdout, show(k)
 
 
 def kubeconform_ok(tools, scenario, extra, apis) -> int:

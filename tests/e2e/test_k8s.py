@@ -192,36 +192,47 @@ def test_egress_outside_the_release_is_blocked_and_chaos_resources_pass_a_server
 
 
 def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
-    """Chaos Mesh's CRDs from its Go module (not committed), applied for the test; the
-    chart's PodChaos objects must pass the API server's validation (server-side dry run)."""
+    """Chaos Mesh's CRDs from its Go module (not committed), applied for the test; the Chaos
+    Mesh objects the chart keeps in its <release>-faults ConfigMap (PodChaos pod-kill and
+    container-kill, StressChaos: what the backend creates at each fault's time) must pass the
+    API server's validation (server-side dry run), and a wrong one must not."""
     import re
     ver = re.search(r"^CHAOS_MESH_VERSION=(\S+)", (REPO / "hack" / "k8s-tools.sh").read_text(), re.M).group(1)
     d = subprocess.run(["go", "mod", "download", "-json", f"github.com/chaos-mesh/chaos-mesh@{ver}"],
                        capture_output=True, text=True, check=True)
     crd_dir = Path(json.loads(d.stdout)["Dir"]) / "helm" / "chaos-mesh" / "crds"
     ext = kube.ApiextensionsV1Api()
-    crd = yaml.safe_load((crd_dir / "chaos-mesh.org_podchaos.yaml").read_text())
-    name = crd["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(crd)
-    except kube.exceptions.ApiException as e:
-        if e.status != 409:
-            raise
+    names = []
+    for kind in ("podchaos", "stresschaos"):
+        crd = yaml.safe_load((crd_dir / f"chaos-mesh.org_{kind}.yaml").read_text())
+        names.append(crd["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(crd)
+        except kube.exceptions.ApiException as e:
+            if e.status != 409:
+                raise
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
-            conds = ext.read_custom_resource_definition(name).status.conditions or []
-            if any(c.type == "Established" and c.status == "True" for c in conds):
+            if all(any(c.type == "Established" and c.status == "True"
+                       for c in ext.read_custom_resource_definition(n).status.conditions or []) for n in names):
                 break
             time.sleep(1)
-        t = subprocess.run([helm["bin"], "template", "egress", str(REPO / "charts" / "torbed"), "-f", str(values),
-                            "--set", "chaosMesh.enabled=true", "--api-versions", "chaos-mesh.org/v1alpha1"],
+        data = yaml.safe_load(values.read_text())
+        data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"},
+                          {"at": "30s", "kind": "restart", "target": "guard"},
+                          {"at": "40s", "kind": "cpu", "target": "exit0", "cpu": "10%", "duration": "5s"}]
+        chaos_values = tmp_path / "chaos-values.yaml"
+        chaos_values.write_text(yaml.safe_dump(data))
+        t = subprocess.run([helm["bin"], "template", "egress", str(REPO / "charts" / "torbed"), "-f", str(chaos_values),
+                            "--set", "chaosMesh.enabled=true", "--show-only", "templates/chaos/configmap-faults.yaml"],
                            capture_output=True, text=True, env=helm["env"], check=True).stdout
-        chaos = [o for o in yaml.safe_load_all(t) if o and o["kind"] == "PodChaos"]
-        assert len(chaos) == 1
+        cm = yaml.safe_load(t)
+        chaos = [yaml.safe_load(v) for _, v in sorted(cm["data"].items())]
+        assert [o["kind"] for o in chaos] == ["PodChaos", "PodChaos", "StressChaos"]
         custom = kube.CustomObjectsApi()
         for obj in chaos:
-            custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", "podchaos", obj,
+            custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", obj["kind"].lower(), obj,
                                                    dry_run="All")
         bad = json.loads(json.dumps(chaos[0]))
         bad["spec"]["action"] = "pod-explode"
@@ -230,7 +241,8 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
                                                    dry_run="All")
         assert e.value.status == 422
     finally:
-        ext.delete_custom_resource_definition(name)
+        for n in names:
+            ext.delete_custom_resource_definition(n)
 
 
 def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp_path):

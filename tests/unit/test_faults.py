@@ -220,11 +220,22 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
 
 
 def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster():
+    """Link faults and a restart's downtime are not done on Kubernetes: refused as input
+    (exit 2) naming the scenario file and the field; the other kinds pass."""
+    from pathlib import Path
+
     from torbed.backends.k8s import K8sBackend
-    from torbed.errors import RunFailed
     from torbed.engine import unsupported
+    from torbed.errors import InputError
     s = scenario.parse(with_faults({"at": "10s", "kind": "kill", "target": "middle0"},
-                                   {"at": "20s", "kind": "pause", "target": "middle1", "duration": "5s"}))
-    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.pause"]
-    with pytest.raises(RunFailed, match=r"faults\[1\]\.kind: pause"):
-        K8sBackend(console=None).preflight(s)
+                                   {"at": "20s", "kind": "pause", "target": "middle1", "duration": "5s"},
+                                   {"at": "30s", "kind": "link", "target": "middle1", "partition": True,
+                                    "duration": "5s"}))
+    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.link"]
+    with pytest.raises(InputError, match=r"^s\.yaml: faults\[2\]\.kind: link "):
+        K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
+    s = scenario.parse(with_faults({"at": "20s", "kind": "restart", "target": "middle1", "duration": "5s"},
+                                   {"at": "40s", "kind": "cpu", "target": "middle0", "cpu": "10%", "duration": "5s"}))
+    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.restart.downtime"]
+    with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.duration: a restart's duration"):
+        K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)

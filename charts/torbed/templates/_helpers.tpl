@@ -272,7 +272,20 @@ Args: (list $root $group).
   securityContext:
     {{- include "torbed.containerSecurity" $root | nindent 4 }}
   resources:
-    {{- toYaml (index $root.Values.resources $role) | nindent 4 }}
+    {{- $res := deepCopy (index $root.Values.resources $role) }}
+    {{- if and (eq $role "relay") (not $root.Values.chaosMesh.enabled) (include "torbed.hasFault" (list $root "cpu" $group)) }}
+    {{- /* A cpu fault lowers this limit in place (the pod's resize subresource): the
+    container needs one to start with (one core, as the fault's percent is of one core),
+    and keeps the pod's QoS class while it changes. */}}
+    {{- $limits := $res.limits | default dict }}
+    {{- if not (hasKey $limits "cpu") }}
+    {{- $_ := set $limits "cpu" "1" }}
+    {{- $req := $res.requests | default dict }}
+    {{- if not (hasKey $req "cpu") }}{{ $_ := set $req "cpu" "10m" }}{{ end }}
+    {{- $_ := set $res "limits" $limits }}{{ $_ := set $res "requests" $req }}
+    {{- end }}
+    {{- end }}
+    {{- toYaml $res | nindent 4 }}
   volumeMounts:
     - {name: torrc, mountPath: /etc/torbed/torrc, readOnly: true}
     - {name: identities, mountPath: /etc/torbed/identities, readOnly: true}
@@ -363,3 +376,19 @@ Relabel rules in the Prometheus Operator's spelling (`relabelings`). Args: (list
 {{- end -}}
 
 {{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tag" . }}{{- end -}}
+
+{{/* "true" when the scenario has a fault of this kind on this relay group (its name, or one of
+its nodes: <group><index>); any group when the group is "". Args: (list $root $kind $group). */}}
+{{- define "torbed.hasFault" -}}
+{{- $root := index . 0 -}}{{- $kind := index . 1 -}}{{- $group := index . 2 -}}
+{{- $found := false -}}
+{{- range $root.Values.faults | default list -}}
+{{- if eq .kind $kind -}}
+{{- $t := .target | default "" -}}
+{{- if or (eq $group "") (eq $t $group) (and (not (hasKey $root.Values.network.relays $t)) (hasPrefix $group $t) (regexMatch "^[0-9]+$" (trimPrefix $group $t))) -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $found }}true{{ end -}}
+{{- end -}}
