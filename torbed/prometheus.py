@@ -219,7 +219,7 @@ class Forwarder:
             client.close()
             return
         for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self.closed = True
@@ -230,7 +230,8 @@ class Forwarder:
         self.sock.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy src to dst until either side closes, then shut both down (one direction of a relay)."""
     try:
         while data := src.recv(65536):
             dst.sendall(data)

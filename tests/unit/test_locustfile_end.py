@@ -23,6 +23,7 @@ import time
 import pytest
 
 from torbed import load
+from torbed.prometheus import pump
 
 BODY = b"x" * 2048
 
@@ -44,22 +45,8 @@ class _Socks5Handler(socketserver.BaseRequestHandler):
         (port,) = struct.unpack("!H", c.recv(2))
         up = socket.create_connection((host, port))
         c.sendall(b"\x05\x00\x00\x01" + socket.inet_aton("127.0.0.1") + struct.pack("!H", 0))
-        threading.Thread(target=_pipe, args=(up, c), daemon=True).start()
-        _pipe(c, up)
-
-
-def _pipe(a: socket.socket, b: socket.socket) -> None:
-    try:
-        while data := a.recv(65536):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        threading.Thread(target=pump, args=(up, c), daemon=True).start()
+        pump(c, up)
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
