@@ -28,7 +28,7 @@ Public API:
 - ``binary() -> str``; ``version(binary) -> str``; raises ``RunFailed`` when missing
 - ``scrape_config(plan, ...) -> dict`` the prometheus.yml of one repetition
 - ``start(rep, console) -> Forwarder | None`` (local backend); ``meta_entry`` is recorded
-- ``Forwarder(ns, address, port)``: ``.url``, ``.close()``
+- ``Forwarder(ns, address, port)``: ``.url``, ``.close()``; ``pump(src, dst)``: one direction of a TCP relay
 - ``serve(tsdb, port=0) -> Served`` (context manager: ``.url``); ``graph_url(base, expr, t0, t1)``
 - ``repetitions_with_tsdb(run_dir) -> [Path]``
 - ``RELAY_THROUGHPUT``: the PromQL of relay throughput (bytes written per second per relay)
