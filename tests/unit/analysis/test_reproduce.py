@@ -59,7 +59,7 @@ def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsy
     # Torchestra's experiments are wired in but not part of this run; mtrelay exists, its
     # experiment is not wired into reproduce yet.
     gopal = [v for v in lines.values() if v.startswith("| Gopal")]
-    assert len(gopal) == 8 and all("not part of this shortened run" in v for v in gopal), gopal
+    assert len(gopal) == 10 and all("not part of this shortened run" in v for v in gopal), gopal
     assert "variant mtrelay exists but no experiment is wired up" in next(
         v for v in lines.values() if v.startswith("| Engler"))
     # The circuit-switching experiment (Fig. 4 a-d) is wired in too, and not part of this run.
