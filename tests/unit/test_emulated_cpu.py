@@ -5,6 +5,7 @@ Kubernetes."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from tests.unit.test_scenario import BASE
 from torbed import engine, scenario
 from torbed.backends import local
 from torbed.backends.k8s import K8sBackend
-from torbed.errors import RunFailed
+from torbed.errors import InputError
 from torbed.network import plan as make_plan
 
 
@@ -44,5 +45,5 @@ def test_kubernetes_refuses_an_emulated_cpu():
     assert "cpu" in engine.features_used(s)
     assert [f for f, _ in engine.unsupported(s, K8sBackend)] == ["cpu"]
     assert "cpu" not in engine.features_used(_scenario("native"))
-    with pytest.raises(RunFailed, match="local backend only"):
-        K8sBackend.preflight(object.__new__(K8sBackend), s)
+    with pytest.raises(InputError, match=r"^s\.yaml: network\.relays\.\*\.cpu: .*local backend only"):
+        K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)

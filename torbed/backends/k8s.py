@@ -374,8 +374,7 @@ class K8sBackend:
                    extra_set=args.set or [])
 
     def preflight(self, scenario: Scenario) -> dict:
-        path = getattr(self, "scenario_path", None)   # the file the errors name, when known
-        where = f"{path}: " if path else ""
+        where = f"{self.scenario_path}: " if self.scenario_path else ""   # the file the errors name
         for i, f in enumerate(scenario.faults):
             if f"faults.{f.kind}" in self.unsupported:
                 raise InputError(f"{where}faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
@@ -384,7 +383,7 @@ class K8sBackend:
                 raise InputError(f"{where}faults[{i}].duration: {self.unsupported['faults.restart.downtime']}; "
                                  "run it with --backend local")
         if any(g.cpu != "native" for g in scenario.network.relays.values()):
-            raise RunFailed(f"{self.unsupported['cpu']}; run it with --backend local")
+            raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()
