@@ -344,3 +344,20 @@ def test_the_nightly_runner_holds_every_permission_its_releases_grant(tools):
     granted = {(g, res, v) for role in roles("-f", str(REPO / "scenarios" / "quickstart.yaml"))
                for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"] for v in rule["verbs"]}
     assert granted and granted <= held, sorted(granted - held)
+
+
+def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_uninstall(tools):
+    """The k8s backend runs inside the nightly Job with the runner's Role: it execs signals into
+    tor, resizes pods and creates, lists and deletes Chaos objects. A list of a Chaos kind the
+    Role does not name is refused (403) even where the CRD is absent, which once aborted the
+    uninstall's sweep and left the night's relay pods behind."""
+    from torbed.backends.k8s import CHAOS_PLURALS
+    p = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(NIGHTLY_VALUES))
+    assert p.returncode == 0, show(p)
+    runner = next(d for d in yaml.safe_load_all(p.stdout)
+                  if d and d["kind"] == "Role" and d["metadata"]["name"].endswith("-nightly"))
+    held = {(g, res, v) for rule in runner["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+            for v in rule["verbs"]}
+    needed = {("", "pods/exec", "create"), ("", "pods/resize", "patch"), ("", "pods", "list"), ("", "pods", "delete")}
+    needed |= {("chaos-mesh.org", plural, v) for plural in CHAOS_PLURALS for v in ("list", "create", "delete")}
+    assert needed <= held, sorted(needed - held)

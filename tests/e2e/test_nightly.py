@@ -113,7 +113,7 @@ def test_nightly_cronjob_runs_a_night_and_keeps_the_history(kube, helm, images, 
         assert {f["status"] for f in rep["findings"]} == {"insufficient-history"}, rep["findings"]
         # The runner's releases are gone: only the nightly's own objects carry torbed's name.
         left = kube.CoreV1Api().list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=torbed").items
-        assert [p.metadata.name for p in left if not p.metadata.name.startswith(RELEASE)] == []
+        assert [p.metadata.name for p in left if not p.metadata.name.startswith(RELEASE)] == [], log[-3000:]
     finally:
         subprocess.run([helm["bin"], "uninstall", RELEASE, "-n", NS, "--wait"], capture_output=True, env=env, timeout=180)
         kube.BatchV1Api().delete_namespaced_job(job, NS, propagation_policy="Background") \

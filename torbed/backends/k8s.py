@@ -45,6 +45,9 @@ from ..scenario import Scenario
 CHART = constants.REPO_ROOT / "charts" / "torbed"
 POLL_S = 1.0
 INSTALL_POLL_S = 2.0
+# The Chaos Mesh kinds the backend creates at fault times (k8s_faults) and sweeps at uninstall;
+# the nightly runner's Role (charts/torbed/templates/nightly/rbac.yaml) grants exactly these.
+CHAOS_PLURALS = ("podchaos", "stresschaos")
 # Node labels that say what hardware a node is (recorded in meta.json "hardware").
 HARDWARE_LABELS = ("torbed.io/", "kubernetes.io/arch", "node.kubernetes.io/instance-type",
                    "feature.node.kubernetes.io/cpu-model", "feature.node.kubernetes.io/cpu-hardware")
@@ -174,7 +177,7 @@ class Cluster:
                                               f"HTTP {e.status} {e.reason}") from None
         # Chaos Mesh objects the backend created at fault times (not helm's): normally deleted
         # when the faults end; here if that failed. 404: Chaos Mesh's CRDs are not installed.
-        for plural in ("podchaos", "stresschaos"):
+        for plural in CHAOS_PLURALS:
             try:
                 items = self.custom.list_namespaced_custom_object("chaos-mesh.org", "v1alpha1", self.ns, plural,
                                                                   label_selector=sel)["items"]
@@ -332,7 +335,11 @@ class Release:
         problems = []
         if proc.returncode != 0 and "not found" not in proc.stderr:
             problems.append(proc.stderr.strip())
-        swept = self.cluster.sweep(self.name)
+        try:
+            swept = self.cluster.sweep(self.name)
+        except RunFailed as e:   # still wait for the pods below, and say what could not be swept
+            problems.append(f"sweep of {self.name}: {e}")
+            swept = []
         if swept:
             self.console.log(f"removed what helm left of {self.name}: {', '.join(swept)}")
         # helm returns once the owners are deleted; their pods terminate afterwards.
