@@ -175,11 +175,12 @@ def test_fault_command_round_trip_with_a_running_table(tmp_path):
     try:
         p = _fault_cmd(tmp_path, "apply", "--id", "5", "--peer", "exit", "--rate-bps", "2000000")
         assert p.returncode == 0, p.stderr
-        out = json.loads(p.stdout)
+        assert p.stdout.startswith(shaper.REPLY)
+        out = json.loads(p.stdout[len(shaper.REPLY):])
         assert out["classes"] == {"exit": "1:1140"} and out["addresses"] == {"exit": ["10.0.0.7"]}
         assert list(t.table.applied) == [5]
         p = _fault_cmd(tmp_path, "undo", "--id", "5")
-        assert p.returncode == 0 and json.loads(p.stdout)["undone"], p.stderr
+        assert p.returncode == 0 and json.loads(p.stdout[len(shaper.REPLY):])["undone"], p.stderr
         assert t.table.applied == {} and not (tmp_path / "faults" / "5.json").exists()
     finally:
         stop.set()
@@ -191,21 +192,9 @@ def test_fault_command_round_trip_with_a_running_table(tmp_path):
 
 
 def _tree(ex: list[str]) -> tuple[set[str], set[str]]:
-    """The classes (id, rate) and the filters (prio, match, class) of eth0, without the
-    kernel's handles, which change as filters are replaced."""
-    classes = subprocess.run(ex + ["tc", "class", "show", "dev", "eth0"], capture_output=True, text=True).stdout
-    cls = {" ".join(line.split()[:3] + line.split()[line.split().index("rate"):][:2])
-           for line in classes.splitlines() if line.startswith("class")}
-    shown = subprocess.run(ex + ["tc", "filter", "show", "dev", "eth0"], capture_output=True, text=True).stdout
-    flt, head = set(), None
-    for line in shown.splitlines():
-        w = line.split()
-        flowid = [k for k, x in enumerate(w) if x.lstrip("*") == "flowid"]   # "*flowid": the class exists
-        if w[:1] == ["filter"] and flowid:
-            head = f"pref {w[w.index('pref') + 1]} {w[w.index('protocol') + 1]} -> {w[flowid[0] + 1]}"
-        elif w[:1] == ["match"] and head:
-            flt.add(f"{head} {w[1]}")
-    return cls, flt
+    show = lambda what: subprocess.run(ex + ["tc", what, "show", "dev", "eth0"],  # noqa: E731
+                                       capture_output=True, text=True).stdout
+    return shaper.tree_summary(show("class"), show("filter"))
 
 
 @pytest.mark.integration
@@ -255,7 +244,7 @@ def test_fault_commands_on_a_real_veth_drop_then_leave_the_tree_as_it_was(tmp_pa
         assert table.filter_error is None and all(not a["error"] for a in table.applied.values())
         cls, flt = _tree(ex)
         assert "pref 1 ip -> 1:fff 0a090002/ffffffff" in flt and "pref 1 ip -> 1:1040 0a090003/ffffffff" in flt
-        assert any(c.startswith("class htb 1:1040") and c.endswith("rate 1Mbit") for c in cls), cls
+        assert "htb 1:1040 rate 1Mbit" in cls, cls
         send = ("import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
                 "for _ in range(5): s.sendto(b'x'*100,(sys.argv[1],9))")
         rx = lambda: int(subprocess.run(["ip", "netns", "exec", peer, "cat", "/sys/class/net/p0/statistics/rx_packets"],  # noqa: E731

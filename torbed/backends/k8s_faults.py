@@ -38,6 +38,7 @@ import yaml
 
 from ..errors import RunFailed
 from ..faults import Action, FaultRunner
+from ..k8s.shaper import REPLY
 from ..network import LOAD_GROUP
 from ..scenario import fault_nodes
 
@@ -160,10 +161,10 @@ class Ctx:
                              _request_timeout=60)
         except (self.cluster.ApiException, *self.cluster.TransportError) as e:
             raise RunFailed(f"exec in {pod} ({what}): {e}") from None
-        last = out.strip().splitlines()[-1] if out.strip() else ""
+        reply = [line for line in out.splitlines() if line.startswith(REPLY)]
         try:
-            return json.loads(last)
-        except ValueError:
+            return json.loads(reply[-1][len(REPLY):])
+        except (IndexError, ValueError):
             raise RunFailed(f"{what} in {pod}: {out.strip()[-300:] or 'no answer from the shaper'}") from None
 
     def node_pods(self) -> dict[str, object]:

@@ -128,6 +128,9 @@ FAULT_PRIO, PEER_PRIO = 1, 2          # isolation: 3-6
 FAULT_MINOR_BASE, FAULT_MINORS = 0x1000, 0x40
 MAX_FAULT_ID = (0xffff - FAULT_MINOR_BASE) // FAULT_MINORS - 1
 STATE_DIR = Path("/run/torbed/shaper")   # the chart's emptyDir (shaper-run)
+# Before the command's JSON reply: output that is JSON as a whole comes back from the
+# kubernetes client's exec as the repr of the decoded object, not as the text.
+REPLY = "shaper-fault: "
 DEFAULT_ALLOW = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
 
 
@@ -287,6 +290,28 @@ class FaultTable:
             log(f"shaper: {self.filter_error}")
 
 
+def tree_summary(class_show: str, filter_show: str) -> tuple[set[str], set[str]]:
+    """A tc tree as ``tc class show`` and ``tc filter show`` print it, without the handles
+    the kernel picks (they change whenever filters are replaced): classes as "htb <id>
+    rate <rate>", filters as "pref <prio> <protocol> -> <class> <match>". What a test
+    compares before a fault and after its undo."""
+    classes = set()
+    for line in class_show.splitlines():
+        w = line.split()
+        if w[:1] == ["class"] and "rate" in w:
+            classes.add(f"{w[1]} {w[2]} rate {w[w.index('rate') + 1]}")
+    filters, head = set(), None
+    for line in filter_show.splitlines():
+        w = line.split()
+        flowid = [k for k, x in enumerate(w) if x.lstrip("*") == "flowid"]   # "*flowid": the class exists
+        if w[:1] == ["filter"]:
+            head = f"pref {w[w.index('pref') + 1]} {w[w.index('protocol') + 1]} -> {w[flowid[0] + 1]}" \
+                if flowid else None
+        elif w[:1] == ["match"] and head:
+            filters.add(f"{head} {w[1]}")
+    return classes, filters
+
+
 def _ack(state: Path) -> dict:
     try:
         return json.loads((state / "applied.json").read_text())
@@ -296,7 +321,8 @@ def _ack(state: Path) -> dict:
 
 def fault_command(argv: list[str]) -> int:
     """``fault apply|undo``: hand a fault to the running shaper and wait until its tc tree
-    has it (or no longer has it). Prints the shaper's record (JSON); exit 1 on failure."""
+    has it (or no longer has it). Prints the shaper's record (``REPLY`` + JSON); exit 1 on
+    failure."""
     ap = argparse.ArgumentParser(prog="python -m torbed.k8s.shaper fault",
                                  description="apply or undo a link fault through the running shaper")
     ap.add_argument("action", choices=["apply", "undo"])
@@ -332,7 +358,7 @@ def fault_command(argv: list[str]) -> int:
         ack = _ack(args.state_dir)
         entry = (ack.get("faults") or {}).get(str(args.id))
         if args.action == "undo" and ack and entry is None:
-            print(json.dumps({"id": args.id, "undone": True, "took_s": round(time.time() - t0, 3)}))
+            print(REPLY + json.dumps({"id": args.id, "undone": True, "took_s": round(time.time() - t0, 3)}))
             return 0
         if args.action == "apply" and entry and entry["nonce"] == nonce:
             err = entry["error"] or ack.get("filter_error")
@@ -340,8 +366,8 @@ def fault_command(argv: list[str]) -> int:
                 req_file.unlink(missing_ok=True)
                 print(f"fault {args.id}: {err}", file=sys.stderr)
                 return 1
-            print(json.dumps({"id": args.id, "classes": entry["classes"], "addresses": entry["addresses"],
-                              "took_s": round(time.time() - t0, 3)}))
+            print(REPLY + json.dumps({"id": args.id, "classes": entry["classes"], "addresses": entry["addresses"],
+                                      "took_s": round(time.time() - t0, 3)}))
             return 0
         if time.time() - t0 > args.timeout:
             print(f"fault {args.id}: the shaper did not acknowledge the {args.action} within {args.timeout:g} s "
