@@ -252,3 +252,16 @@ def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster(
     assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.restart.downtime"]
     with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.duration: a restart's duration"):
         K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
+
+
+def test_plan_lists_what_of_the_link_faults_the_k8s_backend_refuses(tmp_path):
+    """`torbed plan --json`: a partition runs on both backends; a delay is listed as not on k8s."""
+    path = tmp_path / "s.yaml"
+    for extra, gaps in (({"partition": True}, {}),
+                        ({"delay": "10ms"}, {"k8s": ["faults.link.netem"]})):
+        path.write_text(yaml.safe_dump(with_faults({"at": "10s", "kind": "link", "between": ["web", "guard"], **extra})))
+        p = subprocess.run([sys.executable, "-m", "torbed.cli", "plan", "--json", str(path)], capture_output=True,
+                           text=True, cwd=REPO)
+        assert p.returncode == 0, p.stderr
+        found = {b: sorted(g) for b, g in json.loads(p.stdout)["unsupported"].items() if b == "k8s"}
+        assert found == gaps, found

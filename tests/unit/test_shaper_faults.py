@@ -263,3 +263,59 @@ def test_fault_commands_on_a_real_veth_drop_then_leave_the_tree_as_it_was(tmp_pa
     finally:
         for ns in (pod, peer):
             subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+class StubCtx:
+    """The backend's link-fault context without a cluster: pods by node, and the shaper's
+    replies (the exec itself is exercised on a real cluster, tests/e2e/test_link_faults_k8s.py)."""
+
+    def __init__(self, p, fail: set[str] = frozenset()):
+        from types import SimpleNamespace
+        self.plan, self.fail, self.calls = p, fail, []
+        self.pods = {n.name: SimpleNamespace(metadata=SimpleNamespace(name=f"rel-{n.group}-{n.index}", uid=f"u-{n.name}"))
+                     for n in p.nodes}
+
+    def node_pods(self):
+        return dict(self.pods)
+
+    def exec_shaper(self, pod, argv, what):
+        from torbed.errors import RunFailed
+        self.calls.append((pod, argv))
+        if pod in self.fail:
+            raise RunFailed(f"{what} in {pod}: the shaper did not acknowledge")
+        peers = [argv[k + 1] for k, a in enumerate(argv) if a == "--peer"]
+        return {"classes": {}, "addresses": {x: [] for x in peers}, "took_s": 0.01}
+
+
+def test_backend_link_fault_visits_each_side_and_undo_skips_recreated_pods():
+    from torbed.backends.k8s_faults import Link
+    from torbed.errors import RunFailed
+    p = _plan()
+    ctx = StubCtx(p)
+    f = _fault(target="middle0", partition=True)
+    act = Link(0, f, ["middle0"])
+    act.apply(ctx)
+    peers = {pod: [argv[k + 1] for k, a in enumerate(argv) if a == "--peer"] for pod, argv in ctx.calls}
+    assert len(peers) == len(p.nodes)
+    assert peers["rel-middle-0"] == ["authority", "guard", "exit", "www", "bulk", "web"]
+    assert all(v == ["middle"] for k, v in peers.items() if k != "rel-middle-0")   # its whole group
+    assert all(argv[-1] == "--partition" and argv[argv.index("--id") + 1] == "0" for _, argv in ctx.calls)
+    assert act.record["shaper"]["rel-guard-0"]["peers"] == ["middle"]
+    # bulk1's pod recreated (another UID), web0's ended: only the others are asked to undo.
+    from types import SimpleNamespace
+    ctx.pods["bulk1"] = SimpleNamespace(metadata=SimpleNamespace(name="rel-bulk-1", uid="new"))
+    del ctx.pods["web0"]
+    ctx.calls.clear()
+    done = act.undo(ctx, "duration")
+    assert sorted(pod for pod, _ in ctx.calls) == sorted(set(peers) - {"rel-bulk-1", "rel-web-0"})
+    assert all(argv[-3:] == ["undo", "--id", "0"] for _, argv in ctx.calls)
+    assert done.endswith("ended or recreated since: rel-bulk-1, rel-web-0")
+    # A pod that fails: the fault fails, and undo still visits every pod (it may have the request).
+    ctx = StubCtx(p, fail={"rel-guard-0"})
+    act = Link(1, _fault(between=["bulk", "guard"], rate="1mbit"), ["bulk0", "bulk1", "guard0"])
+    with pytest.raises(RunFailed, match="rel-guard-0"):
+        act.apply(ctx)
+    assert [argv[-2:] for _, argv in ctx.calls] == [["--rate-bps", "1000000"]] * 3
+    ctx.fail, ctx.calls = set(), []
+    act.undo(ctx, "teardown")
+    assert sorted(pod for pod, _ in ctx.calls) == ["rel-bulk-0", "rel-bulk-1", "rel-guard-0"]

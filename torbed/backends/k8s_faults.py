@@ -361,8 +361,11 @@ def peer_args(plan, nodes: list[str]) -> list[str]:
 
 
 class Link(Action):
+    done: dict[str, dict] = {}   # pods whose shaper has (or may have) the fault: what undo visits
+
     def apply(self, ctx):
         f = self.fault
+        self.done = {}
         pods = ctx.node_pods()
         todo: dict[str, dict] = {}   # pod -> {"uid", "nodes", "peers"}
         self.skipped: list[str] = []
@@ -377,7 +380,6 @@ class Link(Action):
                 e["nodes"].append(n)
                 e["peers"] += [a for a in args if a not in e["peers"]]
         what = ["--partition"] if f.partition else ["--rate-bps", str(f.rate.bps)]
-        self.done: dict[str, dict] = {}   # pods whose shaper has the fault: what undo must visit
         errors = []
 
         def one(pod):
