@@ -21,6 +21,8 @@ Public API:
 - ``write_json(path, data)``: atomic JSON file write (run.json, meta.json, configs)
 - ``unsupported(scenario, backend) -> [(feature, why)]``: what of a scenario a backend
   cannot do (``torbed plan`` prints it)
+- ``link_node_names(scenario, fault) -> [(field, node)]``: single nodes a link fault names
+  that share their pods' addresses with their group (Kubernetes: servers, load nodes)
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from . import __version__
 from .errors import Interrupted, TorbedError
 from .provenance import host_info, python_dependencies, utc_now
-from .scenario import Scenario
+from .network import LOAD_GROUP
+from .scenario import Scenario, group_sizes
 
 # A feature a backend lacks: {feature: why}; features are named as in ``features_used``.
 Capabilities = dict[str, str]
@@ -83,6 +86,11 @@ def features_used(s: Scenario) -> list[str]:
     """The scenario's features a backend might lack, by name."""
     used = {f"workload.{cg.workload.kind}" for cg in s.clients.values()}
     used |= {f"faults.{f.kind}" for f in s.faults}
+    if any(f.kind == "link" and (f.delay or f.jitter or f.loss) for f in s.faults):
+        used.add("faults.link.netem")
+    if any(f.kind == "link" for f in s.faults):
+        if any(link_node_names(s, f) for f in s.faults if f.kind == "link"):
+            used.add("faults.link.node")
     if any(f.kind == "restart" and f.duration is not None and f.duration.seconds > 0 for f in s.faults):
         used.add("faults.restart.downtime")
     used |= {f"collect.{c}" for c in s.measure.collect}
@@ -96,6 +104,23 @@ def features_used(s: Scenario) -> list[str]:
     if any(g.cpu != "native" for g in s.network.relays.values()):
         used.add("cpu")
     return sorted(used)
+
+
+def link_node_names(s: Scenario, f) -> list[tuple[str, str]]:
+    """(field, name) for each single node a link fault names whose pod the shaper cannot
+    tell apart from its group's other pods (servers behind one ClusterIP, load workers of
+    a Deployment)."""
+    sides = [("target", f.target)] if f.target is not None else \
+        [(f"between[{k}]", side) for k, side in enumerate(f.between or [])]
+    sizes = group_sizes(s)
+    out = []
+    for where, name in sides:
+        if name in sizes or name == "authority":
+            continue
+        group = name.rstrip("0123456789")
+        if group == LOAD_GROUP or (group in s.servers and sizes[group] > 1):
+            out.append((where, name))
+    return out
 
 
 def unsupported(s: Scenario, backend: type | Backend) -> list[tuple[str, str]]:

@@ -220,22 +220,48 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
 
 
 def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster():
-    """Link faults and a restart's downtime are not done on Kubernetes: refused as input
-    (exit 2) naming the scenario file and the field; the other kinds pass."""
+    """A link fault's delay/jitter/loss (sch_netem), a link fault naming one pod of a
+    server group behind one Service, and a restart's downtime are not done on Kubernetes:
+    refused as input (exit 2) naming the scenario file and the field; the other kinds pass
+    (rate and partition link faults too: the shaper sidecar)."""
     from pathlib import Path
 
     from torbed.backends.k8s import K8sBackend
     from torbed.engine import unsupported
     from torbed.errors import InputError
-    s = scenario.parse(with_faults({"at": "10s", "kind": "kill", "target": "middle0"},
-                                   {"at": "20s", "kind": "pause", "target": "middle1", "duration": "5s"},
-                                   {"at": "30s", "kind": "link", "target": "middle1", "partition": True,
-                                    "duration": "5s"}))
-    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.link"]
-    with pytest.raises(InputError, match=r"^s\.yaml: faults\[2\]\.kind: link "):
+    ok = [{"at": "10s", "kind": "kill", "target": "middle0"},
+          {"at": "20s", "kind": "pause", "target": "middle1", "duration": "5s"},
+          {"at": "30s", "kind": "link", "target": "middle1", "partition": True, "duration": "5s"},
+          {"at": "40s", "kind": "link", "between": ["web0", "guard"], "rate": "1mbit", "duration": "5s"}]
+    assert unsupported(scenario.parse(with_faults(*ok)), K8sBackend) == []
+    for field, fault in (("loss", {"loss": "5%", "rate": "1mbit"}), ("delay", {"delay": "10ms"}),
+                         ("jitter", {"jitter": "1ms", "delay": "2ms"})):
+        s = scenario.parse(with_faults(*ok, {"at": "50s", "kind": "link", "between": ["web", "guard"], **fault}))
+        assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.link.netem"]
+        first = "delay" if field == "jitter" else field   # the first field named, in this order
+        with pytest.raises(InputError, match=rf"^s\.yaml: faults\[4\]\.{first}: .*sch_netem"):
+            K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
+    data = with_faults({"at": "10s", "kind": "link", "between": ["web", "www1"], "partition": True})
+    data["servers"]["www"]["count"] = 2
+    s = scenario.parse(data)
+    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.link.node"]
+    with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.between\[1\]: www1: .*name the whole group"):
         K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
     s = scenario.parse(with_faults({"at": "20s", "kind": "restart", "target": "middle1", "duration": "5s"},
                                    {"at": "40s", "kind": "cpu", "target": "middle0", "cpu": "10%", "duration": "5s"}))
     assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.restart.downtime"]
     with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.duration: a restart's duration"):
         K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
+
+
+def test_plan_lists_what_of_the_link_faults_the_k8s_backend_refuses(tmp_path):
+    """`torbed plan --json`: a partition runs on both backends; a delay is listed as not on k8s."""
+    path = tmp_path / "s.yaml"
+    for extra, gaps in (({"partition": True}, {}),
+                        ({"delay": "10ms"}, {"k8s": ["faults.link.netem"]})):
+        path.write_text(yaml.safe_dump(with_faults({"at": "10s", "kind": "link", "between": ["web", "guard"], **extra})))
+        p = subprocess.run([sys.executable, "-m", "torbed.cli", "plan", "--json", str(path)], capture_output=True,
+                           text=True, cwd=REPO)
+        assert p.returncode == 0, p.stderr
+        found = {b: sorted(g) for b, g in json.loads(p.stdout)["unsupported"].items() if b == "k8s"}
+        assert found == gaps, found

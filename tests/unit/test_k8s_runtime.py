@@ -160,7 +160,7 @@ def test_shaper_tree_matches_the_scenario_links():
     first = shaper.filters("eth0", {"10.1.0.5": ids["guard"]}, {})
     assert len(first) == 1 and f"match ip dst 10.1.0.5/32 flowid {ids['guard']}" in first[0]
     again = shaper.filters("eth0", {"10.1.0.6": ids["guard"]}, {"10.1.0.5": ids["guard"]})
-    assert again[0] == "filter del dev eth0 parent 1: prio 1" and "10.1.0.6/32" in again[1]
+    assert again[0] == "filter del dev eth0 parent 1: prio 2" and "10.1.0.6/32" in again[1]
 
 
 @pytest.mark.integration

@@ -359,8 +359,11 @@ class K8sBackend:
     name = "k8s"
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
-        "faults.link": "runs on the local backend only so far (on Kubernetes it would change the shaper "
-                       "sidecar's links at run time: not built yet, docs/faults.md)",
+        "faults.link.netem": "a link fault's delay, jitter or loss needs sch_netem on the cluster's nodes "
+                             "(the shaper sidecar carries out rate and partition with htb alone)",
+        "faults.link.node": "a link fault naming one node of a server group of several pods or of the load "
+                            "nodes: their pods have no address of their own in the cluster's DNS (a Service "
+                            "balances across them); name the whole group",
         "faults.restart.downtime": "a restart's duration (downtime): on Kubernetes the kubelet starts the tor "
                                    "container again at once, so only duration 0 (the default) runs there",
         "cpu": "network.relays.*.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, "
@@ -386,6 +389,13 @@ class K8sBackend:
             if f"faults.{f.kind}" in self.unsupported:
                 raise InputError(f"{where}faults[{i}].kind: {f.kind} {self.unsupported[f'faults.{f.kind}']}; "
                                  "run it with --backend local")
+            if f.kind == "link":
+                for field in ("delay", "jitter", "loss"):
+                    if getattr(f, field) is not None:
+                        raise InputError(f"{where}faults[{i}].{field}: {self.unsupported['faults.link.netem']}; "
+                                         "run it with --backend local")
+                for field, name in engine.link_node_names(scenario, f):
+                    raise InputError(f"{where}faults[{i}].{field}: {name}: {self.unsupported['faults.link.node']}")
             if f.kind == "restart" and f.duration is not None and f.duration.seconds > 0:
                 raise InputError(f"{where}faults[{i}].duration: {self.unsupported['faults.restart.downtime']}; "
                                  "run it with --backend local")

@@ -12,6 +12,12 @@ backend) with actions that act on pods. Which path each kind takes (docs/faults.
   restart sends SIGTERM to tor in the pod (``kubectl exec``), the kubelet starts the
   container again; cpu lowers the tor container's CPU limit in place (the pod's ``resize``
   subresource, InPlacePodVerticalScaling) and sets it back.
+- link, either way: the shaper sidecar of every pod on a side of the fault changes its own
+  tc tree (``python -m torbed.k8s.shaper fault apply|undo`` through the API's exec into the
+  ``shaper`` container; the shaper acknowledges once tc has changed): a rate fault an htb
+  class per peer group, a partition the drop class, for the peers' addresses. Chaos Mesh's
+  NetworkChaos needs chaos-daemon and sch_netem and would replace the root qdisc the shaper
+  owns.
 - pause, either way: SIGSTOP / SIGCONT to tor through ``kubectl exec`` (the chart shares the
   relay pods' process namespace when the scenario has a pause fault: tor is not the
   namespace's init then, which would ignore SIGSTOP sent from inside). Chaos Mesh has no
@@ -24,12 +30,17 @@ Public API: ``make_runner(backend, rep, t_work, chaos) -> FaultRunner``,
 
 from __future__ import annotations
 
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
 from ..errors import RunFailed
 from ..faults import Action, FaultRunner
+from ..k8s.shaper import REPLY
+from ..network import LOAD_GROUP
+from ..scenario import fault_nodes
 
 GROUP, VERSION = "chaos-mesh.org", "v1alpha1"
 RESIZE_TIMEOUT_S = 20.0
@@ -39,6 +50,8 @@ SIGNAL_TOR = ('p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = to
               '[ -n "$p" ] || { echo "no tor process in the container"; exit 0; }; kill -%s $p && echo "signalled:$p"')
 # The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
 CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
+SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.k8s.shaper", "fault"]   # the chart's shaper image
+EXEC_PARALLEL = 8   # pods changed at once by a link fault (each exec is a short Python start in the pod)
 
 
 def chaos_objects(cluster, release: str) -> dict[int, dict] | None:
@@ -134,6 +147,48 @@ class Ctx:
                           _request_timeout=30)
         except (self.cluster.ApiException, *self.cluster.TransportError) as e:
             raise RunFailed(f"exec in {pod} ({what}): {e}") from None
+
+    def exec_shaper(self, pod: str, argv: list[str], what: str) -> dict:
+        """Run ``torbed.k8s.shaper fault ...`` in the pod's shaper container; its JSON reply.
+        Thread-safe: the client's exec swaps its ApiClient's request method while it runs,
+        so each call has an ApiClient of its own."""
+        from kubernetes import client
+        from kubernetes.stream import stream
+        try:
+            with client.ApiClient() as api:
+                out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, self.cluster.ns,
+                             container="shaper", command=argv, stderr=True, stdin=False, stdout=True, tty=False,
+                             _request_timeout=60)
+        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            raise RunFailed(f"exec in {pod} ({what}): {e}") from None
+        reply = [line for line in out.splitlines() if line.startswith(REPLY)]
+        try:
+            return json.loads(reply[-1][len(REPLY):])
+        except (IndexError, ValueError):
+            raise RunFailed(f"{what} in {pod}: {out.strip()[-300:] or 'no answer from the shaper'}") from None
+
+    def node_pods(self) -> dict[str, object]:
+        """The running pod of each node (the plan's names: auth0, guard0, bulk1, load0 ...)."""
+        out, load = {}, []
+        for p in self.cluster.pods(self.release):
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
+                continue
+            labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
+            comp = labels.get("app.kubernetes.io/component")
+            group = "auth" if comp == "authority" else labels.get("torbed.io/group")
+            if group is None:
+                continue   # results, Prometheus: not nodes
+            if comp == "load-worker":   # a Deployment: no pod is a given load node
+                load.append(p)
+            elif "batch.kubernetes.io/job-completion-index" in ann:
+                out[f"{group}{ann['batch.kubernetes.io/job-completion-index']}"] = p
+            elif "statefulset.kubernetes.io/pod-name" in labels:
+                out[f"{group}{p.metadata.name.rsplit('-', 1)[1]}"] = p
+            else:
+                out[f"{group}0"] = p   # the Locust master
+        for k, p in enumerate(sorted(load, key=lambda p: p.metadata.name)):
+            out[f"{LOAD_GROUP}{k}"] = p
+        return out
 
     def signal_tor(self, pod: str, sig: str) -> str:
         """Send ``sig`` (STOP, CONT, TERM) to tor in the pod's tor container; its pids."""
@@ -277,7 +332,106 @@ class Cpu(Action):
         return "CPU limit set back: " + ", ".join(f"{p} {r['limits']['cpu']}" for p, r in saved.items())
 
 
-KINDS = {"kill": Kill, "restart": Restart, "pause": Pause, "cpu": Cpu}
+def link_sides(plan, fault) -> list[tuple[list[str], list[str]]]:
+    """(nodes, their peers) per side of a link fault: whose pods change their egress, and
+    toward which nodes. ``between: [a, b]``: a's nodes toward b's and b's toward a's;
+    ``target: x``: x's nodes toward every other node and every other node toward x's."""
+    s = plan.scenario
+    if fault.between is not None:
+        a, b = (fault_nodes(s, side) for side in fault.between)
+        return [(a, b), (b, a)]
+    mine = fault_nodes(s, fault.target)
+    others = [n.name for n in plan.nodes if n.name not in mine]
+    return [(mine, others), (others, mine)]
+
+
+def peer_args(plan, nodes: list[str]) -> list[str]:
+    """Nodes as the shaper's peers: a whole group by its name (its Service records), the
+    rest one by one (their pods' own records)."""
+    want, out = set(nodes), []
+    groups: dict[str, list[str]] = {}
+    for n in plan.nodes:
+        groups.setdefault(n.group, []).append(n.name)
+    for g, members in groups.items():
+        if set(members) <= want:
+            out.append(g)
+        else:
+            out += [m for m in members if m in want]
+    return out
+
+
+class Link(Action):
+    done: dict[str, dict] = {}   # pods whose shaper has (or may have) the fault: what undo visits
+
+    def apply(self, ctx):
+        f = self.fault
+        self.done = {}
+        pods = ctx.node_pods()
+        todo: dict[str, dict] = {}   # pod -> {"uid", "nodes", "peers"}
+        self.skipped: list[str] = []
+        for nodes, peers in link_sides(ctx.plan, f):
+            args = peer_args(ctx.plan, peers)
+            for n in nodes:
+                p = pods.get(n)
+                if p is None:
+                    self.skipped.append(n)   # not running now (a finished client): sends nothing
+                    continue
+                e = todo.setdefault(p.metadata.name, {"uid": p.metadata.uid, "nodes": [], "peers": []})
+                e["nodes"].append(n)
+                e["peers"] += [a for a in args if a not in e["peers"]]
+        what = ["--partition"] if f.partition else ["--rate-bps", str(f.rate.bps)]
+        errors = []
+
+        def one(pod):
+            e = todo[pod]
+            argv = [*SHAPER_FAULT, "apply", "--id", str(self.index), *sum((["--peer", a] for a in e["peers"]), []), *what]
+            return pod, ctx.exec_shaper(pod, argv, f"link fault {self.index}")
+
+        with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
+            for fut in [pool.submit(one, pod) for pod in sorted(todo)]:
+                try:
+                    pod, reply = fut.result()
+                except RunFailed as e:
+                    errors.append(str(e))
+                    continue
+                self.done[pod] = {**todo[pod], "classes": reply["classes"], "addresses": reply["addresses"],
+                                  "took_s": reply["took_s"]}
+        # Pods that failed may still have the request: undo visits them too.
+        for pod in todo:
+            self.done.setdefault(pod, {**todo[pod], "error": True})
+        if errors:
+            raise RunFailed("; ".join(errors))
+        self.pods = sorted(self.done)
+        desc = "partition (drop class)" if f.partition else f"rate {f.rate}"
+        how = f"shaper sidecar: {desc} on the pods' egress toward the fault's peers (kubectl exec)"
+        self.record = {"pods": self.pods, "how": how, "skipped": self.skipped,
+                       "shaper": {p: {k: v for k, v in d.items() if k != "uid"} for p, d in self.done.items()}}
+        return f"{how}: {len(self.done)} pods" + (f"; not running: {', '.join(self.skipped)}" if self.skipped else "")
+
+    def undo(self, ctx, reason):
+        done, self.done = self.done, {}
+        current = {p.metadata.name: p for p in ctx.node_pods().values()}
+        gone = sorted(p for p, d in done.items() if p not in current or current[p].metadata.uid != d["uid"])
+        errors, undone = [], []
+
+        def one(pod):
+            return pod, ctx.exec_shaper(pod, [*SHAPER_FAULT, "undo", "--id", str(self.index)],
+                                        f"undo of link fault {self.index}")
+
+        with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
+            for fut in [pool.submit(one, pod) for pod in sorted(set(done) - set(gone))]:
+                try:
+                    undone.append(fut.result()[0])
+                except RunFailed as e:
+                    errors.append(str(e))
+        if errors:
+            raise RunFailed("; ".join(errors))
+        # A recreated pod starts with an empty state directory: its shaper never had the fault.
+        return f"shaper sidecar: fault removed in {len(undone)} pods" + \
+            (f"; ended or recreated since: {', '.join(gone)}" if gone else "")
+
+
+KINDS = {"kill": Kill, "restart": Restart, "pause": Pause, "cpu": Cpu, "link": Link}
 
 
 def make_runner(backend, rep, t_work: float, chaos: dict[int, dict] | None) -> FaultRunner:

@@ -13,12 +13,28 @@ ranges by default: where cluster pods and Services live) are dropped at the pod'
 interface, and so is IPv6 beyond link-local and multicast. The chart's NetworkPolicy does
 the same only where the CNI enforces NetworkPolicy; this holds on any cluster, so an exit
 relay (policy accept *:*) cannot reach outside the testbed whatever a client asks.
+
+Link faults (docs/faults.md): the shaper is the one owner of the pod's tc tree, so a fault
+is a request to it. ``python -m torbed.k8s.shaper fault apply|undo`` (run by the backend
+through the API's exec in this container) writes the wanted state to
+``<state dir>/faults/<id>.json``, wakes the shaper (SIGUSR1) and waits for its
+acknowledgement in ``<state dir>/applied.json``. The shaper gives a rate fault an htb class
+per peer group (the group's queue setting, the fault's rate) and a partition the drop class,
+and classifies the fault's peers' addresses into them with filters at a priority ahead of
+the per-peer ones, resolved again every second like those: a peer pod recreated with a new
+address stays under the fault. The state lives in the pod's emptyDir: a restarted shaper
+puts the faults back, a recreated pod starts without them.
+
+Filter priorities on ``1:``: 1 faults, 2 peers, 3-6 isolation.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -106,35 +122,264 @@ def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, 
 
 
 DROP_CLASS = "1:fff"
+FAULT_PRIO, PEER_PRIO = 1, 2          # isolation: 3-6
+# Fault classes 1:1000 and up, 0x40 minors per fault (one per peer group): clear of the
+# peer groups' classes (1:2 ...) and of the drop class 1:fff; htb minors end at 0xffff.
+FAULT_MINOR_BASE, FAULT_MINORS = 0x1000, 0x40
+MAX_FAULT_ID = (0xffff - FAULT_MINOR_BASE) // FAULT_MINORS - 1
+STATE_DIR = Path("/run/torbed/shaper")   # the chart's emptyDir (shaper-run)
+# Before the command's JSON reply: output that is JSON as a whole comes back from the
+# kubernetes client's exec as the repr of the decoded object, not as the text.
+REPLY = "shaper-fault: "
 DEFAULT_ALLOW = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
 
 
 def isolation(dev: str, allow: list[str]) -> list[str]:
-    """Filters after the per-peer ones (prio 1): allowed ranges take the default class,
+    """Filters after the per-peer ones (prio 2): allowed ranges take the default class,
     the rest of IPv4 and IPv6 (but link-local/multicast, which neighbour discovery needs)
     is dropped."""
     # A class whose queue holds nothing drops what it is given; tc actions (act_gact) are not
     # in every kernel (not in this project's CI kernel), htb and pfifo are.
     cmds = [f"class add dev {dev} parent 1: classid {DROP_CLASS} htb rate 8kbit ceil 8kbit",
             f"qdisc add dev {dev} parent {DROP_CLASS} handle {DROP_CLASS.split(':')[1]}: pfifo limit 0"]
-    cmds += [f"filter add dev {dev} parent 1: protocol ip prio 2 u32 match ip dst {net} flowid 1:1" for net in allow]
-    cmds.append(f"filter add dev {dev} parent 1: protocol ip prio 3 u32 match u32 0 0 flowid {DROP_CLASS}")
-    cmds += [f"filter add dev {dev} parent 1: protocol ipv6 prio 4 u32 match ip6 dst {net} flowid 1:1"
+    cmds += [f"filter add dev {dev} parent 1: protocol ip prio 3 u32 match ip dst {net} flowid 1:1" for net in allow]
+    cmds.append(f"filter add dev {dev} parent 1: protocol ip prio 4 u32 match u32 0 0 flowid {DROP_CLASS}")
+    cmds += [f"filter add dev {dev} parent 1: protocol ipv6 prio 5 u32 match ip6 dst {net} flowid 1:1"
              for net in ("fe80::/10", "ff00::/8")]
-    cmds.append(f"filter add dev {dev} parent 1: protocol ipv6 prio 5 u32 match u32 0 0 flowid {DROP_CLASS}")
+    cmds.append(f"filter add dev {dev} parent 1: protocol ipv6 prio 6 u32 match u32 0 0 flowid {DROP_CLASS}")
     return cmds
 
 
-def filters(dev: str, mapping: dict[str, str], previous: dict[str, str]) -> list[str]:
-    """Replace the filters of ``previous`` by those of ``mapping`` (the kernel refuses to
-    delete a filter chain that does not exist, so only delete what was installed)."""
-    cmds = [f"filter del dev {dev} parent 1: prio 1"] if previous else []
-    cmds += [f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {ip}/32 flowid {cid}"
+def filters(dev: str, mapping: dict[str, str], previous: dict[str, str], prio: int = PEER_PRIO) -> list[str]:
+    """Replace the filters of ``previous`` by those of ``mapping`` at ``prio`` (the kernel
+    refuses to delete a filter chain that does not exist, so only delete what was installed)."""
+    cmds = [f"filter del dev {dev} parent 1: prio {prio}"] if previous else []
+    cmds += [f"filter add dev {dev} parent 1: protocol ip prio {prio} u32 match ip dst {ip}/32 flowid {cid}"
              for ip, cid in sorted(mapping.items())]
     return cmds
 
 
+# ---------------------------------------------------------------------------------------
+# Link faults
+
+def node_peer_names(release: str, ns: str, domain: str, s, p, peer: str) -> list[str]:
+    """DNS names whose A records are the addresses of a fault's peer: a group (its Service
+    records, as for the per-peer filters) or one node (its pod's own record: StatefulSet
+    and indexed Job pods have ``<pod>.<governing Service>``; an authority also its ClusterIP).
+    A node alone in its group is the group (servers' and Locust's pods have no record of
+    their own; the backend refuses faults naming one node of a larger such group)."""
+    groups = {n.group for n in p.nodes}
+    if peer in groups:
+        return peer_names(release, ns, domain, s, peer)
+    n = p.node(peer)
+    if len(p.group_nodes(n.group)) == 1 and n.group != "authority":
+        return peer_names(release, ns, domain, s, n.group)
+    if n.group == "authority":
+        return [f"{release}-auth-{n.index}.{release}-auth.{ns}.svc.{domain}",
+                f"{release}-auth-{n.index}.{ns}.svc.{domain}"]
+    return [f"{release}-{n.group}-{n.index}.{release}-{n.group}.{ns}.svc.{domain}"]
+
+
+def peer_group(p, peer: str) -> str:
+    """The scenario group of a fault's peer (a group or a node name)."""
+    return peer if peer in {n.group for n in p.nodes} else p.node(peer).group
+
+
+def fault_classes(dev: str, req: dict, groups: list[str], specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, str]]:
+    """tc commands for a fault's own classes, and the class each peer group's packets take:
+    a partition sends them to the drop class; a rate fault to an htb class per peer group
+    with the fault's rate and the group's link otherwise (its queue setting)."""
+    if req.get("partition"):
+        return [], {g: DROP_CLASS for g in groups}
+    cmds, ids = [], {}
+    for k, g in enumerate(sorted(set(groups))):
+        minor = FAULT_MINOR_BASE + req["id"] * FAULT_MINORS + k
+        cmds += shaping.class_lines(dev, minor, dataclasses.replace(specs.get(g, LinkSpec()), rate_bps=req["rate_bps"]))
+        ids[g] = f"1:{minor:x}"
+    return cmds, ids
+
+
+def class_del(dev: str, classids) -> list[str]:
+    """Deleting an htb leaf also deletes the queue under it."""
+    return [f"class del dev {dev} classid {c}" for c in sorted(set(classids)) if c != DROP_CLASS]
+
+
+def read_requests(state: Path) -> dict[int, dict]:
+    """The faults wanted now: ``<state>/faults/<id>.json``, as written by ``fault apply``."""
+    out = {}
+    for f in sorted((state / "faults").glob("*.json")):
+        try:
+            req = json.loads(f.read_text())
+            out[int(req["id"])] = req
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log(f"shaper: ignoring the fault request {f.name}: {e}")
+    return out
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(path)   # atomic: a reader never sees half a file
+
+
+class FaultTable:
+    """The link faults in force in this pod's tc tree, kept in step with the requests in
+    the state directory and with the peers' addresses (``step``, once a loop iteration)."""
+
+    def __init__(self, dev: str, state: Path, specs: dict[str, LinkSpec], names, group_of, batch=None):
+        self.dev, self.state, self.specs = dev, state, specs
+        self.names, self.group_of = names, group_of    # peer -> DNS names; peer -> its group
+        self.batch = batch or tc_batch
+        self.applied: dict[int, dict] = {}   # id -> {"req", "classes": {group: classid}, "addresses", "error"}
+        self.current: dict[str, str] = {}    # address -> class, installed at FAULT_PRIO
+        self.filter_error: str | None = None
+
+    def step(self, own: set[str], resolver=None) -> None:
+        resolver = resolver or resolve
+        wanted = read_requests(self.state)
+        gone = [i for i, a in self.applied.items() if wanted.get(i, {}).get("nonce") != a["req"]["nonce"]]
+        if gone:
+            removed = [self.applied.pop(i) for i in gone]
+            self._sync(own, resolver)   # the filters first: the kernel keeps a class a filter points to
+            for a in removed:
+                try:
+                    self.batch(class_del(self.dev, a["classes"].values()))
+                except TcError as e:
+                    log(f"shaper: fault {a['req']['id']}: removing its classes failed: {e}")
+                log(f"shaper: fault {a['req']['id']} undone")
+        for i, req in sorted(wanted.items()):
+            if i in self.applied:
+                continue
+            groups = [self.group_of(peer) for peer in req["peers"]]
+            cmds, classes = fault_classes(self.dev, req, groups, self.specs)
+            entry = {"req": req, "classes": classes, "addresses": {}, "error": None}
+            try:
+                self.batch(cmds)
+            except TcError as e:
+                entry["error"] = f"tc: {e}"
+                entry["classes"] = {}
+            self.applied[i] = entry
+            what = "partition" if req.get("partition") else f"rate {req['rate_bps']} bit/s"
+            log(f"shaper: fault {i} ({what}) toward {', '.join(req['peers'])}: "
+                + (entry["error"] or f"classes {', '.join(f'{g} {c}' for g, c in sorted(classes.items()))}"))
+        self._sync(own, resolver)
+        _write_json(self.state / "applied.json", {
+            "faults": {str(i): {"nonce": a["req"]["nonce"], "classes": a["classes"], "addresses": a["addresses"],
+                                "error": a["error"]} for i, a in self.applied.items()},
+            "filter_error": self.filter_error, "t": time.time()})
+
+    def _sync(self, own: set[str], resolver) -> None:
+        want: dict[str, str] = {}
+        for i, a in sorted(self.applied.items()):
+            if a["error"]:
+                continue
+            for peer in a["req"]["peers"]:
+                found: set[str] = set()
+                for name in self.names(peer):
+                    found |= resolver(name) - own
+                a["addresses"][peer] = sorted(found)
+                for ip in found:   # two faults never share a link (validated), so never an address
+                    want.setdefault(ip, a["classes"][self.group_of(peer)])
+        if want == self.current:
+            return
+        try:
+            self.batch(filters(self.dev, want, self.current, FAULT_PRIO))
+            self.current, self.filter_error = want, None
+        except TcError as e:
+            self.filter_error = f"tc: updating the fault filters failed: {e}"
+            log(f"shaper: {self.filter_error}")
+
+
+def tree_summary(class_show: str, filter_show: str) -> tuple[set[str], set[str]]:
+    """A tc tree as ``tc class show`` and ``tc filter show`` print it, without the handles
+    the kernel picks (they change whenever filters are replaced): classes as "htb <id>
+    rate <rate>", filters as "pref <prio> <protocol> -> <class> <match>". What a test
+    compares before a fault and after its undo."""
+    classes = set()
+    for line in class_show.splitlines():
+        w = line.split()
+        if w[:1] == ["class"] and "rate" in w:
+            classes.add(f"{w[1]} {w[2]} rate {w[w.index('rate') + 1]}")
+    filters, head = set(), None
+    for line in filter_show.splitlines():
+        w = line.split()
+        flowid = [k for k, x in enumerate(w) if x.lstrip("*") == "flowid"]   # "*flowid": the class exists
+        if w[:1] == ["filter"]:
+            head = f"pref {w[w.index('pref') + 1]} {w[w.index('protocol') + 1]} -> {w[flowid[0] + 1]}" \
+                if flowid else None
+        elif w[:1] == ["match"] and head:
+            filters.add(f"{head} {w[1]}")
+    return classes, filters
+
+
+def _ack(state: Path) -> dict:
+    try:
+        return json.loads((state / "applied.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def fault_command(argv: list[str]) -> int:
+    """``fault apply|undo``: hand a fault to the running shaper and wait until its tc tree
+    has it (or no longer has it). Prints the shaper's record (``REPLY`` + JSON); exit 1 on
+    failure."""
+    ap = argparse.ArgumentParser(prog="python -m torbed.k8s.shaper fault",
+                                 description="apply or undo a link fault through the running shaper")
+    ap.add_argument("action", choices=["apply", "undo"])
+    ap.add_argument("--id", type=int, required=True, help=f"the fault's index in the scenario (0 .. {MAX_FAULT_ID})")
+    ap.add_argument("--peer", action="append", default=[], help="a group or node whose addresses the fault takes "
+                    "(repeatable)")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--rate-bps", type=int, help="the links' rate while the fault lasts, bits per second")
+    kind.add_argument("--partition", action="store_true", help="drop every packet to the peers")
+    ap.add_argument("--state-dir", type=Path, default=STATE_DIR)
+    ap.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the shaper (default: 20)")
+    args = ap.parse_args(argv)
+    if not 0 <= args.id <= MAX_FAULT_ID:
+        ap.error(f"--id: 0 .. {MAX_FAULT_ID}")
+    if args.action == "apply" and (not args.peer or (args.rate_bps is None and not args.partition)):
+        ap.error("apply needs --peer and --rate-bps or --partition")
+    if args.rate_bps is not None and args.rate_bps <= 0:
+        ap.error("--rate-bps: more than 0")
+    req_file = args.state_dir / "faults" / f"{args.id}.json"
+    nonce = os.urandom(8).hex()
+    t0 = time.time()
+    if args.action == "apply":
+        req_file.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(req_file, {"id": args.id, "nonce": nonce, "peers": args.peer, "rate_bps": args.rate_bps,
+                               "partition": args.partition})
+    else:
+        req_file.unlink(missing_ok=True)
+    try:
+        os.kill(int((args.state_dir / "pid").read_text()), signal.SIGUSR1)
+    except (OSError, ValueError):
+        pass   # the shaper looks at the requests every second anyway
+    while True:
+        ack = _ack(args.state_dir)
+        entry = (ack.get("faults") or {}).get(str(args.id))
+        if args.action == "undo" and ack and entry is None:
+            print(REPLY + json.dumps({"id": args.id, "undone": True, "took_s": round(time.time() - t0, 3)}))
+            return 0
+        if args.action == "apply" and entry and entry["nonce"] == nonce:
+            err = entry["error"] or ack.get("filter_error")
+            if err:
+                req_file.unlink(missing_ok=True)
+                print(f"fault {args.id}: {err}", file=sys.stderr)
+                return 1
+            print(REPLY + json.dumps({"id": args.id, "classes": entry["classes"], "addresses": entry["addresses"],
+                                      "took_s": round(time.time() - t0, 3)}))
+            return 0
+        if time.time() - t0 > args.timeout:
+            print(f"fault {args.id}: the shaper did not acknowledge the {args.action} within {args.timeout:g} s "
+                  f"({args.state_dir / 'applied.json'})", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fault"]:
+        return fault_command(argv[1:])
     ap = argparse.ArgumentParser(description="torbed link shaper (a pod's native sidecar)")
     ap.add_argument("--scenario", type=Path, required=True)
     ap.add_argument("--group", required=True)
@@ -188,6 +433,17 @@ def main(argv: list[str] | None = None) -> int:
     log(f"shaper: egress outside {', '.join(allow)} is dropped")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    # `fault apply|undo` wakes the loop with SIGUSR1: its write end of the pipe tells select.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    state = args.ready_file.parent
+    faults = FaultTable(dev, state, specs, lambda peer: node_peer_names(args.release, args.namespace,
+                                                                       args.cluster_domain, s, p, peer),
+                        lambda peer: peer_group(p, peer))
+    (state / "pid").write_text(f"{os.getpid()}\n")
     current: dict[str, str] = {}
     # The workload must not start before every shaped peer is classified: the results
     # service's start barrier waits for each shaper's report. (Cluster DNS caches answers,
@@ -214,11 +470,19 @@ def main(argv: list[str] | None = None) -> int:
                 current = want
             except TcError as e:
                 log(f"shaper: updating filters failed: {e}")
+        # Requests of a previous shaper in this pod are put back at once (its tree was flushed).
+        faults.step(own)
         if complete and want == current and not reported:
             reported = report_complete(url, pod)
             if reported:
                 log(f"shaper: every shaped peer classified ({len(current)} addresses); reported")
-        time.sleep(args.interval)
+        if select.select([wake_r], [], [], args.interval)[0]:
+            while True:
+                try:
+                    if not os.read(wake_r, 64):
+                        break
+                except BlockingIOError:
+                    break
     return 0
 
 

@@ -171,13 +171,35 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- range $g, $_ := $v.placement | default dict -}}
 {{- if not (has $g $linkGroups) }}{{ $problems = append $problems (printf "placement.%s: '%s' is not a group (groups: %s)" $g $g (join ", " ($linkGroups | sortAlpha))) }}{{ end -}}
 {{- end -}}
+{{- /* Every group's node count: a link fault may name any group or node ('authority' is the group auth). */ -}}
+{{- $counts := dict "auth" (int (include "torbed.authorityCount" .)) -}}
+{{- range $g, $x := $relays }}{{ $_ := set $counts $g (int ($x.count | default 1)) }}{{ end -}}
+{{- range $g, $x := $servers }}{{ $_ := set $counts $g (int ($x.count | default 1)) }}{{ end -}}
+{{- range $g, $x := $clients }}{{ $_ := set $counts $g (int ($x.count | default 1)) }}{{ end -}}
+{{- if include "torbed.load" . }}{{ $_ := set $counts "load" (int (include "torbed.loadWorkers" .)) }}{{ $_ := set $counts "locust" 1 }}{{ end -}}
 {{- range $i, $f := $v.faults | default list -}}
+{{- if eq $f.kind "link" -}}
+{{- $sides := dict -}}
+{{- if $f.target }}{{ $_ := set $sides "target" $f.target }}{{ end -}}
+{{- range $j, $x := $f.between | default list }}{{ $_ := set $sides (printf "between[%d]" $j) $x }}{{ end -}}
+{{- range $field, $name := $sides -}}
+{{- $n := ternary "auth" $name (eq $name "authority") -}}
+{{- $base := regexReplaceAll "[0-9]+$" $n "" -}}
+{{- if hasKey $counts $n -}}
+{{- else if and (ne $base $n) (hasKey $counts $base) -}}
+{{- if ge (atoi (trimPrefix $base $n)) (int (index $counts $base)) }}{{ $problems = append $problems (printf "faults[%d].%s: '%s': group '%s' has %d node(s)" $i $field $name $base (int (index $counts $base))) }}{{ end -}}
+{{- else -}}
+{{- $problems = append $problems (printf "faults[%d].%s: '%s' is not a group or node (groups: %s; nodes are <group><index>, e.g. middle0)" $i $field $name (join ", " (keys $counts | sortAlpha))) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
 {{- $base := regexReplaceAll "[0-9]+$" $f.target "" -}}
 {{- if and (not (hasKey $relays $f.target)) (not (hasKey $relays $base)) -}}
 {{- $problems = append $problems (printf "faults[%d].target: '%s' is not a relay group or relay node (relay groups: %s; nodes are <group><index>, e.g. middle0)" $i $f.target (join ", " (keys $relays | sortAlpha))) -}}
 {{- else if not (hasKey $relays $f.target) -}}
 {{- $count := (index $relays $base).count | default 1 -}}
 {{- if ge (atoi (trimPrefix $base $f.target)) (int $count) }}{{ $problems = append $problems (printf "faults[%d].target: '%s': group '%s' has %d node(s)" $i $f.target $base (int $count)) }}{{ end -}}
+{{- end -}}
 {{- end -}}
 {{- if ge (float64 (include "torbed.seconds" $f.at)) $duration }}{{ $problems = append $problems (printf "faults[%d].at: %s is after the end of the workload (%s)" $i $f.at ($m.duration | default "5m")) }}{{ end -}}
 {{- end -}}
