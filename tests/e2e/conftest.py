@@ -33,10 +33,15 @@ def _reachable(kubeconfig: str) -> bool:
 
 @pytest.fixture(scope="session")
 def cluster():
-    """{'kubeconfig': path, 'local': bool}; the local cluster is torn down afterwards."""
+    """{'kubeconfig': path, 'local': bool (hack/cluster.sh's: the images are loaded into it),
+    'ours': bool (brought up here: torn down afterwards)}."""
     existing = os.environ.get("KUBECONFIG")
     if existing and _reachable(existing):
-        yield {"kubeconfig": existing, "local": False}
+        # KUBECONFIG may be the local cluster's own (`make e2e-cluster` exports it): its nodes
+        # get the images only from us, or the tests would run whatever images were loaded last.
+        env = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "env"], capture_output=True, text=True)
+        local = f"KUBECONFIG={existing}" in env.stdout
+        yield {"kubeconfig": existing, "local": local, "ours": False}
         return
     up = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "up"], capture_output=True, text=True)
     if up.returncode != 0:
@@ -46,7 +51,7 @@ def cluster():
     kubeconfig = m.group(1).strip("'\"")
     os.environ["KUBECONFIG"] = kubeconfig
     try:
-        yield {"kubeconfig": kubeconfig, "local": True, "bringup": up.stdout}
+        yield {"kubeconfig": kubeconfig, "local": True, "ours": True, "bringup": up.stdout}
     finally:
         subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "down"], capture_output=True, text=True)
 
