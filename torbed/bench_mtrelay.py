@@ -172,8 +172,8 @@ def _cpu_text(pct: dict[int, float], pid: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repetitions", type=int, help="repetitions per arm (scenario: 3)")
-    ap.add_argument("--duration", help="measurement per repetition, incl. the 30 s warm-up (scenario: 90s)")
-    ap.add_argument("--quick", action="store_true", help="1 repetition of 75 s")
+    ap.add_argument("--duration", help="measurement per repetition, incl. the 30 s warm-up (scenario: 150s)")
+    ap.add_argument("--quick", action="store_true", help="1 repetition of 75 s: a pipeline check (the emulated target saturates only after about 70 s)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
     from .analysis.load import load_run
