@@ -219,6 +219,8 @@ ROWS = [
 def _fmt(x, unit) -> str:
     if x is None:
         return "–"
+    if unit == "B/s":   # relay throughput: bytes per second read as MB/s
+        return f"{x / 1e6:.3g} MB/s"
     return f"{x:.4g} {unit}".strip()
 
 

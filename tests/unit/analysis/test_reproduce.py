@@ -107,3 +107,8 @@ def test_a_row_against_another_baseline_is_compared_with_that_baseline(tmp_path)
     # The reverse comparison's change is the inverse ratio: (1 + a)(1 + b) = 1.
     a, b = e_fwd["change_pct"] / 100, e_back["change_pct"] / 100
     assert abs((1 + a) * (1 + b) - 1) < 0.02, (a, b)
+
+
+def test_throughput_is_shown_in_megabytes_per_second():
+    assert reproduce._fmt(2465000.0, "B/s") == "2.46 MB/s"
+    assert reproduce._fmt(0.374, "s") == "0.374 s" and reproduce._fmt(None, "B/s") == "–"
