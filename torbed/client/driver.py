@@ -192,11 +192,13 @@ class Driver:
                 pass
 
     # -- circuits -----------------------------------------------------------------------
-    def get_circuit(self, key: str = "") -> Circuit:
+    def get_circuit(self, key: str = "", deadline: float | None = None) -> Circuit:
         """The circuit called ``key`` ("" = the client's one), (re)built along the configured
         path when needed. Different keys get different circuits (a replayed trace's flows on
         circuits of their own); without a fixed path tor chooses, and streams are isolated by
-        SOCKS username = key (see ``socks_url``)."""
+        SOCKS username = key (see ``socks_url``). A transfer passes its ``deadline``: a build
+        still going then is the transfer's timeout (tor may finish that circuit later; it
+        stays unused), not a wait of up to ``circuit_timeout``."""
         with self.circ_lock:
             lock = self.circ_locks.setdefault(key, threading.Lock())
         with lock:
@@ -209,14 +211,23 @@ class Driver:
                 return self.circuits[key]
             chosen = [self.rng.choice(candidates) for candidates in hops]
             t0 = time.time()
+            limit = self.cfg.get("circuit_timeout", 60)
+            cut = deadline is not None and deadline - t0 < limit
             try:
                 cid = self.controller.new_circuit([h["fingerprint"] for h in chosen], await_build=True,
-                                                  timeout=self.cfg.get("circuit_timeout", 60))
+                                                  timeout=max(0.5, deadline - t0) if cut else limit)
+            except stem.Timeout as e:
+                if not cut:
+                    self.circuits.pop(key, None)
+                    self.metrics.circuit_failed()
+                    raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: Timeout {e}")
+                raise TransferError("timeout", f"building {'-'.join(h['node'] for h in chosen)}: "
+                                               f"not built {time.time() - t0:.1f} s later")
             except stem.CircuitExtensionFailed as e:
                 self.circuits.pop(key, None)
                 self.metrics.circuit_failed()
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {e}")
-            except (stem.Timeout, stem.ControllerError) as e:
+            except stem.ControllerError as e:
                 self.circuits.pop(key, None)
                 self.metrics.circuit_failed()
                 raise TransferError("circuit_failed", f"building {'-'.join(h['node'] for h in chosen)}: {type(e).__name__} {e}")
@@ -258,7 +269,7 @@ class Driver:
         port = None
         circ = None
         try:
-            circ = self.get_circuit()
+            circ = self.get_circuit(deadline=deadline)
             if circ.id is not None:
                 rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s}
             port, ev, state = self._reserve_port(circ.id)
