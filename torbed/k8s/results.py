@@ -14,6 +14,9 @@ GET  /peers           {"pods": {pod: {"group": g, "ip": a}}}: every address anno
                       NXDOMAIN or as a partial answer for its TTL (30 s in kubeadm's Corefile
                       and ours), which held every shaper's report, and so the start, until
                       ~28 s after the pods were up
+POST /cache/<pod>     a directory cache (guard) holds the consensus and every microdescriptor
+GET  /caches          {"caches": [pod, ...]}: the client drivers keep their tor offline until
+                      every directory guard is in it (torbed.k8s.bringup)
 GET  /start           200 {"t_workload": t} once every one of --clients clients is ready
                       and every one of --shapers shapers has reported
                       (t = then + START_LEAD_S, so all start their workload together, as on
@@ -50,6 +53,7 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
     shaped: dict[str, float] = {}
     start: dict[str, float] = {}
     peers: dict[str, dict[str, str]] = {}
+    caches: dict[str, float] = {}
     registry = CollectorRegistry()
     appended_bytes = Counter("torbed_results_appended_bytes", "Bytes of records appended", ["file"], registry=registry)
     appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"], registry=registry)
@@ -111,6 +115,9 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
                 self.end_headers()
                 self.wfile.write(data)
                 return
+            if self.path == "/caches":
+                with lock:
+                    return self._reply(200, {"caches": sorted(caches)})
             if self.path == "/peers":
                 with lock:
                     return self._reply(200, {"pods": dict(peers)})
@@ -126,6 +133,13 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
         def do_POST(self):
             if self.path.startswith("/peer/"):
                 return self._announce(self.path[len("/peer/"):])
+            if self.path.startswith("/cache/"):
+                pod = self.path[len("/cache/"):]
+                if not NAME_RE.match(pod):
+                    return self._reply(400, {"error": f"bad name {pod!r}"})
+                with lock:
+                    caches.setdefault(pod, time.time())
+                    return self._reply(200, {"caches": len(caches)})
             for prefix, seen in (("/ready/", ready), ("/shaped/", shaped)):
                 if not self.path.startswith(prefix):
                     continue
