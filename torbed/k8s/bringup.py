@@ -8,7 +8,7 @@ first consensus 3-13 s after it existed, so the guards had nothing to give the c
 whose microdescriptor fetches then failed and waited for tor's 10 s periodic retry.
 
 - Relays (their collector sidecar, ``relay_nudge``): once an authority serves a consensus
-  listing every relay with its flags, and this relay's tor has not got it yet, SIGHUP (over
+  listing every relay with its flags, and this relay's tor has no consensus yet, SIGHUP (over
   the control port) makes tor reset its back-off and fetch the consensus at once.
   A directory guard then reports to the results service (POST /cache/<pod>) as soon as it
   holds that consensus and every relay's microdescriptor.
@@ -75,15 +75,21 @@ def relay_nudge(connect, plan: Plan, fprs: dict[str, str], auth_urls: list[str],
     try:
         ctl = connect()
         while not stop.is_set() and time.time() < deadline:
-            own = readiness.flags_problem(plan, {e.fingerprint: set(e.flags) for e in ctl.get_network_statuses([])}, fprs)
+            statuses = ctl.get_network_statuses([])
+            own = readiness.flags_problem(plan, {e.fingerprint: set(e.flags) for e in statuses}, fprs)
             if own is not None:
-                if time.time() - last_hup > HUP_SPACING_S and authority_consensus(auth_urls, plan, fprs) is None:
+                # A HUP makes tor fetch at once only while it has no consensus at all; with
+                # one (an early one lacking relays) it fetches the next on its own schedule.
+                if not statuses and time.time() - last_hup > HUP_SPACING_S \
+                        and authority_consensus(auth_urls, plan, fprs) is None:
                     ctl.signal(stem.Signal.RELOAD)
                     last_hup = time.time()
                     done["hups"] += 1
             elif not is_cache:
                 break
-            elif readiness.client_problem(ctl, plan, fprs, everyone, check_flags=False) is None:
+            elif all(readiness.knows(ctl, fprs[name]) for name in everyone):
+                # Not tor's bootstrap phase: a relay reaches 100 % only once it has built
+                # circuits of its own, which has nothing to do with what it can serve.
                 done["cache_reported"] = _post(f"{results_url}/cache/{pod}")
                 if done["cache_reported"]:
                     break
