@@ -51,8 +51,17 @@ def flags_problem(plan: Plan, flags: dict[str, set[str]], fingerprints: dict[str
 def consensus_file_problem(path: Path, plan: Plan, fingerprints: dict[str, str]) -> tuple[str | None, dict]:
     """(what the consensus at ``path`` lacks or None, {relay name: sorted flags})."""
     try:
-        doc = NetworkStatusDocumentV3(path.read_bytes(), validate=False)
-    except (OSError, ValueError) as e:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"no consensus yet ({type(e).__name__})", {}
+    return consensus_problem(data, plan, fingerprints)
+
+
+def consensus_problem(data: bytes, plan: Plan, fingerprints: dict[str, str]) -> tuple[str | None, dict]:
+    """(what the consensus document ``data`` lacks or None, {relay name: sorted flags})."""
+    try:
+        doc = NetworkStatusDocumentV3(data, validate=False)
+    except ValueError as e:
         return f"no consensus yet ({type(e).__name__})", {}
     flags = {e.fingerprint: set(e.flags) for e in doc.routers.values()}
     by_name = {n.name: sorted(flags[fingerprints[n.name]]) for n in plan.by_role("relay")

@@ -74,7 +74,7 @@ def release(tmp_path_factory):
             "frags": frags}
 
 
-def run_node(rel, role, group, pod, index=None, verify=True):
+def run_node(rel, role, group, pod, index=None, verify=True, extra_env=None):
     data = rel["root"] / f"data-{pod}"
     run = rel["root"] / f"run-{pod}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TORBED_ROLE": role, "TORBED_GROUP": group,
@@ -84,6 +84,7 @@ def run_node(rel, role, group, pod, index=None, verify=True):
            "TORBED_RESOLVE_TIMEOUT": "3"}
     if index is not None:
         env["TORBED_INDEX"] = str(index)
+    env.update(extra_env or {})
     # NSS resolution of the Service names, as in a pod, from a private /etc/hosts.
     cmd = ["unshare", "--mount", "--", "sh", "-c", f'mount --bind "{rel["hosts"]}" /etc/hosts && exec "{NODE}"']
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -124,6 +125,17 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
         # Its identity is the one the keygen hook published.
         key = (data / "keys" / "secret_id_key").read_bytes()
         assert key == (release["etc"] / "keys" / f"{nick}.secret_id_key").read_bytes()
+
+
+@pytest.mark.integration
+def test_client_can_start_offline(release):
+    """The chart's client Jobs start tor with its network off; the driver turns it on once
+    the directory guards can answer (torbed.k8s.bringup)."""
+    proc, torrc, _ = run_node(release, "client", "bulk", "tb-bulk-0-x7f2q", 0, extra_env={"TORBED_START_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr + torrc
+    assert "DisableNetwork 1\n" in torrc
+    proc, torrc, _ = run_node(release, "client", "bulk", "tb-bulk-0-x7f2q", 0)
+    assert proc.returncode == 0 and "DisableNetwork" not in torrc
 
 
 @pytest.mark.integration

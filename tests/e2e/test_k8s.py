@@ -46,6 +46,16 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
     print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; network ready "
           f"{meta['ready_s']:.1f} s after helm install began: helm install (key hook) {b['install_s']:.1f} s, "
           f"containers started {b['containers_s']:.1f} s later, clients ready {b['readiness_s']:.1f} s after that")
+    # Bring-up help (torbed.k8s.bringup): every client started offline and went online, and
+    # by the last one the guard had reported holding the consensus and every microdescriptor.
+    ready = [r for r in records(rep / "clients.jsonl") if r.get("event") == "ready"]
+    print("clients online after " + ", ".join(f"{r['client']} {r['online_s']:.1f} s ({r['caches_ready']}/{r['caches']} "
+                                                f"caches), ready {r['ready_s']:.1f} s" for r in ready))
+    assert meta["bootstrap"]["directory_caches"] == ["guard0"], meta["bootstrap"]
+    assert len(ready) == 3 and all("online_s" in r for r in ready), ready
+    assert max(r["caches_ready"] for r in ready) == 1, ready
+    guard_log = next(f for f in (rep / "logs").iterdir() if f.name.endswith("-guard-0.collector.log")).read_text()
+    assert "reported as a ready directory cache" in guard_log, guard_log[-2000:]
     transfers = records(rep / "transfers.jsonl")
     ok = [t for t in transfers if t["status"] == "ok"]
     # The driver checks every body's sha256 against the seeded file: ok means it matched.

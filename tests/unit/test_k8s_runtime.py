@@ -279,6 +279,62 @@ def test_start_barrier_also_waits_for_the_shapers(tmp_path):
         srv.server_close()
 
 
+
+def test_shapers_find_each_other_through_the_results_service(tmp_path):
+    """Announced addresses are listed per pod (a second announcement replaces the first);
+    bad announcements are refused with 400 and change nothing."""
+    import urllib.error
+    import urllib.request
+    d = tmp_path / "results"
+    d.mkdir()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=1, shapers=2))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        assert shaper.announced(url) == {}
+        assert shaper.announce(url, "tb-guard-0", "guard", "10.244.0.7")
+        assert shaper.announce(url, "tb-bulk-0-x1", "bulk", "10.244.0.8")
+        assert shaper.announce(url, "tb-bulk-1-x2", "bulk", "10.244.0.9")
+        assert shaper.announce(url, "tb-guard-0", "guard", "10.244.0.17")    # restarted: new address
+        assert shaper.announced(url) == {"guard": {"10.244.0.17"}, "bulk": {"10.244.0.8", "10.244.0.9"}}
+        for path, body in (("/peer/tb-x", b'{"group": "guard", "ip": "not-an-ip"}'),
+                           ("/peer/tb-x", b'{"ip": "10.0.0.1"}'),
+                           ("/peer/tb-x", b"[1, 2]"),
+                           ("/peer/tb-x", b'{"group": "a b", "ip": "10.0.0.1"}'),
+                           ("/peer/..", b'{"group": "guard", "ip": "10.0.0.1"}')):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(urllib.request.Request(url + path, data=body, method="POST"))
+            assert e.value.code == 400, path
+        assert sum(len(v) for v in shaper.announced(url).values()) == 3
+        assert shaper.announced("http://127.0.0.1:9") == {}                 # nobody there: nothing
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_shaper_uses_announced_addresses_until_dns_lists_every_peer():
+    ids = {"guard": "1:5", "bulk": "1:3"}
+    expected = {"guard": 1, "bulk": 2}
+    own = {"10.244.0.5"}
+    settled: set[str] = set()
+    # DNS still answers from a cache filled before the pods existed: nothing for bulk.
+    want, complete = shaper.peer_table(ids, {"guard": {"10.244.0.7"}, "bulk": set()},
+                                       {"bulk": {"10.244.0.8", "10.244.0.9", "10.244.0.5"}}, expected, settled, own)
+    assert complete and want == {"10.244.0.7": "1:5", "10.244.0.8": "1:3", "10.244.0.9": "1:3"}
+    assert settled == {"guard"}
+    # Without the announcements the group is incomplete, as before this existed.
+    want, complete = shaper.peer_table(ids, {"guard": {"10.244.0.7"}, "bulk": {"10.244.0.8"}}, {}, expected, set(), own)
+    assert not complete and want == {"10.244.0.7": "1:5", "10.244.0.8": "1:3"}
+    # Once DNS has the whole group, DNS alone decides: a stale announcement is dropped.
+    want, complete = shaper.peer_table(ids, {"guard": {"10.244.0.7"}, "bulk": {"10.244.0.8", "10.244.0.10"}},
+                                       {"bulk": {"10.244.0.8", "10.244.0.9"}}, expected, settled, own)
+    assert complete and settled == {"guard", "bulk"}
+    assert want == {"10.244.0.7": "1:5", "10.244.0.8": "1:3", "10.244.0.10": "1:3"}
+    # ... also when DNS loses a pod later (a replaced Job pod): no announcement fills the gap.
+    want, complete = shaper.peer_table(ids, {"guard": {"10.244.0.7"}, "bulk": {"10.244.0.8"}},
+                                       {"bulk": {"10.244.0.9"}}, expected, settled, own)
+    assert not complete and "10.244.0.9" not in want
+
 def test_shaper_knows_how_many_addresses_each_peer_group_has():
     s = scenario_mod.load(QUICKSTART)
     assert shaper.expected_addresses(s, "authority", "middle") == 6     # 3 pods + 3 ClusterIPs

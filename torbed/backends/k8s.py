@@ -39,6 +39,7 @@ import yaml
 
 from .. import chart, constants, engine, network
 from . import k8s_faults
+from ..k8s import bringup
 from ..errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
 from ..scenario import Scenario
 
@@ -441,6 +442,11 @@ class K8sBackend:
         meta["install_s"] = round(meta["t_installed"] - meta["t_start"], 3)
         fprs = json.loads(self.cluster.configmap(f"{name}-identities").get("fingerprints.json", "{}"))
         meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in st["plan"].nodes]
+        # What the pods do to come up fast (torbed.k8s.bringup), as the local backend records its own.
+        meta["bootstrap"] = {"sighup_after_consensus": True, "clients_offline_until_caches": True,
+                             "cache_wait_max_s": bringup.CACHE_WAIT_MAX_S,
+                             "directory_caches": bringup.directory_caches(st["plan"]),
+                             "shapers_use_announced_addresses": True}
         rep.write_meta()
         start = self._wait_start(rep, time.time() + ready_timeout + 60)
         meta["t_ready"] = start["t_all_ready"]

@@ -24,7 +24,7 @@ import stem.control
 from .. import constants, fileserver, readiness, workloads
 from ..client import driver
 from ..records import RecordWriter
-from . import (Shipper, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
+from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
                write_hardware)
 
 def _connect(deadline: float) -> stem.control.Controller:
@@ -43,6 +43,20 @@ def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: lis
     """None when ready, else what is missing (torbed.readiness: the rule every backend uses;
     here the client checks the flags in its own consensus)."""
     return readiness.client_problem(ctl, p, fprs, path_nodes, check_flags=True)
+
+
+def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float) -> dict:
+    """A tor started with DisableNetwork 1 (TORBED_START_OFFLINE) goes online once every
+    directory cache has reported, or after bringup.CACHE_WAIT_MAX_S: asked earlier, a cache
+    answers 404 and tor retries only after its 10 s periodic fetch (torbed.k8s.bringup).
+    Returns what the client record keeps: when it went online and how many caches were ready."""
+    if ctl.get_conf("DisableNetwork", "0") != "1":
+        return {}
+    want = len(bringup.directory_caches(p))
+    have, t_online = bringup.wait_for_caches(url, want, time.time() + bringup.CACHE_WAIT_MAX_S)
+    ctl.set_conf("DisableNetwork", "0")
+    log(f"client {node}: network on after {t_online - t0:.1f} s ({have} of {want} directory caches ready)")
+    return {"online_s": round(t_online - t0, 3), "caches_ready": have, "caches": want}
 
 
 def wait_start(url: str, node: str, deadline: float) -> float | None:
@@ -121,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         deadline = t0 + s.measure.ready_timeout.seconds
         ctl = _connect(deadline)
+        online = go_online(ctl, p, node, env("TORBED_RESULTS_URL"), t0)
         path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
         why = "?"
         last_hup = 0.0
@@ -169,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         events.write({"client": node, "event": "ready", "t": t_ready, "ready_s": t_ready - t0,
                       "t_workload": t_work, "t_measure": cfg["t_measure"], "t_end": cfg["t_end"],
                       "server": server_group, "server_address": server_ip, "address": os.environ.get("POD_IP"),
-                      "variant": variant(), "rep": repetition()})
+                      **online, "variant": variant(), "rep": repetition()})
         n = driver.run(cfg)
         log(f"client {node}: {n} transfers recorded")
         events.write({"client": node, "event": "done", "t": time.time(), "transfers": n,

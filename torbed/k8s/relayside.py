@@ -7,10 +7,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from .. import collectors, constants
-from . import Shipper, env, load_scenario, log, node_name, repetition, variant, write_hardware
+from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
+               variant, write_hardware)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log(f"collector {node}: collecting {', '.join(cfg['collect']) or 'nothing'}")
+    # Bring-up help (torbed.k8s.bringup): SIGHUP once the consensus exists; a guard reports
+    # when it can serve the clients.
+    bringup.start_relay_nudge(
+        plan(s), fingerprints(), node, env("TORBED_RESULTS_URL"), env("POD_NAME"),
+        [f"http://{service_host(f'auth-{i}')}:{constants.DIR_PORT}" for i in range(s.network.authorities)],
+        lambda: _controller(time.time() + s.measure.ready_timeout.seconds), s.measure.ready_timeout.seconds, stop)
     try:
         errors = collectors.run(cfg, stop)
     finally:
@@ -48,6 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         log("collector: some records could not be delivered to the results service")
         return 1
     return 0
+
+
+def _controller(deadline: float):
+    import stem
+    import stem.connection
+    import stem.control
+    while True:
+        try:
+            ctl = stem.control.Controller.from_port("127.0.0.1", constants.CONTROL_PORT)
+            ctl.authenticate()
+            return ctl
+        except (stem.SocketError, stem.connection.AuthenticationFailure, OSError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,16 @@ GET  /files           {file: size}
 GET  /files/<file>    its content
 POST /ready/<client>  a client's network view is ready (torbed.k8s.client's evidence)
 POST /shaped/<pod>    a pod's shaper has classified every shaped peer (torbed.k8s.shaper)
+POST /peer/<pod>      {"group": g, "ip": a}: a shaper announces its pod's address
+GET  /peers           {"pods": {pod: {"group": g, "ip": a}}}: every address announced. The
+                      shapers classify their peers from these until cluster DNS lists them all:
+                      a name looked up before its pods existed is cached by CoreDNS as
+                      NXDOMAIN or as a partial answer for its TTL (30 s in kubeadm's Corefile
+                      and ours), which held every shaper's report, and so the start, until
+                      ~28 s after the pods were up
+POST /cache/<pod>     a directory cache (guard) holds the consensus and every microdescriptor
+GET  /caches          {"caches": [pod, ...]}: the client drivers keep their tor offline until
+                      every directory guard is in it (torbed.k8s.bringup)
 GET  /start           200 {"t_workload": t} once every one of --clients clients is ready
                       and every one of --shapers shapers has reported
                       (t = then + START_LEAD_S, so all start their workload together, as on
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import ipaddress
 import json
 import re
 import signal
@@ -41,6 +52,8 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
     ready: dict[str, float] = {}
     shaped: dict[str, float] = {}
     start: dict[str, float] = {}
+    peers: dict[str, dict[str, str]] = {}
+    caches: dict[str, float] = {}
     registry = CollectorRegistry()
     appended_bytes = Counter("torbed_results_appended_bytes", "Bytes of records appended", ["file"], registry=registry)
     appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"], registry=registry)
@@ -62,6 +75,20 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _announce(self, pod: str) -> None:
+            if not NAME_RE.match(pod):
+                return self._reply(400, {"error": f"bad name {pod!r}"})
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                group, ip = str(body["group"]), str(ipaddress.IPv4Address(body["ip"]))
+            except (ValueError, KeyError, TypeError) as e:
+                return self._reply(400, {"error": f"want {{\"group\": ..., \"ip\": IPv4}}: {e}"})
+            if not NAME_RE.match(group):
+                return self._reply(400, {"error": f"bad group {group!r}"})
+            with lock:
+                peers[pod] = {"group": group, "ip": ip}
+                return self._reply(200, {"peers": len(peers)})
 
         def do_GET(self):
             if self.path == "/healthz":
@@ -88,6 +115,12 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
                 self.end_headers()
                 self.wfile.write(data)
                 return
+            if self.path == "/caches":
+                with lock:
+                    return self._reply(200, {"caches": sorted(caches)})
+            if self.path == "/peers":
+                with lock:
+                    return self._reply(200, {"pods": dict(peers)})
             if self.path == "/start":
                 with lock:
                     if "t_workload" in start:
@@ -98,6 +131,15 @@ def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
             self._reply(404, {"error": "not found"})
 
         def do_POST(self):
+            if self.path.startswith("/peer/"):
+                return self._announce(self.path[len("/peer/"):])
+            if self.path.startswith("/cache/"):
+                pod = self.path[len("/cache/"):]
+                if not NAME_RE.match(pod):
+                    return self._reply(400, {"error": f"bad name {pod!r}"})
+                with lock:
+                    caches.setdefault(pod, time.time())
+                    return self._reply(200, {"caches": len(caches)})
             for prefix, seen in (("/ready/", ready), ("/shaped/", shaped)):
                 if not self.path.startswith(prefix):
                     continue

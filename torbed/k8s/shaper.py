@@ -110,6 +110,57 @@ def resolve(name: str) -> set[str]:
         return set()
 
 
+
+def announce(url: str, pod: str, group: str, ip: str) -> bool:
+    """Tell the results service this pod's group and address (GET /peers lists them)."""
+    import urllib.error
+    import urllib.request
+    try:
+        req = urllib.request.Request(f"{url.rstrip('/')}/peer/{pod}", method="POST",
+                                     data=json.dumps({"group": group, "ip": ip}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            r.read()
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def announced(url: str) -> dict[str, set[str]]:
+    """{group: addresses} the shapers have announced; empty when the service cannot say."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/peers", timeout=5) as r:
+            pods = json.loads(r.read()).get("pods") or {}
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    out: dict[str, set[str]] = {}
+    for entry in pods.values():
+        if isinstance(entry, dict) and entry.get("group") and entry.get("ip"):
+            out.setdefault(str(entry["group"]), set()).add(str(entry["ip"]))
+    return out
+
+
+def peer_table(ids: dict[str, str], dns: dict[str, set[str]], others: dict[str, set[str]],
+               expected: dict[str, int], settled: set[str], own: set[str]) -> tuple[dict[str, str], bool]:
+    """The filters' {address: class id}, and whether every shaped group has all its addresses.
+
+    A group whose DNS answer is complete is settled (added to ``settled``) and from then on
+    classified by DNS alone; before that, the addresses its shapers announced are added."""
+    want: dict[str, str] = {}
+    complete = True
+    for g, cid in ids.items():
+        found = set(dns.get(g, set())) - own
+        if g not in settled and len(found) >= expected[g]:
+            settled.add(g)
+        if g not in settled:
+            found |= others.get(g, set()) - own
+        for ip in found:
+            want.setdefault(ip, cid)
+        complete &= len(found) >= expected[g]
+    return want, complete
+
 def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, str]]:
     """tc commands for the htb tree, and the class id of each shaped peer group."""
     cmds = [f"qdisc add dev {dev} root handle 1: htb default 1",
@@ -450,16 +501,20 @@ def main(argv: list[str] | None = None) -> int:
     # typically 30 s, so a pod's record can show up that much after the pod.)
     url, pod = os.environ.get("TORBED_RESULTS_URL"), os.environ.get("POD_NAME", "")
     reported = not url
+    # Until DNS lists a group's every address, the addresses its shapers announce to the
+    # results service count too (see torbed.k8s.results: CoreDNS caches a name looked up
+    # before its pods existed for up to 30 s). Once DNS has them all, DNS alone decides, as
+    # later for a pod that comes back with a new address.
+    announced_own = not (url and pod and own)
+    settled: set[str] = set()
+    expected = {g: expected_addresses(s, g, args.group) for g in ids}
     while not stop:
-        want: dict[str, str] = {}
-        complete = True
-        for g, cid in ids.items():
-            found: set[str] = set()
-            for name in peer_names(args.release, args.namespace, args.cluster_domain, s, g):
-                found |= resolve(name) - own
-            for ip in found:
-                want.setdefault(ip, cid)
-            complete &= len(found) >= expected_addresses(s, g, args.group)
+        if not announced_own:
+            announced_own = announce(url, pod, args.group, sorted(own)[0])
+        dns = {g: set().union(*(resolve(n) for n in peer_names(args.release, args.namespace, args.cluster_domain, s, g))) - own
+               for g in ids}
+        others = announced(url) if url and set(ids) - settled else {}
+        want, complete = peer_table(ids, dns, others, expected, settled, own)
         if want != current:
             try:
                 tc_batch(filters(dev, want, current))
