@@ -13,7 +13,8 @@ import time
 import pytest
 
 from torbed import network, readiness, scenario
-from torbed.k8s import bringup, results
+from torbed.k8s import bringup
+from tests.unit.test_k8s_runtime import results_server
 from tests.unit.test_scenario import BASE
 
 
@@ -98,12 +99,7 @@ def test_authority_consensus_is_complete_only_with_every_relay():
 
 
 def test_clients_wait_for_every_cache_report_but_not_forever(tmp_path):
-    d = tmp_path / "results"
-    d.mkdir()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=1))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with results_server(tmp_path, clients=1) as url:
         t0 = time.time()
         assert bringup.wait_for_caches(url, 1, t0 + 0.6)[0] == 0
         assert time.time() - t0 >= 0.6 - 0.01                      # gave up at the deadline
@@ -114,9 +110,6 @@ def test_clients_wait_for_every_cache_report_but_not_forever(tmp_path):
         assert have == 1 and when - t0 < 5
         assert bringup.wait_for_caches(url, 2, time.time() + 0.3)[0] == 1
         assert not bringup._post(f"{url}/cache/..")                # 400: a bad name
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.mark.parametrize("data", [b"", b"not a consensus"])

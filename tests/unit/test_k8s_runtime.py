@@ -5,6 +5,7 @@ tor-gencert and tor, the shaper's tc tree in a throwaway network namespace."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import subprocess
@@ -235,14 +236,23 @@ def test_isolation_drops_egress_outside_the_allowed_ranges():
             subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+
+@contextlib.contextmanager
+def results_server(tmp_path, **kw):
+    """A real results service on a loopback port; yields its URL."""
+    d = tmp_path / "results"
+    d.mkdir(exist_ok=True)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, **kw))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
 def test_start_barrier_waits_for_every_client(tmp_path):
     import urllib.request
-    d = tmp_path / "results"
-    d.mkdir()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=2))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with results_server(tmp_path, clients=2) as url:
         def post(path):
             with urllib.request.urlopen(urllib.request.Request(url + path, data=b"", method="POST")) as r:
                 return json.loads(r.read())
@@ -255,28 +265,17 @@ def test_start_barrier_waits_for_every_client(tmp_path):
         from torbed.k8s.client import wait_start
         import time as _t
         assert wait_start(url, "web0", _t.time() + 5) == body["t_workload"]
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_start_barrier_also_waits_for_the_shapers(tmp_path):
     import urllib.request
-    d = tmp_path / "results"
-    d.mkdir()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=1, shapers=2))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with results_server(tmp_path, clients=1, shapers=2) as url:
         assert shaper.report_complete(url, "tb-guard-0")
         with urllib.request.urlopen(urllib.request.Request(url + "/ready/web0", data=b"", method="POST")) as r:
             assert "t_workload" not in json.loads(r.read())     # one shaper still missing
         assert shaper.report_complete(url, "tb-middle-0")
         with urllib.request.urlopen(url + "/start") as r:
             assert r.status == 200
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 
@@ -285,12 +284,7 @@ def test_shapers_find_each_other_through_the_results_service(tmp_path):
     bad announcements are refused with 400 and change nothing."""
     import urllib.error
     import urllib.request
-    d = tmp_path / "results"
-    d.mkdir()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), results.make_handler(d, clients=1, shapers=2))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with results_server(tmp_path, clients=1, shapers=2) as url:
         assert shaper.announced(url) == {}
         assert shaper.announce(url, "tb-guard-0", "guard", "10.244.0.7")
         assert shaper.announce(url, "tb-bulk-0-x1", "bulk", "10.244.0.8")
@@ -307,9 +301,6 @@ def test_shapers_find_each_other_through_the_results_service(tmp_path):
             assert e.value.code == 400, path
         assert sum(len(v) for v in shaper.announced(url).values()) == 3
         assert shaper.announced("http://127.0.0.1:9") == {}                 # nobody there: nothing
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_shaper_uses_announced_addresses_until_dns_lists_every_peer():

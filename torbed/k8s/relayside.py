@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import collectors, constants
+from .client import _connect
 from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
                variant, write_hardware)
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     bringup.start_relay_nudge(
         plan(s), fingerprints(), node, env("TORBED_RESULTS_URL"), env("POD_NAME"),
         [f"http://{service_host(f'auth-{i}')}:{constants.DIR_PORT}" for i in range(s.network.authorities)],
-        lambda: _controller(time.time() + s.measure.ready_timeout.seconds), s.measure.ready_timeout.seconds, stop)
+        lambda: _connect(time.time() + s.measure.ready_timeout.seconds), s.measure.ready_timeout.seconds, stop)
     try:
         errors = collectors.run(cfg, stop)
     finally:
@@ -56,21 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         log("collector: some records could not be delivered to the results service")
         return 1
     return 0
-
-
-def _controller(deadline: float):
-    import stem
-    import stem.connection
-    import stem.control
-    while True:
-        try:
-            ctl = stem.control.Controller.from_port("127.0.0.1", constants.CONTROL_PORT)
-            ctl.authenticate()
-            return ctl
-        except (stem.SocketError, stem.connection.AuthenticationFailure, OSError):
-            if time.time() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 if __name__ == "__main__":
