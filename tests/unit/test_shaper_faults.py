@@ -86,7 +86,7 @@ def test_fault_classes_keep_the_groups_queue_and_partition_uses_the_drop_class()
 class Table:
     """A FaultTable with tc replaced by a recorder and DNS by a dict."""
 
-    def __init__(self, state: Path, dns: dict[str, set[str]]):
+    def __init__(self, state: Path, dns: dict[str, set[str]], fill=None):
         self.batches: list[list[str]] = []
         self.dns = dns
         p = _plan()
@@ -94,7 +94,7 @@ class Table:
         self.table = shaper.FaultTable(
             "eth0", state, {"guard": LinkSpec(rate_bps=4_000_000)},
             lambda peer: shaper.node_peer_names("rel", "ns", "cluster.local", s, p, peer),
-            lambda peer: shaper.peer_group(p, peer), batch=self.batches.append)
+            lambda peer: shaper.peer_group(p, peer), batch=self.batches.append, fill=fill)
 
     def step(self):
         self.batches.clear()
@@ -106,6 +106,19 @@ def _request(state: Path, i: int, nonce: str = "n1", **kw):
     (state / "faults").mkdir(parents=True, exist_ok=True)
     (state / "faults" / f"{i}.json").write_text(json.dumps({"id": i, "nonce": nonce, **kw}))
 
+
+
+def test_fault_table_adds_announced_addresses_dns_does_not_list_yet(tmp_path):
+    """A fault soon after the start: cluster DNS may still answer a group's name from a cache
+    filled before its pods existed; the addresses the peers announced are used too."""
+    announced = {"guard": {"10.0.0.5", "10.0.0.1"}}
+    t = Table(tmp_path, {}, fill=lambda peer, found: found | announced.get(shaper.peer_group(_plan(), peer), set()))
+    _request(tmp_path, 0, peers=["guard"], partition=True, rate_bps=None)
+    cmds = t.step()
+    assert [c for c in cmds if c.startswith("filter")] == [
+        "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 10.0.0.5/32 flowid 1:fff"]   # not its own
+    ack = json.loads((tmp_path / "applied.json").read_text())["faults"]["0"]
+    assert ack["addresses"] == {"guard": ["10.0.0.5"]}
 
 def test_fault_table_follows_requests_and_peer_addresses(tmp_path):
     dns = {"rel-guard.ns.svc.cluster.local": {"10.0.0.5"}, "rel-bulk-1.rel-bulk.ns.svc.cluster.local": {"10.0.0.9"}}

@@ -277,9 +277,13 @@ class FaultTable:
     """The link faults in force in this pod's tc tree, kept in step with the requests in
     the state directory and with the peers' addresses (``step``, once a loop iteration)."""
 
-    def __init__(self, dev: str, state: Path, specs: dict[str, LinkSpec], names, group_of, batch=None):
+    def __init__(self, dev: str, state: Path, specs: dict[str, LinkSpec], names, group_of, batch=None,
+                 fill=None):
         self.dev, self.state, self.specs = dev, state, specs
         self.names, self.group_of = names, group_of    # peer -> DNS names; peer -> its group
+        # fill(peer, found) -> addresses: adds what DNS does not list yet (the addresses the
+        # peers announced to the results service: see main's loop); None: DNS alone.
+        self.fill = fill
         self.batch = batch or tc_batch
         self.applied: dict[int, dict] = {}   # id -> {"req", "classes": {group: classid}, "addresses", "error"}
         self.current: dict[str, str] = {}    # address -> class, installed at FAULT_PRIO
@@ -328,6 +332,8 @@ class FaultTable:
                 found: set[str] = set()
                 for name in self.names(peer):
                     found |= resolver(name) - own
+                if self.fill is not None:
+                    found = set(self.fill(peer, found)) - own
                 a["addresses"][peer] = sorted(found)
                 for ip in found:   # two faults never share a link (validated), so never an address
                     want.setdefault(ip, a["classes"][self.group_of(peer)])
@@ -491,15 +497,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGUSR1, lambda *_: None)
     state = args.ready_file.parent
+    url, pod = os.environ.get("TORBED_RESULTS_URL"), os.environ.get("POD_NAME", "")
+
+    def fill(peer: str, found: set[str]) -> set[str]:
+        """A fault toward a group (or a node alone in its group) soon after the start: DNS may
+        still answer from a cache filled before the pods existed, as for the peer filters."""
+        group = peer_group(p, peer)
+        if not url or (peer != group and len(p.group_nodes(group)) > 1) \
+                or len(found) >= expected_addresses(s, group, args.group):
+            return found
+        return found | announced(url).get(group, set())
+
     faults = FaultTable(dev, state, specs, lambda peer: node_peer_names(args.release, args.namespace,
                                                                        args.cluster_domain, s, p, peer),
-                        lambda peer: peer_group(p, peer))
+                        lambda peer: peer_group(p, peer), fill=fill)
     (state / "pid").write_text(f"{os.getpid()}\n")
     current: dict[str, str] = {}
     # The workload must not start before every shaped peer is classified: the results
     # service's start barrier waits for each shaper's report. (Cluster DNS caches answers,
     # typically 30 s, so a pod's record can show up that much after the pod.)
-    url, pod = os.environ.get("TORBED_RESULTS_URL"), os.environ.get("POD_NAME", "")
     reported = not url
     # Until DNS lists a group's every address, the addresses its shapers announce to the
     # results service count too (see torbed.k8s.results: CoreDNS caches a name looked up
