@@ -47,15 +47,17 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
           f"{meta['ready_s']:.1f} s after helm install began: helm install (key hook) {b['install_s']:.1f} s, "
           f"containers started {b['containers_s']:.1f} s later, clients ready {b['readiness_s']:.1f} s after that")
     # Bring-up help (torbed.k8s.bringup): every client started offline and went online, and
-    # by the last one the guard had reported holding the consensus and every microdescriptor.
+    # the guard reported holding the consensus and every microdescriptor.
     ready = [r for r in records(rep / "clients.jsonl") if r.get("event") == "ready"]
     print("clients online after " + ", ".join(f"{r['client']} {r['online_s']:.1f} s ({r['caches_ready']}/{r['caches']} "
                                                 f"caches), ready {r['ready_s']:.1f} s" for r in ready))
     assert meta["bootstrap"]["directory_caches"] == ["guard0"], meta["bootstrap"]
     assert len(ready) == 3 and all("online_s" in r for r in ready), ready
-    assert max(r["caches_ready"] for r in ready) == 1, ready
+    # Not asserted: that every relay reported within the 20 s cap (a relay holding an early
+    # consensus without the relays fetches the next on tor's own schedule; seen once).
+    assert all(r["caches"] == 3 for r in ready), ready                    # guard, middle, exit
     guard_log = next(f for f in (rep / "logs").iterdir() if f.name.endswith("-guard-0.collector.log")).read_text()
-    assert "reported as a ready directory cache" in guard_log, guard_log[-2000:]
+    assert "reported ready (a directory cache)" in guard_log, guard_log[-2000:]
     transfers = records(rep / "transfers.jsonl")
     ok = [t for t in transfers if t["status"] == "ok"]
     # The driver checks every body's sha256 against the seeded file: ok means it matched.

@@ -10,11 +10,13 @@ whose microdescriptor fetches then failed and waited for tor's 10 s periodic ret
 - Relays (their collector sidecar, ``relay_nudge``): once an authority serves a consensus
   listing every relay with its flags, and this relay's tor has no consensus yet, SIGHUP (over
   the control port) makes tor reset its back-off and fetch the consensus at once.
-  A directory guard then reports to the results service (POST /cache/<pod>) as soon as it
-  holds that consensus and every relay's microdescriptor.
+  Every relay then reports to the results service (POST /cache/<pod>) as soon as it holds
+  that consensus, a directory guard once it also holds every relay's microdescriptor. (A
+  relay that opened channels before it knew its peers as relays did not greet them as a
+  Torchestra peer: seen once, when clients went online as soon as the guard was ready.)
 - Clients (their driver, ``wait_for_caches``) start tor with DisableNetwork 1 (torbed-node,
-  TORBED_START_OFFLINE=1) and turn the network on once every directory guard has reported,
-  or after CACHE_WAIT_MAX_S at the latest.
+  TORBED_START_OFFLINE=1) and turn the network on once every relay has reported, or after
+  CACHE_WAIT_MAX_S at the latest.
 
 All of it is over before the workload starts; meta.json records it (``bootstrap``).
 """
@@ -85,9 +87,7 @@ def relay_nudge(connect, plan: Plan, fprs: dict[str, str], auth_urls: list[str],
                     ctl.signal(stem.Signal.RELOAD)
                     last_hup = time.time()
                     done["hups"] += 1
-            elif not is_cache:
-                break
-            elif all(readiness.knows(ctl, fprs[name]) for name in everyone):
+            elif not is_cache or all(readiness.knows(ctl, fprs[name]) for name in everyone):
                 # Not tor's bootstrap phase: a relay reaches 100 % only once it has built
                 # circuits of its own, which has nothing to do with what it can serve.
                 done["cache_reported"] = _post(f"{results_url}/cache/{pod}")
@@ -133,7 +133,7 @@ def start_relay_nudge(plan: Plan, fprs: dict[str, str], node: str, results_url: 
         t0 = time.time()
         done = relay_nudge(connect, plan, fprs, auth_urls, results_url, pod, node in caches, t0 + timeout_s, stop)
         log(f"bring-up {node}: {done['hups']} SIGHUP(s) after the consensus appeared"
-            + ("; reported as a ready directory cache" if done["cache_reported"] else "")
+            + (("; reported ready" + (" (a directory cache)" if node in caches else "")) if done["cache_reported"] else "")
             + (f"; stopped: {done['error']}" if done.get("error") else "")
             + f" ({time.time() - t0:.1f} s)")
 

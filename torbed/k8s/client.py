@@ -47,12 +47,12 @@ def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: lis
 
 def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float) -> dict:
     """A tor started with DisableNetwork 1 (TORBED_START_OFFLINE) goes online once every
-    directory cache has reported, or after bringup.CACHE_WAIT_MAX_S: asked earlier, a cache
+    relay has reported its consensus (the directory caches also every microdescriptor), or after bringup.CACHE_WAIT_MAX_S: asked earlier, a cache
     answers 404 and tor retries only after its 10 s periodic fetch (torbed.k8s.bringup).
     Returns what the client record keeps: when it went online and how many caches were ready."""
     if ctl.get_conf("DisableNetwork", "0") != "1":
         return {}
-    want = len(bringup.directory_caches(p))
+    want = len(p.by_role("relay"))
     have, t_online = bringup.wait_for_caches(url, want, time.time() + bringup.CACHE_WAIT_MAX_S)
     ctl.set_conf("DisableNetwork", "0")
     log(f"client {node}: network on after {t_online - t0:.1f} s ({have} of {want} directory caches ready)")
