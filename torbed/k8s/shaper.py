@@ -110,7 +110,6 @@ def resolve(name: str) -> set[str]:
         return set()
 
 
-
 def announce(url: str, pod: str, group: str, ip: str) -> bool:
     """Tell the results service this pod's group and address (GET /peers lists them)."""
     import urllib.error
@@ -160,6 +159,7 @@ def peer_table(ids: dict[str, str], dns: dict[str, set[str]], others: dict[str, 
             want.setdefault(ip, cid)
         complete &= len(found) >= expected[g]
     return want, complete
+
 
 def classes(dev: str, specs: dict[str, LinkSpec]) -> tuple[list[str], dict[str, str]]:
     """tc commands for the htb tree, and the class id of each shaped peer group."""
