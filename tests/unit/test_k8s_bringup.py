@@ -118,3 +118,92 @@ def test_consensus_problem_on_garbage(data):
     fprs = {n.name: f"{i + 1:040X}" for i, n in enumerate(p.by_role("relay"))}
     why, flags = readiness.consensus_problem(data, p, fprs)
     assert why is not None and flags == {}
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_relay_nudge_hups_a_real_tor_only_once_the_authority_has_a_complete_consensus(tmp_path):
+    """A real tor relay with no consensus, its authority our DirPort: no SIGHUP while the
+    authority has nothing complete, then SIGHUPs (tor logs the reload), and tor asks the
+    authority again at once instead of after its download back-off. (The canned consensus is
+    unsigned, so tor never accepts it and stays without one.)"""
+    import shutil
+    import subprocess
+
+    import stem.control
+
+    tor = shutil.which("tor")
+    assert tor, "tor not installed: run make setup"
+    p = _plan()
+    fprs = {n.name: f"{i + 1:040X}" for i, n in enumerate(p.by_role("relay"))}
+    a = _Authority()
+    requests: list[tuple[float, str]] = []       # tor's own: not authority_consensus's exact path
+    handler = a.srv.RequestHandlerClass
+    get = handler.do_GET
+
+    def counting_get(self):
+        if self.path != "/tor/status-vote/current/consensus":
+            requests.append((time.time(), self.path))
+        get(self)
+    handler.do_GET = counting_get
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    sock = tmp_path / "control"
+    log_file = tmp_path / "tor.log"
+    port = a.srv.server_address[1]
+    (tmp_path / "torrc").write_text(
+        f"DataDirectory {data}\nControlSocket {sock}\nSocksPort 0\nORPort 127.0.0.1:{_free_port()}\n"
+        "Address 127.0.0.1\nAssumeReachable 1\nPublishServerDescriptor 0\nTestingTorNetwork 1\n"
+        f"DirAuthority fake orport=9 no-v2 v3ident={'A' * 40} 127.0.0.1:{port} {'B' * 40}\n"
+        f"Log notice file {log_file}\n")
+    proc = subprocess.Popen([tor, "-f", str(tmp_path / "torrc")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+
+    def connect():
+        deadline = time.time() + 30
+        while True:
+            try:
+                ctl = stem.control.Controller.from_socket_file(str(sock))
+                ctl.authenticate()
+                return ctl
+            except stem.SocketError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+    try:
+        # Nothing complete at the authority: 404s; never a SIGHUP.
+        done = bringup.relay_nudge(connect, p, fprs, [a.url], "http://127.0.0.1:9", "tb-guard-0", False,
+                                   time.time() + 4, stop)
+        assert done["hups"] == 0 and "error" not in done, done
+        assert requests, "tor never asked the authority"
+        assert "Received reload signal" not in log_file.read_text()
+        # One relay missing: still no SIGHUP.
+        a.doc = _consensus(p, fprs, drop=p.by_role("relay")[-1].name)
+        done = bringup.relay_nudge(connect, p, fprs, [a.url], "http://127.0.0.1:9", "tb-guard-0", False,
+                                   time.time() + 2, stop)
+        assert done["hups"] == 0, done
+        # Complete: SIGHUP (at most one per HUP_SPACING_S), and tor fetches again right after.
+        a.doc = _consensus(p, fprs)
+        time.sleep(1.0)
+        t_hup = time.time()
+        done = bringup.relay_nudge(connect, p, fprs, [a.url], "http://127.0.0.1:9", "tb-guard-0", False,
+                                   time.time() + bringup.HUP_SPACING_S + 1, stop)
+        assert done["hups"] == 2 and not done["cache_reported"], done
+        time.sleep(1.0)
+        assert log_file.read_text().count("Received reload signal") == 2
+        # Without the SIGHUPs tor would wait out its back-off (several seconds by now).
+        after = [t for t, _ in requests if t > t_hup]
+        assert len(after) >= 2, requests
+    finally:
+        stop.set()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        a.close()

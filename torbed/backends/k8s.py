@@ -444,7 +444,7 @@ class K8sBackend:
         meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in st["plan"].nodes]
         # What the pods do to come up fast (torbed.k8s.bringup), as the local backend records its own.
         meta["bootstrap"] = {"sighup_after_consensus": True, "clients_offline_until_caches": True,
-                             "cache_wait_max_s": bringup.CACHE_WAIT_MAX_S,
+                             "cache_wait_max_s": max(0.0, ready_timeout - bringup.ONLINE_MARGIN_S),
                              "directory_caches": bringup.directory_caches(st["plan"]),
                              "shapers_use_announced_addresses": True}
         rep.write_meta()
@@ -453,6 +453,19 @@ class K8sBackend:
         meta["ready_s"] = round(meta["t_ready"] - meta["t_start"], 3)
         meta["t_workload_start"] = start["t_workload"]
         meta["bringup"] = _bringup_breakdown(self.cluster.pods(name), meta)
+        # Relays that had reported holding the consensus by the start: fewer than all means the
+        # clients went online at their deadline, not because the network was ready (a relay
+        # without a consensus opened a channel per circuit, and Torchestra saw nothing heavy).
+        code, body = self.cluster.proxy_get(f"{name}-results:http", "caches")
+        relays = len(st["plan"].by_role("relay"))
+        try:
+            ready_relays = len(json.loads(body).get("caches") or []) if code == 200 else None
+        except (ValueError, AttributeError):
+            ready_relays = None
+        meta["bootstrap"]["relays_ready_at_start"] = ready_relays
+        if ready_relays is not None and ready_relays < relays:
+            self.console.log(f"[yellow]warning[/yellow]: only {ready_relays} of {relays} relays held the complete "
+                             "consensus when the clients went online (meta.json bootstrap.relays_ready_at_start)")
         # Chaos Mesh is in use when the chart rendered the faults' objects (from the values
         # helm merged, whatever set them); checked now, not at the first fault's time.
         st["chaos"] = k8s_faults.chaos_objects(self.cluster, name) if s.faults else None

@@ -15,8 +15,11 @@ whose microdescriptor fetches then failed and waited for tor's 10 s periodic ret
   relay that opened channels before it knew its peers as relays did not greet them as a
   Torchestra peer: seen once, when clients went online as soon as the guard was ready.)
 - Clients (their driver, ``wait_for_caches``) start tor with DisableNetwork 1 (torbed-node,
-  TORBED_START_OFFLINE=1) and turn the network on once every relay has reported, or after
-  CACHE_WAIT_MAX_S at the latest.
+  TORBED_START_OFFLINE=1) and turn the network on once every relay has reported, or
+  ONLINE_MARGIN_S before their ready deadline at the latest (a client bootstraps in a few
+  seconds once the caches can answer; going online earlier, with a relay that does not
+  know its peers yet, is a different experiment: a Torchestra exit counted every switch
+  as a fallback when the clients went online after a fixed 20 s).
 
 All of it is over before the workload starts; meta.json records it (``bootstrap``).
 """
@@ -36,7 +39,7 @@ from .. import readiness
 from ..network import Plan
 from . import log
 
-CACHE_WAIT_MAX_S = 20.0
+ONLINE_MARGIN_S = 30.0
 POLL_S = 0.5
 HUP_SPACING_S = 3.0
 
@@ -77,7 +80,9 @@ def relay_nudge(connect, plan: Plan, fprs: dict[str, str], auth_urls: list[str],
     try:
         ctl = connect()
         while not stop.is_set() and time.time() < deadline:
-            statuses = ctl.get_network_statuses([])
+            # A list: stem gives a generator, which is never falsy (until this was a list the
+            # SIGHUP below never happened, in any run).
+            statuses = list(ctl.get_network_statuses([]))
             own = readiness.flags_problem(plan, {e.fingerprint: set(e.flags) for e in statuses}, fprs)
             if own is not None:
                 # A HUP makes tor fetch at once only while it has no consensus at all; with

@@ -45,15 +45,16 @@ def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: lis
     return readiness.client_problem(ctl, p, fprs, path_nodes, check_flags=True)
 
 
-def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float) -> dict:
+def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float, deadline: float) -> dict:
     """A tor started with DisableNetwork 1 (TORBED_START_OFFLINE) goes online once every
-    relay has reported its consensus (the directory caches also every microdescriptor), or after bringup.CACHE_WAIT_MAX_S: asked earlier, a cache
-    answers 404 and tor retries only after its 10 s periodic fetch (torbed.k8s.bringup).
+    relay has reported its consensus (the directory caches also every microdescriptor), or
+    bringup.ONLINE_MARGIN_S before ``deadline`` at the latest: asked earlier, a cache answers
+    404 and tor retries only after its 10 s periodic fetch (torbed.k8s.bringup).
     Returns what the client record keeps: when it went online and how many caches were ready."""
     if ctl.get_conf("DisableNetwork", "0") != "1":
         return {}
     want = len(p.by_role("relay"))
-    have, t_online = bringup.wait_for_caches(url, want, time.time() + bringup.CACHE_WAIT_MAX_S)
+    have, t_online = bringup.wait_for_caches(url, want, deadline - bringup.ONLINE_MARGIN_S)
     ctl.set_conf("DisableNetwork", "0")
     log(f"client {node}: network on after {t_online - t0:.1f} s ({have} of {want} directory caches ready)")
     return {"online_s": round(t_online - t0, 3), "caches_ready": have, "caches": want}
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         deadline = t0 + s.measure.ready_timeout.seconds
         ctl = _connect(deadline)
-        online = go_online(ctl, p, node, env("TORBED_RESULTS_URL"), t0)
+        online = go_online(ctl, p, node, env("TORBED_RESULTS_URL"), t0, deadline)
         path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
         why = "?"
         last_hup = 0.0
