@@ -247,6 +247,45 @@ def _load_blocks(s: dict) -> list[tuple]:
                str(r["foreground_transfers"]), num(r.get("foreground_ttlb_median_s"), "{:.3f}")] for r in rows])]
 
 
+def _hardware_blocks(s: dict) -> list[tuple]:
+    """Client experience and relay throughput by the hardware the relays ran on (summary.json
+    ``by_hardware``)."""
+    h = s.get("by_hardware")
+    if not h:
+        return []
+    num = lambda x, f="{:.3f}": DASH if x is None else f.format(x)  # noqa: E731
+    b = [("h", 2, "By hardware"),
+         ("p", "Relays ran on " + "; ".join(
+             f"{k}: {', '.join(e['relays'])} (node {', '.join(e['nodes'])})" for k, e in h["hardware"].items())
+          + ". Client groups are compared by the hardware their path ran on: " + "; ".join(
+             f"{g}: {k}" for g, k in h["client_groups"].items()) + ". Per-repetition medians, Welch's t on their "
+          "logs against the arm whose path ran on the fewest kinds of hardware; descriptive (not in the "
+          "Holm family). Emulated hardware runs the arm64 code under qemu-user on another machine: its "
+          "timings are the emulator's, not the hardware's.")]
+    rows = []
+    for c in h["comparisons"]:
+        for label, a in c["arms"].items():
+            vs = a.get("vs_baseline")
+            if vs is None:
+                cmp_ = "baseline"
+            elif vs.get("status") == "tested":
+                lo, hi = vs["change_ci95"]
+                cmp_ = f"{vs['change_pct']:+.1f}% [{lo:+.1f}, {hi:+.1f}], p={vs['pvalue']:.3g}"
+            else:
+                cmp_ = vs.get("reason") or vs.get("status")
+            rows.append([c["metric"], c["file"], c["variant"], label, ", ".join(a["groups"]), str(a["n"]),
+                         num(a["median"]), ", ".join(num(x) for x in a["per_rep_medians"]) or DASH, cmp_])
+    if rows:
+        b.append(("table", ["metric", "file", "variant", "path's hardware", "client groups", "n", "median (s)",
+                            "per-rep medians (s)", "vs baseline"], rows))
+    if h["relay_throughput_Bps"]:
+        b.append(("table", ["hardware", "median relay throughput (Mbit/s)", "relays"],
+                  [[k, num(t["median"] * 8 / 1e6, "{:.2f}"),
+                    ", ".join(f"{r} {v * 8 / 1e6:.2f}" for r, v in t["relays"].items())]
+                   for k, t in h["relay_throughput_Bps"].items()]))
+    return b
+
+
 def _fault_blocks(s: dict) -> list[tuple]:
     """Each fault's effect (summary.json ``faults``): transfers before / during / after it."""
     rows = s.get("faults")
@@ -309,6 +348,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
                     str(h.get("memory") or DASH),
                     ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or DASH,
                     ", ".join(h.get("ran") or []) or DASH] for name, h in sorted(hw.items())]))
+    b += _hardware_blocks(s)
 
     b.append(("h", 2, "Repetitions"))
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],

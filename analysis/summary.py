@@ -29,8 +29,10 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
      "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
                    "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
-     ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]]}
-                  (replay runs with clock.jsonl: analysis/clock.py)
+     ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]],
+     ["by_hardware": {"hardware", "client_groups", "comparisons", "relay_throughput_Bps", "note"}]}
+                  (replay runs with clock.jsonl: analysis/clock.py; relays on several kinds of
+                  hardware: analysis/hardware.py)
 
 Public API:
 
@@ -50,6 +52,7 @@ import numpy as np
 from . import background, inference, stats
 from . import clock as clock_mod
 from . import faults as faults_mod
+from . import hardware as hardware_mod
 from . import metrics as metrics_mod
 from .load import Run
 from .metrics import Extracted
@@ -246,4 +249,6 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         **({"load": rows} if (rows := background.load_rows(run)) else {}),
         # Only for runs with faults (faults.jsonl).
         **({"faults": rows} if (rows := faults_mod.fault_rows(run)) else {}),
+        # Only for Kubernetes runs whose relays ran on more than one kind of hardware.
+        **({"by_hardware": hw} if (hw := hardware_mod.by_hardware(run, extracted)) else {}),
     }
