@@ -46,6 +46,7 @@ def release(tmp_path_factory):
     os.environ.update(TORBED_SCENARIO_JSON=scenario_json, TORBED_VARIANT=VARIANT)
     try:
         secret, identities = keygen.make(root / "keygen")
+        keygen.schedule(identities, 1795540000.0)     # the authorities' voting offset, as the hook adds it
     finally:
         for k, v in old.items():
             if v is None:
@@ -110,6 +111,11 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
     if role == "authority":
         assert "Address 127.77.0.11\n" in torrc            # its own Service's address
         assert "vote.torrc" in torrc
+        # The keygen hook's voting offset overrides common.torrc's 0 in the tor that runs.
+        offset = json.loads((release["etc"] / "identities" / "schedule.json").read_text())["voting_offset_s"]
+        dump = subprocess.run(["tor", "--dump-config", "short", "-f", str(release["root"] / f"run-{pod}" / "torrc"),
+                               "--defaults-torrc", "/dev/null"], capture_output=True, text=True, timeout=60)
+        assert f"TestingV3AuthVotingStartOffset {offset}\n" in dump.stdout, dump.stdout[-3000:] + dump.stderr
     if role == "relay":
         assert "Address 10.244.0.7\n" in torrc and f"%include {release['etc']}/torrc/group-{group}.torrc\n" in torrc
     if role == "loadworker":

@@ -4,6 +4,7 @@ CNI, DNS (see conftest.py for which cluster)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -52,6 +53,13 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
     print("clients online after " + ", ".join(f"{r['client']} {r['online_s']:.1f} s ({r['caches_ready']}/{r['caches']} "
                                                 f"caches), ready {r['ready_s']:.1f} s" for r in ready))
     assert meta["bootstrap"]["directory_caches"] == ["guard0"], meta["bootstrap"]
+    # The keygen hook's voting offset, which every authority's tor used (its log names the
+    # valid-after time of each vote: the first one's is k * 10 + offset).
+    offset = meta["bootstrap"]["voting_offset_s"]
+    assert offset in range(10) and meta["bootstrap"]["vote_lead_s"] > 0, meta["bootstrap"]
+    auth_log = next(f for f in (rep / "logs").iterdir() if f.name.endswith("-auth-0.tor.log")).read_text()
+    valid_after = re.findall(r"Choosing valid-after time in vote as \S+ \d\d:\d\d:(\d\d)", auth_log)
+    assert valid_after and all(int(v) % 10 == offset for v in valid_after), (offset, valid_after)
     assert len(ready) == 3 and all("online_s" in r for r in ready), ready
     # Every relay held the complete consensus before the clients went online (they wait for
     # it until 30 s before their ready deadline; each relay's collector SIGHUPs its tor once

@@ -139,6 +139,19 @@ def test_keygen_makes_keys_that_match_the_identities(tmp_path, monkeypatch):
     assert "ConsensusParams cc_alg=0 cfx_enabled=0" in vote
 
 
+def test_keygen_schedule_puts_the_first_valid_after_vote_lead_after_the_hook():
+    for t_hook in (1795540000.0, 1795540003.7, 1795540009.99):
+        identities = {"vote.torrc": "# vote\n"}
+        sched = keygen.schedule(identities, t_hook)
+        offset = sched["voting_offset_s"]
+        assert json.loads(identities["schedule.json"]) == sched
+        assert identities["vote.torrc"].splitlines()[-1] == f"TestingV3AuthVotingStartOffset {offset}"
+        # tor's valid-after times are k * 10 + offset; one of them is vote_lead_s (less < 1 s)
+        # after the hook, so the vote for it (4 s before) falls after the pods' start.
+        target = [t for t in range(int(t_hook) + 1, int(t_hook) + 20) if t % 10 == offset]
+        assert any(t_hook + keygen.VOTE_LEAD_S - 1 < t <= t_hook + keygen.VOTE_LEAD_S for t in target), (t_hook, offset)
+
+
 def _quickstart_specs(group: str):
     s = scenario_mod.load(QUICKSTART)
     p = plan(s, "ewma-66")

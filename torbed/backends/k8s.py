@@ -440,13 +440,21 @@ class K8sBackend:
         st["release"].install(timeout_s=int(ready_timeout) + 120)
         meta["t_installed"] = time.time()
         meta["install_s"] = round(meta["t_installed"] - meta["t_start"], 3)
-        fprs = json.loads(self.cluster.configmap(f"{name}-identities").get("fingerprints.json", "{}"))
+        identities = self.cluster.configmap(f"{name}-identities")
+        fprs = json.loads(identities.get("fingerprints.json", "{}"))
+        try:
+            sched = json.loads(identities.get("schedule.json", "{}"))
+        except ValueError:
+            sched = {}
         meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in st["plan"].nodes]
         # What the pods do to come up fast (torbed.k8s.bringup), as the local backend records its own.
         meta["bootstrap"] = {"sighup_after_consensus": True, "clients_offline_until_caches": True,
                              "cache_wait_max_s": max(0.0, ready_timeout - bringup.ONLINE_MARGIN_S),
                              "directory_caches": bringup.directory_caches(st["plan"]),
-                             "shapers_use_announced_addresses": True}
+                             "shapers_use_announced_addresses": True,
+                             # The authorities' first vote aligned with the pods' start (torbed.k8s.keygen).
+                             "voting_offset_s": sched.get("voting_offset_s"), "vote_lead_s": sched.get("vote_lead_s"),
+                             "t_keys_stored": sched.get("t_hook")}
         rep.write_meta()
         start = self._wait_start(rep, time.time() + ready_timeout + 60)
         meta["t_ready"] = start["t_all_ready"]

@@ -6,8 +6,18 @@ and stores them: private keys in the Secret <release>-keys (entries "<node>.<key
 public identities in the ConfigMap <release>-identities:
   authorities.txt   "nickname v3ident fingerprint orport dirport" per authority
   fingerprints.json {node: RSA fingerprint}
-  vote.torrc        what the authorities vote: consensus parameters, Guard/Exit by fingerprint
+  vote.torrc        what the authorities vote: consensus parameters, Guard/Exit by fingerprint,
+                    and TestingV3AuthVotingStartOffset (below)
+  schedule.json     {"t_hook", "vote_lead_s", "voting_offset_s"}: when the hook stored the
+                    keys, and the voting offset every authority uses
 A retried Job replaces what an earlier attempt made, so keys and identities always match.
+
+The authorities' first vote is aligned with the pods' start, as the local backend aligns it
+with its launch (torbed.backends.local.VOTE_LEAD): every authority reads the same offset, so
+they agree, and its first valid-after time comes VOTE_LEAD_S after the hook stored the keys.
+With tor's fixed offset 0 the first vote fell anywhere in the pods' start: before the relays
+had uploaded their descriptors (a consensus without them, one 10 s round lost) or between
+two authorities' starts (the later ones' votes rejected as too late, a round lost).
 
 delete: removes both (they are made by a hook, so Helm does not own them).
 """
@@ -16,8 +26,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import constants, keys, torrc
@@ -27,30 +40,50 @@ from .api import Api
 
 GENERATED_LABEL = "torbed.io/generated"
 
+# Seconds from the hook storing the keys to the first vote's valid-after time. Measured on
+# the local cluster (quickstart): helm creates the pods within ~0.5 s of the hook's end, the
+# last container starts 4.6-8.2 s after install, relays wait for the authorities' DirPorts and
+# upload their descriptors ~1 s after they start; authorities vote VOTE_DELAY + DIST_DELAY
+# (4 s) before valid-after. 14 puts that vote 9-10 s after the hook: after the relays'
+# uploads in those runs; slower pods get the next interval, as with offset 0.
+VOTE_LEAD_S = 14
+
 
 def _labels() -> dict:
     return {"app.kubernetes.io/name": "torbed", "app.kubernetes.io/instance": env("TORBED_INSTANCE"),
             "app.kubernetes.io/managed-by": "torbed-keygen", GENERATED_LABEL: "keygen"}
 
 
+def _node_keys(workdir: Path, n) -> tuple[str, str | None, dict[str, str]]:
+    """(RSA fingerprint, authorities.txt line or None, secret entries) of one node."""
+    datadir = workdir / n.name
+    line = None
+    if n.role == "authority":
+        ak = keys.make_authority_keys(datadir, None, constants.DIR_PORT)
+    fpr = keys.make_relay_identity(datadir, n.nickname)
+    if n.role == "authority":
+        line = f"{n.nickname} {ak.v3ident} {fpr} {constants.OR_PORT} {constants.DIR_PORT}"
+    secret = {f"{n.name}.{f.name}": base64.b64encode(f.read_bytes()).decode()
+              for f in sorted((datadir / "keys").iterdir())}
+    return fpr, line, secret
+
+
 def make(workdir: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(secret data as base64 strings, configmap data) for the release's scenario."""
+    """(secret data as base64 strings, configmap data) for the release's scenario. Each
+    node's keys are independent (tor-gencert, tor --list-fingerprint): made in parallel."""
     s = load_scenario()
     p = plan(s)
+    nodes = [n for n in p.nodes if n.role in ("authority", "relay")]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        made = list(pool.map(lambda n: _node_keys(workdir, n), nodes))
     secret: dict[str, str] = {}
     fprs: dict[str, str] = {}
     auth_lines = []
-    for n in p.nodes:
-        if n.role not in ("authority", "relay"):
-            continue
-        datadir = workdir / n.name
-        if n.role == "authority":
-            ak = keys.make_authority_keys(datadir, None, constants.DIR_PORT)
-        fprs[n.name] = keys.make_relay_identity(datadir, n.nickname)
-        if n.role == "authority":
-            auth_lines.append(f"{n.nickname} {ak.v3ident} {fprs[n.name]} {constants.OR_PORT} {constants.DIR_PORT}")
-        for f in sorted((datadir / "keys").iterdir()):
-            secret[f"{n.name}.{f.name}"] = base64.b64encode(f.read_bytes()).decode()
+    for n, (fpr, line, entries) in zip(nodes, made):
+        fprs[n.name] = fpr
+        if line:
+            auth_lines.append(line)
+        secret.update(entries)
     guards = [fprs[n.name] for n in p.by_role("relay") if n.guard]
     exits = [fprs[n.name] for n in p.by_role("relay") if n.exit]
     vote = torrc.authority_vote_lines(torrc.consensus_params(p), guards, exits)
@@ -62,13 +95,25 @@ def make(workdir: Path) -> tuple[dict[str, str], dict[str, str]]:
     return secret, identities
 
 
+def schedule(identities: dict[str, str], t_hook: float) -> dict:
+    """Add the voting offset (see the module's docstring) to ``identities``; returns it."""
+    sched = {"t_hook": round(t_hook, 3), "vote_lead_s": VOTE_LEAD_S,
+             "voting_offset_s": int(t_hook + VOTE_LEAD_S) % constants.VOTING_INTERVAL}
+    identities["vote.torrc"] += ("# The first vote aligned with the pods' start (torbed.k8s.keygen).\n"
+                                 f"TestingV3AuthVotingStartOffset {sched['voting_offset_s']}\n")
+    identities["schedule.json"] = json.dumps(sched, sort_keys=True)
+    return sched
+
+
 def create() -> int:
     release = env("TORBED_RELEASE")
     api = Api(env("TORBED_NAMESPACE"))
     with tempfile.TemporaryDirectory(prefix="torbed-keygen-") as tmp:
         secret, identities = make(Path(tmp))
+    sched = schedule(identities, time.time())
     log(f"keygen: {sum(1 for k in secret if k.endswith('.secret_id_key'))} identities, "
-        f"{len(identities['authorities.txt'].splitlines())} authorities")
+        f"{len(identities['authorities.txt'].splitlines())} authorities; authorities' voting offset "
+        f"{sched['voting_offset_s']} s (first valid-after {VOTE_LEAD_S} s from now)")
     for kind, name in (("secrets", f"{release}-keys"), ("configmaps", f"{release}-identities")):
         api.delete(kind, name)  # a retried Job: start over, so keys and identities match
     api.create("secrets", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
