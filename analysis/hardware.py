@@ -3,9 +3,10 @@ report compares it between variants.
 
 A Kubernetes run records, per repetition, which node each torbed node ran on (meta.json
 ``nodes[].k8s_node``) and what that node is (``hardware``: architecture, hardware labels,
-``emulated`` when the pods' code ran under an emulator). A node's *hardware kind* is its
-architecture and its ``torbed.io/hardware`` label, marked emulated where it was:
-``amd64``, ``arm64/rpi``, ``arm64/rpi (emulated)``.
+``pod_arch`` what the pods ran as, ``emulated`` when that is not the kubelet's). A node's
+*hardware kind* is the architecture its pods ran as (else the node's) and its
+``torbed.io/hardware`` label, marked emulated where it was: ``amd64``, ``arm64/rpi``,
+``arm64/rpi (emulated)``.
 
 Client experience: each client group's path (the scenario's ``path`` of relay groups) ran on
 a set of hardware kinds; client groups fetching the same file whose paths ran on different
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..constants import MACHINE_ARCH
 from . import inference, stats
 from .load import Run
 from .metrics import Extracted
@@ -41,7 +43,8 @@ COMPARED = ("ttfb_s", "ttlb_s")
 
 def hardware_kind(h: dict) -> str:
     labels = h.get("labels") or {}
-    arch = labels.get(ARCH_LABEL) or h.get("arch") or "?"
+    pod_arch = h.get("pod_arch")
+    arch = MACHINE_ARCH.get(pod_arch, pod_arch) if pod_arch else labels.get(ARCH_LABEL) or h.get("arch") or "?"
     kind = f"{arch}/{labels[HARDWARE_LABEL]}" if labels.get(HARDWARE_LABEL) else str(arch)
     return kind + (" (emulated)" if h.get("emulated") else "")
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# cluster.sh - a single-node Kubernetes cluster on this machine, for torbed's e2e tests.
+# cluster.sh - a Kubernetes cluster on this machine, for torbed's e2e tests: one node, and on
+# request a second one that stands for a Raspberry Pi.
 #
 # Usage (as root):
 #   hack/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
@@ -10,6 +11,14 @@
 #   hack/cluster.sh status              what runs, API/node/DNS health, resident memory
 #   hack/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
 #                                       cluster's containerd
+#   hack/cluster.sh add-pi              add a second node, an emulated Raspberry Pi: arm64
+#                                       images under qemu-user, labelled and tainted like a
+#                                       Pi, its own namespace, containerd, kubelet, kube-proxy
+#                                       and pod CIDR (hack/cluster/pi.sh); `down` removes it
+#   hack/cluster.sh remove-pi           remove that node and everything it made
+#   hack/cluster.sh load-image --node pi IMG...
+#                                       the same into the Pi's containerd; an -arm64 tag is
+#                                       also stored under its plain tag (the chart's)
 #   hack/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
 #   hack/cluster.sh env                 print `export KUBECONFIG=...`
 #
@@ -63,6 +72,9 @@ die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
 kc() { "${KUBECTL[@]}" "$@"; }
 ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
+
+# shellcheck source=hack/cluster/pi.sh
+. "$HERE/cluster/pi.sh"
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts a kubelet, containerd and changes iptables)"; }
 
@@ -164,7 +176,7 @@ mkcert() {
   rm -f "$PKI/$name.ext"
 }
 
-# kubeconfig FILE CERTNAME: a kubeconfig authenticating with PKI/CERTNAME.{crt,key}.
+# kubeconfig FILE CERTNAME [SERVER]: a kubeconfig authenticating with PKI/CERTNAME.{crt,key}.
 kubeconfig() {
   cat >"$1" <<EOF
 apiVersion: v1
@@ -172,7 +184,7 @@ kind: Config
 clusters:
   - name: torbed-k8s
     cluster:
-      server: https://127.0.0.1:$API_PORT
+      server: ${3:-https://127.0.0.1:$API_PORT}
       certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
 users:
   - name: $2
@@ -278,31 +290,10 @@ server = "http://$reg"
   skip_verify = true
 EOF
 
-  # bridge: pods on cni0, masqueraded when leaving the pod network. firewall: Docker sets the
-  # FORWARD policy to DROP; this accepts pod traffic. portmap: hostPort support.
-  cat >"$STATE/cni/net.d/10-torbed.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "$CNI_NET",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": true,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "$POD_CIDR"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "$STATE/cni/ipam"
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "firewall"}
-  ]
-}
-EOF
+  # bridge: pods on cni0 (masqueraded only toward addresses outside the cluster's pod
+  # network: masquerade in hack/cluster/pi.sh). firewall: Docker sets the FORWARD policy to
+  # DROP; this accepts pod traffic. portmap: hostPort support.
+  cni_conflist "$STATE/cni/net.d" "$POD_CIDR" "$STATE/cni/ipam"
 
   # Pods with dnsPolicy Default (CoreDNS) get this: a nameserver nothing answers on, so a
   # stray lookup fails at once (the machine has no upstream DNS).
@@ -368,6 +359,9 @@ bin_of() {
   case $1 in
     etcd) echo etcd ;;
     containerd) echo "containerd --config $CONF/containerd.toml" ;;
+    containerd-pi) echo "containerd --config $CONF/containerd-pi.toml" ;;
+    kubelet-pi) echo "$K8S_BIN/kubelet --config $CONF/kubelet-pi.yaml" ;;
+    kube-proxy-pi) echo "$K8S_BIN/kube-proxy --config $CONF/kube-proxy-pi.yaml" ;;
     *) echo "$K8S_BIN/$1" ;;
   esac
 }
@@ -478,6 +472,7 @@ cmd_up() {
   log "bringing up node $node ($ip); state in $STATE, logs in $LOGS"
   sysctls
   forward_chain
+  masquerade ""
   check_ports
   make_pki "$node" "$ip"
   write_configs "$node" "$ip"
@@ -747,6 +742,7 @@ cmd_down() {
   done
   mkdir -p "$LOGS"
   [ $quiet = 1 ] || log "stopping the cluster"
+  ! pi_present || remove_pi
   drain_pods
   stop kubelet
   stop kube-proxy kube-scheduler kube-controller-manager kube-apiserver
@@ -804,6 +800,13 @@ cmd_status() {
     if api_ready; then echo "api server               ready"; else echo "api server               NOT ready"; ok=0; fi
     if node_ready "$node"; then printf '%-24s Ready\n' "node $node"; else printf '%-24s NOT Ready\n' "node $node"; ok=0; fi
     if coredns_ready; then echo "coredns                  ready"; else echo "coredns                  NOT ready"; ok=0; fi
+    if pi_present; then
+      for c in $PI_COMPONENTS; do
+        if pid=$(pid_of "$c"); then printf '%-24s running (pid %s, %s MB)\n' "$c" "$pid" "$(rss_mb "$pid")"
+        else printf '%-24s stopped\n' "$c"; ok=0; fi
+      done
+      if node_ready "$PI_NODE"; then printf '%-24s Ready\n' "node $PI_NODE"; else printf '%-24s NOT Ready\n' "node $PI_NODE"; ok=0; fi
+    fi
     echo "export KUBECONFIG=$KUBECONFIG_PATH"
   fi
   [ $ok = 1 ]
@@ -813,6 +816,13 @@ cmd_env() { echo "export KUBECONFIG=$KUBECONFIG_PATH"; }
 
 cmd_load_image() {
   need_root
+  if [ "${1:-}" = --node ]; then
+    [ "${2:-}" = pi ] || die "load-image: --node takes 'pi' (the node of hack/cluster.sh add-pi)"
+    shift 2
+    [ $# -gt 0 ] || die "load-image: name at least one image"
+    load_image_pi "$@"
+    return
+  fi
   [ $# -gt 0 ] || die "load-image: name at least one image (or docker-save tarball)"
   pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster.sh up)"
   local refs=() a t0
@@ -847,10 +857,12 @@ main() {
     down) shift; cmd_down "$@" ;;
     status) cmd_status ;;
     load-image) shift; cmd_load_image "$@" ;;
+    add-pi) cmd_add_pi ;;
+    remove-pi) cmd_remove_pi ;;
     smoke) cmd_smoke ;;
     env) cmd_env ;;
     -h | --help | help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" ;;
-    *) echo "usage: $0 build|up|down [--purge]|status|load-image IMAGE...|smoke|env" >&2; exit 2 ;;
+    *) echo "usage: $0 build|up|down [--purge]|status|load-image [--node pi] IMAGE...|add-pi|remove-pi|smoke|env" >&2; exit 2 ;;
   esac
 }
 

@@ -71,3 +71,7 @@ def transfer_timeout(size_bytes: int) -> float:
     if size_bytes <= 5242880:
         return 120.0
     return 120.0 * size_bytes / 5242880
+
+
+# `uname -m` -> Kubernetes' (Go's) architecture names.
+MACHINE_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm"}

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,3 +108,34 @@ def leftovers(kube, release: str, namespace: str = "default") -> list[str]:
                          ("role", rbac.list_namespaced_role), ("rolebinding", rbac.list_namespaced_role_binding)):
         found += [f"{kind}/{o.metadata.name}" for o in lister(namespace, label_selector=sel).items]
     return found
+
+
+@pytest.fixture
+def outside_listener():
+    """A TCP listener on an address outside every allowed range (TEST-NET-1, an address of
+    this node): reachable from the pod network unless something blocks it."""
+    # On lo: a local address of the node, whatever interface (this kernel has no dummy links).
+    subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"], check=True)
+    try:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("192.0.2.1", 8099))
+        srv.listen(16)
+        accepted = []
+
+        def serve():
+            while True:
+                try:
+                    c, a = srv.accept()
+                except OSError:
+                    return
+                accepted.append(a)
+                c.close()
+        threading.Thread(target=serve, daemon=True).start()
+        yield ("192.0.2.1", 8099, accepted)
+        # shutdown wakes the thread blocked in accept(); close alone would leave the socket
+        # listening (the next test's bind: "Address already in use").
+        srv.shutdown(socket.SHUT_RDWR)
+        srv.close()
+    finally:
+        subprocess.run(["ip", "addr", "del", "192.0.2.1/32", "dev", "lo"], check=False)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -115,34 +113,6 @@ def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube,
     after = [t for t in transfers if t["status"] == "ok" and t["t_start"] > t_fault]
     assert after, "no transfer succeeded after middle0 came back"
     assert leftovers(kube, meta["release"]) == []
-
-
-@pytest.fixture
-def outside_listener():
-    """A TCP listener on an address outside every allowed range (TEST-NET-1, an address of
-    this node): reachable from the pod network unless something blocks it."""
-    # On lo: a local address of the node, whatever interface (this kernel has no dummy links).
-    subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"], check=True)
-    try:
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("192.0.2.1", 8099))
-        srv.listen(16)
-        accepted = []
-
-        def serve():
-            while True:
-                try:
-                    c, a = srv.accept()
-                except OSError:
-                    return
-                accepted.append(a)
-                c.close()
-        threading.Thread(target=serve, daemon=True).start()
-        yield ("192.0.2.1", 8099, accepted)
-        srv.close()
-    finally:
-        subprocess.run(["ip", "addr", "del", "192.0.2.1/32", "dev", "lo"], check=False)
 
 
 def _exec(kube, pod: str, container: str, script: str) -> str:

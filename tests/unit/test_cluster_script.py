@@ -52,3 +52,35 @@ def test_start_returns_at_once_when_the_command_dies(tmp_path):
     assert "gone" in p.stdout
     took = int(p.stdout.split("took ")[1].split()[0])
     assert took <= 2, p.stdout
+
+
+def test_the_pi_node_gets_its_own_runtime_state_cgroups_and_labels(tmp_path):
+    # The Pi's configuration is derived from the main node's: none of its runtime paths may
+    # stay the main node's (two containerds on one root or socket corrupt each other's state,
+    # two kubelets on one pod log directory delete each other's logs).
+    p = _harness(tmp_path, f"""
+        STATE={tmp_path}/state RUN={tmp_path}/run CONF={tmp_path}/state/config PKI={tmp_path}/state/pki
+        CTRD_SOCK=$RUN/containerd/containerd.sock
+        . {ROOT}/hack/cluster/pi.sh
+        mkdir -p $PKI && for f in ca kubelet-client-pi kube-proxy; do echo x > $PKI/$f.crt; echo x > $PKI/$f.key; done
+        write_configs node0 10.0.0.5
+        pi_configs 10.0.0.5
+        echo "---containerd"; cat $CONF/containerd-pi.toml
+        echo "---kubelet"; cat $CONF/kubelet-pi.yaml
+        echo "---proxy"; cat $CONF/kube-proxy-pi.yaml
+        echo "---kubeconfig"; cat $STATE/kubeconfigs/kubelet-pi
+        echo "---cni"; cni_conflist $STATE/pi/cni/net.d 10.244.1.0/24 $STATE/pi/cni/ipam; cat $STATE/pi/cni/net.d/10-torbed.conflist
+        """)
+    assert p.returncode == 0, p.stderr
+    parts = dict(s.split("\n", 1) for s in p.stdout.split("---")[1:])
+    ctrd, kubelet, proxy, kcfg, cni = (parts[k] for k in ("containerd", "kubelet", "proxy", "kubeconfig", "cni"))
+    state, run = f"{tmp_path}/state", f"{tmp_path}/run"
+    assert f'root = "{state}/pi/containerd/root"' in ctrd and f'state = "{run}/pi/containerd/state"' in ctrd
+    assert f'address = "{run}/pi/containerd/containerd.sock"' in ctrd
+    assert f'conf_dir = "{state}/pi/cni/net.d"' in ctrd and f"{state}/containerd/" not in ctrd
+    assert f"unix://{run}/pi/containerd/containerd.sock" in kubelet and "kubelet-serving-pi.crt" in kubelet
+    assert "cgroupRoot: /torbed-pi" in kubelet and f'podLogsDir: "{state}/pi/pod-logs"' in kubelet
+    assert "{key: torbed.io/hardware, value: rpi, effect: NoSchedule}" in kubelet
+    assert 'hostnameOverride: "torbed-pi"' in proxy and "kubeconfigs/kube-proxy-pi" in proxy
+    assert "server: https://10.0.0.5:6443" in kcfg
+    assert '"subnet": "10.244.1.0/24"' in cni and '"ipMasq": false' in cni and f"{state}/pi/cni/ipam" in cni

@@ -704,6 +704,7 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
     the API's pod list places the rest (authorities, servers)."""
     placed: dict[str, str] = {}
     cpu: dict[str, str] = {}
+    machine: dict[str, str] = {}
     path = rep.dir / "hardware.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
@@ -714,6 +715,11 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
             placed[r["node"]] = r["k8s_node"]
             if r.get("cpu_model"):
                 cpu[r["k8s_node"]] = r["cpu_model"]
+            # A relay's tor architecture wins over its collector's and the clients' own.
+            if r.get("tor_arch"):
+                machine[r["k8s_node"]] = r["tor_arch"]
+            elif r.get("arch"):
+                machine.setdefault(r["k8s_node"], r["arch"])
     pods = {p.metadata.name: p.spec.node_name for p in cluster.pods(release) if p.spec.node_name}
     for n in rep.meta.get("nodes") or []:
         k8s_node = placed.get(n["name"]) or next((v for pod, v in pods.items() if _pod_is(pod, release, n)), None)
@@ -725,6 +731,13 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
         hw = {name: {"node_status": f"not readable: {e}"} for name in names}
     for name, h in hw.items():
         h["cpu_model"] = cpu.get(name)
+        # The architecture the pods' code ran as (uname -m; a relay's tor where it said) beside
+        # the kubelet's: an arm64 image run by qemu-user on an amd64 machine (the local
+        # cluster's emulated Pi) says aarch64 under an amd64 kubelet, and its timings are an
+        # emulator's, not the hardware's.
+        h["pod_arch"] = machine.get(name)
+        h["emulated"] = (None if not machine.get(name) or not h.get("arch")
+                         else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw
 

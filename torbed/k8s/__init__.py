@@ -49,17 +49,32 @@ def load_scenario(path: Path | None = None) -> Scenario:
     return parse(safeload.load_json(path, "scenario (chart values)"), source=str(path))
 
 
-def write_hardware(out: Path, node: str, group: str) -> None:
+# Where the tor container of a relay pod writes its `uname -m` (images/common/torbed-node).
+TOR_MACHINE_FILE = Path("/var/lib/torbed/machine")
+
+
+def write_hardware(out: Path, node: str, group: str, tor_machine: Path | None = None, wait_s: float = 0.0) -> None:
     """One hardware.jsonl record: which Kubernetes node this pod of ``node`` runs on and that
-    node's CPU as the pod sees it (the API server knows the node, not its CPU model)."""
+    node's CPU as the pod sees it (the API server knows the node, not its CPU model).
+    ``tor_machine``: the file where the pod's tor container wrote its architecture (waited
+    for up to ``wait_s``): recorded as ``tor_arch``, which may differ from this process's
+    ``arch`` (an arm64 tor under qemu-user beside a native collector)."""
     import platform
 
     from ..provenance import cpu_model
+    rec = {"node": node, "group": group, "pod": os.environ.get("POD_NAME"),
+           "k8s_node": os.environ.get("NODE_NAME"), "arch": platform.machine(), "cpu_model": cpu_model(),
+           "cpus": os.cpu_count(), "kernel": platform.release(), "variant": variant(), "rep": repetition()}
+    if tor_machine is not None:
+        deadline = time.time() + wait_s
+        while not tor_machine.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        try:
+            rec["tor_arch"] = tor_machine.read_text().strip() or None
+        except OSError:
+            rec["tor_arch"] = None
     with RecordWriter(out / "hardware.jsonl") as w:
-        w.write({"node": node, "group": group, "pod": os.environ.get("POD_NAME"),
-                 "k8s_node": os.environ.get("NODE_NAME"), "arch": platform.machine(), "cpu_model": cpu_model(),
-                 "cpus": os.cpu_count(), "kernel": platform.release(), "variant": variant(), "rep": repetition(),
-                 "t": time.time()})
+        w.write({**rec, "t": time.time()})
 
 
 def variant() -> str:

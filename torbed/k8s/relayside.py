@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import collectors, constants
 from .client import _connect
 from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
-               variant, write_hardware)
+               variant, write_hardware, TOR_MACHINE_FILE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         # The collectors' exporter for the cluster's Prometheus (PodMonitor / in-chart).
         "metrics_listen": [env("POD_IP"), constants.COLLECTOR_METRICS_PORT],
     }
-    write_hardware(out, node, group)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
+    # With the architecture the tor container runs as, once it has said (it starts beside us).
+    threading.Thread(target=write_hardware, args=(out, node, group, TOR_MACHINE_FILE, 60.0), daemon=True).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -13,8 +13,10 @@ from torbed.analysis import hardware, metrics
 from torbed.analysis.load import load_run
 
 T0 = 1_700_000_000.0
-MAIN = {"arch": "amd64", "labels": {"kubernetes.io/arch": "amd64"}, "emulated": False}
-PI = {"arch": "amd64", "labels": {"kubernetes.io/arch": "arm64", "torbed.io/hardware": "rpi"}, "emulated": True}
+MAIN = {"arch": "amd64", "pod_arch": "x86_64", "labels": {"kubernetes.io/arch": "amd64"}, "emulated": False}
+# The local cluster's emulated Pi: an amd64 kubelet (its arch label too), pods running arm64 code.
+PI = {"arch": "amd64", "pod_arch": "aarch64", "labels": {"kubernetes.io/arch": "amd64", "torbed.io/hardware": "rpi"},
+      "emulated": True}
 
 
 def _run(tmp: Path, arm_factor: float, reps: int = 3, seed: int = 1) -> Path:
@@ -53,6 +55,7 @@ def test_hardware_kind_names_architecture_label_and_emulation():
     assert hardware.hardware_kind(MAIN) == "amd64"
     assert hardware.hardware_kind(PI) == "arm64/rpi (emulated)"
     assert hardware.hardware_kind({"arch": "arm64", "labels": {"torbed.io/hardware": "rpi"}}) == "arm64/rpi"
+    assert hardware.hardware_kind({"arch": "amd64"}) == "amd64"   # no pod reported: the node's
 
 
 def test_a_slower_path_through_the_pi_is_found_and_attributed_to_its_hardware(tmp_path):

@@ -1,0 +1,204 @@
+"""Two nodes: the local cluster's own and an emulated Raspberry Pi (`hack/cluster.sh add-pi`:
+a second kubelet, containerd and kube-proxy in their own network namespace with their own pod
+CIDR, routes between the nodes, labelled torbed.io/hardware=rpi and tainted NoSchedule; its
+images are the arm64 builds of `make images-arm64`, run by qemu-user).
+
+scenarios/hardware-comparison.yaml puts one middle relay on the Pi and the rest of the network
+on the main node: the Pi's relay carries checksum-verified transfers, its link toward the guard
+is shaped across the nodes, its egress outside the release is dropped, meta.json and the report
+say which hardware each relay ran on and compare the two middles' paths. Timings under qemu
+are an emulator's, not a Pi's: the test checks what runs where and that it works, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, leftovers
+from test_k8s import ISOLATE, _exec, _wait_running, records, torbed_run
+
+pytestmark = pytest.mark.e2e
+SCENARIO = REPO / "scenarios" / "hardware-comparison.yaml"
+PI = "torbed-pi"
+CLUSTER = ["bash", str(REPO / "hack" / "cluster.sh")]
+
+
+def _pi_leftovers() -> list[str]:
+    """What of the Pi node still exists on this machine."""
+    found = []
+    if Path("/run/netns/torbed-pi").exists():
+        found.append("netns torbed-pi")
+    if subprocess.run(["ip", "link", "show", "tbpi-host"], capture_output=True).returncode == 0:
+        found.append("link tbpi-host")
+    found += [str(p) for p in Path("/sys/fs/cgroup").glob("*/torbed-pi")]
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    found += [line.strip() for line in ps.splitlines() if "containerd-pi.toml" in line or "kubelet-pi.yaml" in line
+              or "kube-proxy-pi.yaml" in line]
+    rules = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
+    found += [r for r in rules.splitlines() if "CNI-TORBED-NODES" in r]
+    return found
+
+
+@pytest.fixture(scope="module")
+def pi(cluster, images):
+    if not cluster["local"]:
+        pytest.skip("the emulated Pi is a node of hack/cluster.sh's cluster; KUBECONFIG names another one")
+    t0 = time.time()
+    # The relay image (tor, the thing on trial) in its arm64 build; the client image (the
+    # relay pod's collector and shaper sidecars) stays amd64: qemu-user cannot run tc's
+    # rtnetlink requests ("Cannot talk to rtnetlink: Operation not supported").
+    b = subprocess.run([sys.executable, "-m", "torbed.images", "--platform", "linux/arm64",
+                        "--images", "relay", "--variants", "vanilla"], capture_output=True, text=True, cwd=REPO)
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    tags = sorted({t for t in re.findall(r"(torbed/[a-z]+:[a-z0-9.-]+-arm64)", b.stdout)})
+    assert len(tags) == 1, b.stdout
+    tags += [t for t in images if t.startswith("torbed/client:")]
+    t_images = time.time() - t0
+    add = subprocess.run([*CLUSTER, "add-pi"], capture_output=True, text=True)
+    try:
+        assert add.returncode == 0, add.stdout[-3000:] + add.stderr[-3000:]
+        ld = subprocess.run([*CLUSTER, "load-image", "--node", "pi", *tags], capture_output=True, text=True)
+        assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
+        print(f"arm64 images {t_images:.0f} s; {add.stderr.strip().splitlines()[-1]}; {ld.stderr.strip()}")
+        yield {"tags": tags}
+    finally:
+        subprocess.run([*CLUSTER, "remove-pi"], capture_output=True, text=True)
+
+
+def test_the_pi_node_is_labelled_tainted_and_routed_like_a_joined_pi(kube, pi):
+    node = kube.CoreV1Api().read_node(PI)
+    labels = node.metadata.labels
+    assert labels["torbed.io/hardware"] == "rpi", labels
+    assert [(t.key, t.value, t.effect) for t in node.spec.taints or []] == [("torbed.io/hardware", "rpi", "NoSchedule")]
+    main = [n for n in kube.CoreV1Api().list_node().items if n.metadata.name != PI]
+    assert len(main) == 1 and main[0].spec.pod_cidr != node.spec.pod_cidr, (main[0].spec.pod_cidr, node.spec.pod_cidr)
+    # The host routes the Pi's pod CIDR to the Pi's address.
+    route = subprocess.run(["ip", "route", "show", node.spec.pod_cidr], capture_output=True, text=True).stdout
+    ip = next(a.address for a in node.status.addresses if a.type == "InternalIP")
+    assert f"via {ip}" in route, route
+
+
+def _classes_toward(kube, pod: str, hexip: str) -> tuple[str | None, dict[str, str]]:
+    """(the htb class the pod's shaper filters ``hexip`` into, {class id: `tc -s class show` text})."""
+    filters = _exec(kube, pod, "shaper", "tc filter show dev eth0")
+    flowid, last = None, None
+    for line in filters.splitlines():
+        m = re.search(r"flowid (\S+)", line)
+        if m:
+            last = m.group(1)
+        if f"match {hexip}/ffffffff at 16" in line:
+            flowid = last
+    out, cur = {}, None
+    for line in _exec(kube, pod, "shaper", "tc -s class show dev eth0").splitlines():
+        m = re.match(r"class htb (\S+) ", line)
+        if m:
+            cur = m.group(1)
+            out[cur] = ""
+        if cur:
+            out[cur] += line + "\n"
+    return flowid, out
+
+
+def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_across_nodes(
+        kube, helm, pi, outside_listener, tmp_path):
+    host, port, accepted = outside_listener
+    rel = "pi"
+    p = subprocess.run([helm["bin"], "install", rel, str(REPO / "charts" / "torbed"), "-f", str(SCENARIO),
+                        "--set", ISOLATE, "--set", "measure.duration=30s", "--timeout", "300s"],
+                       capture_output=True, text=True, env=helm["env"])
+    try:
+        assert p.returncode == 0, p.stderr
+        _wait_running(kube, f"{rel}-midarm-0")
+        _wait_running(kube, f"{rel}-guard-0")
+        pods = {x.metadata.name: x for x in kube.CoreV1Api().list_namespaced_pod(
+            "default", label_selector=f"app.kubernetes.io/instance={rel}").items}
+        assert pods[f"{rel}-midarm-0"].spec.node_name == PI
+        assert all(x.spec.node_name != PI for n, x in pods.items() if n != f"{rel}-midarm-0"), \
+            {n: x.spec.node_name for n, x in pods.items()}
+        # The Pi's tor is the arm64 build, run by qemu-user.
+        out = _exec(kube, f"{rel}-midarm-0", "tor", "uname -m")
+        assert out.strip() == "aarch64", out
+        # Isolation on the Pi: the outside address is dropped, the guard on the other node is
+        # reachable on its ORPort (pod to pod across the nodes, not NATed).
+        probe = f'timeout 5 bash -c "exec 3<>/dev/tcp/{host}/{port}" && echo CONNECTED || echo BLOCKED'
+        n = len(accepted)
+        out = _exec(kube, f"{rel}-midarm-0", "tor", probe)
+        assert "BLOCKED" in out and len(accepted) == n, out
+        guard_ip = pods[f"{rel}-guard-0"].status.pod_ip
+        out = _exec(kube, f"{rel}-midarm-0", "tor",
+                    f'timeout 5 bash -c "exec 3<>/dev/tcp/{guard_ip}/5000" && echo CONNECTED || echo BLOCKED')
+        assert "CONNECTED" in out, out
+        # Shaping across the nodes: the guard's shaper sends what goes to the Pi relay's pod
+        # address through its 8 Mbit/s class (the scenario's guard-midarm link)...
+        midarm_ip = pods[f"{rel}-midarm-0"].status.pod_ip
+        hexip = "".join(f"{int(o):02x}" for o in midarm_ip.split("."))
+        flowid, classes = _classes_toward(kube, f"{rel}-guard-0", hexip)
+        assert flowid and "rate 8Mbit" in classes.get(flowid, ""), (midarm_ip, flowid, classes)
+        # ...and traffic to the Pi goes through it.
+        deadline = time.time() + 90
+        sent = 0
+        while time.time() < deadline and sent < 100_000:
+            time.sleep(3)
+            sent = int(re.search(r"Sent (\d+) bytes", _classes_toward(kube, f"{rel}-guard-0", hexip)[1][flowid]).group(1))
+        assert sent >= 100_000, sent
+        # No NAT between the nodes, either way: the Pi relay's ORPort sees the guards' own pod
+        # addresses, and an exit's ORPort sees the Pi relay's.
+        incoming = "ss -Htn state established '( sport = :5000 )'"
+        guards = {pods[f"{rel}-guard-{i}"].status.pod_ip for i in range(2)}
+        seen = _exec(kube, f"{rel}-midarm-0", "shaper", incoming)
+        assert any(g in seen for g in guards), (guards, seen)
+        seen = "".join(_exec(kube, f"{rel}-exit-{i}", "shaper", incoming) for i in range(2))
+        assert midarm_ip in seen, (midarm_ip, seen)
+    finally:
+        subprocess.run([helm["bin"], "uninstall", rel, "--wait"], capture_output=True, text=True, env=helm["env"])
+    deadline = time.time() + 120
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
+
+
+def test_hardware_comparison_runs_across_the_main_node_and_the_pi_and_the_report_compares_them(kube, pi, tmp_path):
+    p, run_dir = torbed_run(tmp_path, SCENARIO, "--repetitions", "1", "--duration", "60s")
+    assert p.returncode == 0 and run_dir, p.stdout[-4000:] + p.stderr[-4000:]
+    rep = run_dir / "vanilla" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["status"] == "ok", meta
+    where = {n["name"]: n.get("k8s_node") for n in meta["nodes"]}
+    assert where["midarm0"] == PI and all(v != PI for k, v in where.items() if k != "midarm0"), where
+    hw = meta["hardware"][PI]
+    assert hw["labels"].get("torbed.io/hardware") == "rpi" and "midarm0" in hw["ran"], hw
+    assert hw["pod_arch"] == "aarch64" and hw["emulated"] is True, hw
+    main = next(h for name, h in meta["hardware"].items() if name != PI)
+    assert main["pod_arch"] == "x86_64" and main["emulated"] is False, main
+    transfers = records(rep / "transfers.jsonl")
+    ok = {t["client"] for t in transfers if t["status"] == "ok"}
+    assert {"bulkarm0", "bulkarm1", "webarm0", "bulkamd0", "bulkamd1", "webamd0"} <= ok, sorted(ok)
+    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
+    bw = {r["relay"] for r in records(rep / "relay_bw.jsonl")}
+    assert {"midarm0", "midamd0"} <= bw, bw
+    r = subprocess.run([sys.executable, "-m", "torbed.cli", "report", str(run_dir), "--json"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    md = (run_dir / "report" / "report.md").read_text()
+    assert PI in md and "emulated" in md, md[:3000]
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    by_hw = summary["by_hardware"]
+    print(json.dumps(by_hw, indent=1)[:3000])
+    assert set(by_hw["hardware"]) == {"amd64", "arm64/rpi (emulated)"}, by_hw["hardware"]
+    assert by_hw["client_groups"]["webarm"] == "amd64 + arm64/rpi (emulated)", by_hw["client_groups"]
+    ttlb = [c for c in by_hw["comparisons"] if c["metric"] == "ttlb_s" and c["file"] == "bulk"]
+    assert ttlb and len(ttlb[0]["arms"]) == 2, by_hw["comparisons"]
+
+
+def test_remove_pi_leaves_nothing(kube, pi):
+    rm = subprocess.run([*CLUSTER, "remove-pi"], capture_output=True, text=True)
+    assert rm.returncode == 0, rm.stdout[-3000:] + rm.stderr[-3000:]
+    assert _pi_leftovers() == []
+    assert PI not in {n.metadata.name for n in kube.CoreV1Api().list_node().items}
