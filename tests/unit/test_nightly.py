@@ -4,6 +4,7 @@ the golden run directory; the whole `torbed nightly` loop runs in tests/integrat
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -90,6 +91,22 @@ def test_golden_run_ingested_with_its_keys(tmp_path):
         assert {k[1] for k in series} == {"vanilla", "ewma-66"}
     meta = dict(sqlite3.connect(tmp_path / "h" / history_mod.FILENAME).execute("SELECT * FROM meta").fetchall())
     assert meta["schema_version"] == str(history_mod.SCHEMA_VERSION) and "table.runs" in meta
+
+
+def test_a_kubernetes_run_is_keyed_by_its_nodes_hardware(tmp_path):
+    run = tmp_path / GOLDEN.name
+    shutil.copytree(GOLDEN, run)
+    pi = {"arch": "amd64", "pod_arch": "aarch64", "labels": {"torbed.io/hardware": "rpi"}, "emulated": True,
+          "cpu_model": "AMD EPYC", "cpus": "2"}
+    for m in run.glob("*/rep-*/meta.json"):
+        meta = json.loads(m.read_text())
+        meta["hardware"] = {"vm": {"arch": "amd64", "pod_arch": "x86_64", "cpu_model": "AMD EPYC", "cpus": "2"},
+                            "torbed-pi": pi}
+        m.write_text(json.dumps(meta))
+    with History(tmp_path / "h") as h:
+        h.ingest(run, night="2026-11-01")
+        hw = {r[0] for r in h.db.execute("SELECT hardware FROM runs").fetchall()}
+    assert hw == {"k8s: 1 x amd64, AMD EPYC, 2 CPUs; 1 x arm64/rpi (emulated), AMD EPYC, 2 CPUs"}
 
 
 def test_newer_schema_is_refused(tmp_path):

@@ -97,6 +97,28 @@ def hardware_of(host: dict) -> str:
     return ", ".join(parts)
 
 
+def cluster_hardware_of(reps) -> str | None:
+    """For a Kubernetes run: the nodes its repetitions ran on, counted by hardware kind
+    (analysis.hardware: architecture the pods ran as, torbed.io/hardware label, emulated),
+    CPU model and CPUs, e.g. "k8s: 1 x amd64, AMD EPYC, 2 CPUs; 1 x arm64/rpi (emulated), ...".
+    Node names are left out, so a renamed node keeps the key; another kind of node changes
+    it. None for a run without meta.json ``hardware`` (the local backend: its host is the
+    hardware)."""
+    from ..analysis.hardware import hardware_kind
+    nodes: dict[str, dict] = {}
+    for r in reps:
+        hw = (r.meta or {}).get("hardware")
+        if isinstance(hw, dict):
+            nodes.update({name: h for name, h in hw.items() if isinstance(h, dict)})
+    if not nodes:
+        return None
+    kinds: dict[str, int] = {}
+    for h in nodes.values():
+        k = f"{hardware_kind(h)}, {h.get('cpu_model') or '?'}, {h.get('cpus') or '?'} CPUs"
+        kinds[k] = kinds.get(k, 0) + 1
+    return "k8s: " + "; ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))
+
+
 def _subsample(values: np.ndarray) -> np.ndarray:
     if len(values) <= MAX_SAMPLES:
         return values
@@ -173,7 +195,8 @@ class History:
             fields = {"run_dir": str(run_dir), "nightly": nightly, "scenario": scenario,
                       "scenario_sha256": scenario_identity(resolved), "variant": variant,
                       "tor_version": info.get("tor_version"), "torbed_version": info.get("torbed_version"),
-                      "hardware": hardware_of(host), "backend": info.get("backend", "local"),
+                      "hardware": cluster_hardware_of(reps) or hardware_of(host),
+                      "backend": info.get("backend", "local"),
                       "host": host.get("hostname"), "repetitions": len(reps),
                       "status": "ok" if reps and all(r.status == "ok" for r in reps) else "partial"}
             metrics = {mid: ms.values.get(variant, {}) for mid, ms in extracted.metrics.items()}
