@@ -12,7 +12,9 @@ run soaks) and reports, with median and min/max over the runs (and every run's r
 Each figure is printed beside its target and the previous result (the newest earlier
 <out>/backend-*.json), so a regression in bring-up shows. Results are written to
 <out>/backend-<stamp>.json. A network that never becomes ready fails the benchmark (exit 1).
-Usage: python -m torbed.bench_backend [--runs N] [--soak 300] [--only quickstart|bench-100-relays]
+Usage: python -m torbed.bench_backend [--runs N] [--soak 300]
+       [--only quickstart|bench-100-relays|bench-300-tors|bench-750-tors] (the last two: density,
+       only when named)
 [--out runs/bench]
 """
 
@@ -33,11 +35,14 @@ from rich.table import Table
 from . import constants
 from .scenario import load
 
-NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml"}
+NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml",
+            # Density (issue 26): only with --only; 300 and 750 tor processes on one machine.
+            "bench-300-tors": "bench-300-tors.yaml", "bench-750-tors": "bench-750-tors.yaml"}
+DEFAULT_NETWORKS = ("quickstart", "bench-100-relays")
 # quickstart: issue 26's target, ready <= 8 s median and <= 10 s in every run.
 TARGETS = {"quickstart": {"ready_s": 8.0, "ready_max_s": 10.0},
            "bench-100-relays": {"ready_s": 60.0, "rss_mib": 60.0}}
-RUNS = {"quickstart": 10, "bench-100-relays": 3}
+RUNS = {"quickstart": 10, "bench-100-relays": 3, "bench-300-tors": 1, "bench-750-tors": 1}
 # Runs after the first only need the network ready and a transfer done.
 SHORT_S = 20.0
 
@@ -80,6 +85,8 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
         "setup_to_ready_s": meta["ready_s"],
         "cmd_to_first_transfer_s": (min(t["t_last_byte"] for t in ok) - t_cmd) if ok else None,
         "keys": meta.get("keys"),
+        # Where the setup -> ready time went (local backend bring_up), seconds from setup.
+        "phases_s": {**((meta.get("bootstrap") or {}).get("phases_s") or {}), "ready": meta["ready_s"]},
         "rss_ready_mib": {n: r["rss_bytes"] / 2**20 for n, r in out_res["ready"].items()},
         "rss_end_mib": {n: r["rss_bytes"] / 2**20 for n, r in out_res["end"].items()},
         "rss_peak_mib": {n: r["rss_peak_bytes"] / 2**20 for n, r in out_res["end"].items() if "rss_peak_bytes" in r},
@@ -87,6 +94,13 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
         "roles": {n: r["role"] for n, r in out_res["ready"].items()},
         "soak_s": soak, "variant": variant,
     }
+
+
+# The bring-up's phases (meta.json bootstrap.phases_s), in order: what the floor is made of.
+PHASES = {"network_ready": "namespaces, shaping, torrcs", "tors_started": "every tor started",
+          "first_valid_after": "first consensus valid-after (voting offset)",
+          "consensus_seen": "consensus with every relay seen", "clients_online": "caches ready, clients online",
+          "ready": "clients bootstrapped (ready)"}
 
 
 def _stats(values: list[float]) -> dict:
@@ -112,6 +126,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
     out = {"runs": len(runs)}
     for key in ("cmd_to_ready_s", "setup_to_ready_s", "cmd_to_first_transfer_s"):
         out[key] = _stats([r[key] for r in runs])
+    out["phases_s"] = {ph: _stats([r.get("phases_s", {}).get(ph) for r in runs]) for ph in PHASES}
     # "After soak" figures come from the soaked run(s) only; ready figures from every run.
     longest = max((r["soak_s"] for r in runs), default=0)
     for role in ("authority", "relay", "client"):
@@ -156,6 +171,10 @@ def table(results: dict, prev: dict, prev_name: str | None) -> Table:
         t.add_row(name, "run start -> ready", _fmt(ready, " s"), verdict, _vs(ready, p.get("cmd_to_ready_s"), " s"))
         t.add_row("", "  every run (s)", " ".join(f"{v:.1f}" for v in ready.get("values", [])), "", "")
         t.add_row("", "setup -> ready", _fmt(s["setup_to_ready_s"], " s"), "", _vs(s["setup_to_ready_s"], p.get("setup_to_ready_s"), " s"))
+        for ph, what in PHASES.items():
+            if (s.get("phases_s") or {}).get(ph, {}).get("median") is not None:
+                t.add_row("", f"  setup -> {what}", _fmt(s["phases_s"][ph], " s"), "",
+                          _vs(s["phases_s"][ph], ((p.get("phases_s") or {}).get(ph)), " s"))
         t.add_row("", "run start -> first transfer", _fmt(s["cmd_to_first_transfer_s"], " s"), "",
                   _vs(s["cmd_to_first_transfer_s"], p.get("cmd_to_first_transfer_s"), " s"))
         for role in ("authority", "relay", "client"):
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = {}, False
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     prev_name, prev = previous_results(out, f"backend-{stamp}.json")
-    for name in args.only or list(NETWORKS):
+    for name in args.only or list(DEFAULT_NETWORKS):
         runs = []
         n_runs = args.runs or RUNS[name]
         for i in range(n_runs):

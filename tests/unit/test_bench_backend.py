@@ -42,3 +42,19 @@ def test_every_run_the_target_verdict_and_the_previous_result(tmp_path):
 
 def test_no_previous_results(tmp_path):
     assert bb.previous_results(tmp_path, "backend-x.json") == (None, {})
+
+
+def test_the_bring_up_phases_are_summarised_in_order():
+    runs = []
+    for k in range(3):
+        r = _run(10.0 + k, 20, 25.0)
+        r["phases_s"] = {"network_ready": 1.0 + k, "tors_started": 1.5 + k, "first_valid_after": 6.0 + k,
+                         "consensus_seen": 6.5 + k, "clients_online": 7.5 + k, "ready": 9.0 + k}
+        runs.append(r)
+    runs.append(_run(12.0, 20, 25.0))    # an older record without phases is left out of them
+    s = bb.summarize("quickstart", runs)
+    assert s["phases_s"]["first_valid_after"]["median"] == 7.0 and s["phases_s"]["ready"]["n"] == 3
+    text = _render(bb.table({"quickstart": {"summary": s}}, {}, None))
+    where = [text.index(f"setup -> {what}") for what in bb.PHASES.values()]
+    assert where == sorted(where), where    # printed in the order the bring-up goes
+    assert "7.0 s [6.0-8.0]" in text        # first valid-after: median [min-max]

@@ -235,7 +235,10 @@ class LocalBackend:
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + cpu_prefix(st["plan"], n) + [
                 st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
                 rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
+        phases = boot["phases_s"]
+        phases["tors_started"] = round(time.time() - st["t0"], 3)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
+        phases["consensus_seen"] = round(time.time() - st["t0"], 3)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
             if n.role == "relay":
@@ -248,6 +251,7 @@ class LocalBackend:
                          f"({time.time() - st['t0']:.1f} s); clients online")
         _clients_online(rep)
         boot["clients_online_after_caches"] = True
+        phases["clients_online"] = round(time.time() - st["t0"], 3)
         _wait_clients(rep, deadline)
         _relax_voting(rep)
         rep.ready(st["t0"])
@@ -283,7 +287,10 @@ class LocalBackend:
         torrc_dir.mkdir(parents=True, exist_ok=True)
         t_launch = time.time() + 0.3
         voting_offset = int(t_launch + VOTE_LEAD) % constants.VOTING_INTERVAL
-        meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True}
+        meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True,
+                             # Where the bring-up time goes (bring_up), from the setup's start.
+                             "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
+                                          "first_valid_after": round(int(t_launch + VOTE_LEAD) - st["t0"], 3)}}
         for name, text in render_fragments(plan, ids, st["variants"], voting_offset).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
