@@ -601,15 +601,19 @@ up_failed() {
 # CoreDNS: proves pod networking, the DNS Service (kube-proxy) and CoreDNS at once. netcheck
 # retries for up to 30 s (kube-proxy may still be programming the Service) and reports
 # through its exit status.
+# dns_check [POD KUBELET PLACEMENT WHERE]: on the main node by default; PLACEMENT is the pod
+# spec's nodeSelector/tolerations lines, WHERE how messages name the node.
 dns_check() {
-  kc -n kube-system delete pod torbed-dns-check --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the DNS check pod failed; see $LOGS/kubectl.log"
+  local pod=${1:-torbed-dns-check} kubelet=${2:-kubelet} placement=${3:-} where=${4:-}
+  kc -n kube-system delete pod "$pod" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the DNS check pod $pod failed; see $LOGS/kubectl.log"
 apiVersion: v1
 kind: Pod
-metadata: {name: torbed-dns-check, namespace: kube-system}
+metadata: {name: $pod, namespace: kube-system}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 0
+$placement
   containers:
     - name: check
       image: $TOOLBOX_IMAGE
@@ -617,13 +621,13 @@ spec:
       command: [netcheck, resolve, kubernetes.default, "30"]
 EOF
   DNS_CHECK_FAILED=0
-  wait_for "DNS check pod finished" "$LOGS/kubelet.log" kubelet pod_done kube-system torbed-dns-check
+  wait_for "DNS check pod${where:+ $where} finished" "$LOGS/$kubelet.log" "$kubelet" pod_done kube-system "$pod"
   if [ "$DNS_CHECK_FAILED" = 1 ]; then
-    kc -n kube-system logs torbed-dns-check >"$LOGS/dns-check.log" 2>&1 || true
-    die "a pod could not resolve kubernetes.default; see $LOGS/dns-check.log and $LOGS/kube-proxy.log"
+    kc -n kube-system logs "$pod" >"$LOGS/$pod.log" 2>&1 || true
+    die "a pod${where:+ $where} could not resolve kubernetes.default; see $LOGS/$pod.log and $LOGS/kube-proxy.log"
   fi
-  log "cluster DNS answers pods: $(kc -n kube-system logs torbed-dns-check 2>/dev/null | tr '\n' ' ')"
-  kc -n kube-system delete pod torbed-dns-check --wait=false >/dev/null 2>&1 || true
+  log "cluster DNS answers pods${where:+ $where}: $(kc -n kube-system logs "$pod" 2>/dev/null | tr '\n' ' ')"
+  kc -n kube-system delete pod "$pod" --wait=false >/dev/null 2>&1 || true
 }
 
 all_running() {

@@ -223,33 +223,10 @@ all_pi_running() {
 }
 
 # A pod on the Pi resolves a Service by name (CoreDNS runs on the main node: pod-to-pod
-# routing across the nodes and the Pi's kube-proxy) and runs an arm64 binary when the
-# binfmt entry works.
+# routing across the nodes and the Pi's kube-proxy).
 pi_check() {
-  kc -n kube-system delete pod torbed-pi-check --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the Pi check pod failed; see $LOGS/kubectl.log"
-apiVersion: v1
-kind: Pod
-metadata: {name: torbed-pi-check, namespace: kube-system}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 0
-  nodeSelector: {kubernetes.io/hostname: $PI_NODE}
-  tolerations: [{key: $PI_TAINT_KEY, operator: Equal, value: $PI_TAINT_VALUE, effect: NoSchedule}]
-  containers:
-    - name: check
-      image: $TOOLBOX_IMAGE
-      imagePullPolicy: Never
-      command: [netcheck, resolve, kubernetes.default, "30"]
-EOF
-  DNS_CHECK_FAILED=0
-  wait_for "Pi check pod finished" "$LOGS/kubelet-pi.log" kubelet-pi pod_done kube-system torbed-pi-check
-  if [ "$DNS_CHECK_FAILED" = 1 ]; then
-    kc -n kube-system logs torbed-pi-check >"$LOGS/pi-check.log" 2>&1 || true
-    die "a pod on $PI_NODE could not resolve kubernetes.default through CoreDNS on the main node; see $LOGS/pi-check.log"
-  fi
-  log "a pod on $PI_NODE resolves through CoreDNS on the main node: $(kc -n kube-system logs torbed-pi-check 2>/dev/null | tr '\n' ' ')"
-  kc -n kube-system delete pod torbed-pi-check --wait=false >/dev/null 2>&1 || true
+  dns_check torbed-pi-check kubelet-pi "  nodeSelector: {kubernetes.io/hostname: $PI_NODE}
+  tolerations: [{key: $PI_TAINT_KEY, operator: Equal, value: $PI_TAINT_VALUE, effect: NoSchedule}]" "on $PI_NODE"
 }
 
 # Everything add-pi made, in reverse; safe to run when only part of it exists.

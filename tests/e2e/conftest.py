@@ -93,6 +93,17 @@ def helm():
     return {"bin": str(Path(bin_dir) / "helm"), "env": env}
 
 
+def uninstall(kube, helm, release: str) -> list[str]:
+    """helm uninstall the release (waiting for it), then wait up to 120 s for everything
+    labelled with it to go; returns what is left (leftovers)."""
+    subprocess.run([helm["bin"], "-n", "default", "uninstall", release, "--wait", "--timeout", "180s"],
+                   capture_output=True, text=True, env=helm["env"])
+    deadline = time.time() + 120
+    while leftovers(kube, release) and time.time() < deadline:
+        time.sleep(2)
+    return leftovers(kube, release)
+
+
 def leftovers(kube, release: str, namespace: str = "default") -> list[str]:
     """Everything labelled with the release that still exists."""
     sel = f"app.kubernetes.io/instance={release}"

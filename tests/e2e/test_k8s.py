@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, leftovers
+from conftest import REPO, leftovers, uninstall
 
 pytestmark = pytest.mark.e2e
 TORBED = [sys.executable, "-m", "torbed.cli"]
@@ -176,11 +176,8 @@ def test_egress_outside_the_release_is_blocked_and_chaos_resources_pass_a_server
                                     f'timeout 5 bash -c "exec 3<>/dev/tcp/{auth}/7000" && echo CONNECTED || echo BLOCKED')
         _chaos_dry_run(kube, helm, values, tmp_path)
     finally:
-        subprocess.run([helm["bin"], "uninstall", rel, "--wait"], capture_output=True, text=True, env=helm["env"])
-    deadline = time.time() + 120
-    while leftovers(kube, rel) and time.time() < deadline:
-        time.sleep(2)
-    assert leftovers(kube, rel) == []
+        left = uninstall(kube, helm, rel)
+    assert left == []
 
 
 def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
@@ -272,12 +269,8 @@ def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes
         assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
         print(t.stdout.splitlines()[-1] if t.stdout else "")
     finally:
-        subprocess.run([*base, "uninstall", rel, "--wait", "--timeout", "180s"],
-                       capture_output=True, text=True, env=helm["env"])
-    deadline = time.time() + 120
-    while leftovers(kube, rel) and time.time() < deadline:
-        time.sleep(2)
-    assert leftovers(kube, rel) == []
+        left = uninstall(kube, helm, rel)
+    assert left == []
 
 
 def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, leftovers
+from conftest import REPO, uninstall
 from test_k8s import ISOLATE, _exec, _wait_running, records, torbed_run
 
 pytestmark = pytest.mark.e2e
@@ -157,11 +157,8 @@ def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_ac
         seen = "".join(_exec(kube, f"{rel}-exit-{i}", "shaper", incoming) for i in range(2))
         assert midarm_ip in seen, (midarm_ip, seen)
     finally:
-        subprocess.run([helm["bin"], "uninstall", rel, "--wait"], capture_output=True, text=True, env=helm["env"])
-    deadline = time.time() + 120
-    while leftovers(kube, rel) and time.time() < deadline:
-        time.sleep(2)
-    assert leftovers(kube, rel) == []
+        left = uninstall(kube, helm, rel)
+    assert left == []
 
 
 def test_hardware_comparison_runs_across_the_main_node_and_the_pi_and_the_report_compares_them(kube, pi, tmp_path):

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, leftovers
+from conftest import REPO, uninstall
 
 pytestmark = pytest.mark.e2e
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
@@ -49,12 +49,8 @@ def release(kube, helm):
         assert p.returncode == 0, p.stdout + p.stderr
         yield {"t0": t0}
     finally:
-        subprocess.run([*base, "uninstall", REL, "--wait", "--timeout", "180s"],
-                       capture_output=True, text=True, env=helm["env"])
-        deadline = time.time() + 120
-        while leftovers(kube, REL) and time.time() < deadline:
-            time.sleep(2)
-        assert leftovers(kube, REL) == []
+        left = uninstall(kube, helm, REL)
+        assert left == []
 
 
 def _wait(what: str, check, timeout: float):

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, leftovers
+from conftest import REPO, uninstall
 
 pytestmark = pytest.mark.e2e
 REGISTRY = "127.0.0.1:5000"
@@ -67,9 +67,5 @@ def test_chart_and_images_from_the_registry_run_the_quickstart(kube, helm, regis
         refs = {c.image for p in pods.items for c in (p.status.container_statuses or [])}
         assert refs and all(r.startswith(f"{registry}/") for r in refs), refs
     finally:
-        subprocess.run([*base, "uninstall", rel, "--wait", "--timeout", "180s"], capture_output=True, text=True,
-                       env=helm["env"])
-    deadline = time.time() + 120
-    while leftovers(kube, rel) and time.time() < deadline:
-        time.sleep(2)
-    assert leftovers(kube, rel) == []
+        left = uninstall(kube, helm, rel)
+    assert left == []

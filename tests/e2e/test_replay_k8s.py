@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, leftovers
+from conftest import REPO, uninstall
 from test_k8s import ISOLATE, records, torbed_run
 
 pytestmark = pytest.mark.e2e
@@ -88,11 +88,8 @@ def test_helm_install_replays_and_measures_the_clock(kube, helm, tmp_path):
         check_cells(fetch("cells.jsonl"))
         check_clock(fetch("clock.jsonl"))
     finally:
-        subprocess.run([helm["bin"], "uninstall", rel, "--wait"], capture_output=True, text=True, env=helm["env"])
-    deadline = time.time() + 120
-    while leftovers(kube, rel) and time.time() < deadline:
-        time.sleep(2)
-    assert leftovers(kube, rel) == []
+        left = uninstall(kube, helm, rel)
+    assert left == []
 
 
 def _report(run_dir: Path) -> dict:
