@@ -227,3 +227,36 @@ def test_topology_ports_and_switch_kind():
     assert ports[0] == ("s0", plan.nodes[0]) and ports[-1] == ("ctlp", None)
     with pytest.raises(ValueError):
         netns.Topology("unit", plan, switch="hub")
+
+
+def _big_plan(links: dict, relays: int = 100) -> network.Plan:
+    data = copy.deepcopy(BASE)
+    data["network"]["relays"] = {"guard": {"count": relays, "guard": True}, "exit": {"count": relays, "exit": True}}
+    data["clients"]["web"]["path"] = ["guard", "exit"]
+    data["links"] = links
+    return network.plan(scenario.parse(data), "kist")
+
+
+def test_shaped_pair_count_agrees_with_the_pairs():
+    for links in ({"default": {"rate": "10mbit"}}, {},
+                  {"pairs": [{"between": ["guard", "exit"], "rate": "1mbit"},
+                             {"between": ["guard", "guard"], "rate": "2mbit"}]}):
+        plan = _big_plan(links, relays=7)
+        assert plan.shaped_pair_count() == len(plan.shaped_pairs())
+    assert make_plan().shaped_pair_count() == len(make_plan().shaped_pairs())
+
+
+def test_too_many_htb_classes_take_linkemu_and_tc_is_refused():
+    """Per-pair htb classes cost more the more classes the machine has (flow-offload block
+    list), so a network past HTB_MAX_SHAPED_PAIRS leaves tc under 'auto' and is refused under
+    'tc'; a network below it, and an unshaped one of any size, keep their shaper."""
+    big = _big_plan({"default": {"rate": "1gbit"}})               # 205 nodes, 41,820 shaped pairs
+    assert big.shaped_pair_count() > shaping.HTB_MAX_SHAPED_PAIRS
+    assert shaping.choose_shaper(big, NO_NETEM) == "linkemu"
+    with pytest.raises(shaping.ShapingError, match=r"shape 41,820 node pairs, one htb class each") as e:
+        shaping.choose_shaper(_big_plan({"default": {"rate": "1gbit"}, "emulator": "tc"}), NETEM)
+    assert "sch_netem" not in str(e.value)
+    # Only the shaped pairs count: one group pair of 100 x 100 (both directions) fits.
+    few = _big_plan({"pairs": [{"between": ["guard", "exit"], "rate": "10mbit"}]})
+    assert few.shaped_pair_count() == 20_000 and shaping.choose_shaper(few, NO_NETEM) == "htb"
+    assert shaping.choose_shaper(_big_plan({}), NO_NETEM) == "none"
