@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import constants
+from .supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 CPU_LIMIT = 0.90          # of one core, per Locust worker
@@ -62,8 +62,7 @@ def one_level(users: int, workers: int, duration_s: int, out: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "load.yaml"
         path.write_text(yaml.safe_dump(scenario(users, workers, duration_s)))
-        p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(path), "--out", str(out)],
-                           capture_output=True, text=True, cwd=constants.REPO_ROOT)
+        p = run_torbed(["run", str(path), "--out", str(out)], cwd=constants.REPO_ROOT)
     run = out / f"bench-load-{users}-latest"
     rep = run.resolve() / "kist" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text()) if (rep / "meta.json").exists() else {}

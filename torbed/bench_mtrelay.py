@@ -28,7 +28,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import constants
+from .supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 SCENARIO = constants.REPO_ROOT / "scenarios" / "engler-goldberg-2021-throughput.yaml"
@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, ThreadSampler(out) as sampler:
         path = Path(tmp) / f"{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
-        p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(path), "--out", str(out)],
-                           capture_output=True, text=True, cwd=constants.REPO_ROOT)
+        p = run_torbed(["run", str(path), "--out", str(out)], cwd=constants.REPO_ROOT)
     run_dir = (out / f"{data['name']}-latest").resolve()
     if not run_dir.is_dir():
         console.print(f"[red]mtrelay: the run failed[/red] (exit {p.returncode}): {p.stderr[-1500:]}")

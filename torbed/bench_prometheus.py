@@ -20,7 +20,6 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import urllib.parse
 import urllib.request
@@ -32,13 +31,13 @@ from rich.table import Table
 from scipy import stats as sstats
 
 from . import constants, prometheus
+from .supervise import run_torbed
 
 console = Console()
 
 
 def _run(scenario: Path, out: Path, duration: str) -> Path:
-    p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(scenario), "--variant", "vanilla",
-                        "--duration", duration, "--out", str(out)], capture_output=True, text=True)
+    p = run_torbed(["run", str(scenario), "--variant", "vanilla", "--duration", duration, "--out", str(out)])
     if p.returncode != 0:
         raise RuntimeError(f"torbed run {scenario.name} failed:\n{p.stderr[-2000:]}")
     return Path(p.stdout.strip()) / "vanilla" / "rep-0"

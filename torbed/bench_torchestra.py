@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+from .supervise import run_torbed
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         runs = out / "torchestra-stress-runs"
         t0 = time.time()
-        p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(path), "--out", str(runs)], cwd=REPO)
+        p = run_torbed(["run", str(path), "--out", str(runs)], capture=False, cwd=REPO)
         if p.returncode != 0:
             print(f"torchestra stress: torbed run failed (exit {p.returncode})", file=sys.stderr)
             return 1

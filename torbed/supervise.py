@@ -12,6 +12,8 @@ Public API:
 - ``NodeFailed``: a node that exited early; ``.tail`` holds the last lines of its log
 - ``tail(path, n) -> str``
 - ``read_states() -> list[dict]``; ``owner_alive(state) -> bool``
+- ``run_torbed(args, capture=True, cwd=None) -> CompletedProcess``: ``python -m torbed.cli ARGS``
+  for the benchmarks, interrupted without SIGKILL (so the child tears its network down)
 """
 
 from __future__ import annotations
@@ -20,11 +22,42 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from . import constants
 from .errors import RunFailed
+
+
+# How long a benchmark waits for an interrupted `torbed run` to tear down (750 tors: ~1 min).
+CHILD_TEARDOWN_S = 600.0
+
+
+def run_torbed(args: list[str], capture: bool = True, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m torbed.cli ARGS`` to completion, as subprocess.run would, except on Ctrl-C:
+    subprocess.run SIGKILLs its child then, and a SIGKILLed run leaves its namespaces and tors
+    behind (seen: a 750-tor benchmark left 750 tors running). Here the child gets SIGINT (a
+    terminal's Ctrl-C has sent it one already; torbed ignores more while it tears down), its
+    teardown is waited for, and then the interrupt goes on."""
+    return run_child([sys.executable, "-m", "torbed.cli", *args], capture, cwd)
+
+
+def run_child(cmd: list[str], capture: bool = True, cwd: str | Path | None = None,
+              teardown_s: float = CHILD_TEARDOWN_S) -> subprocess.CompletedProcess:
+    """run_torbed's body, for any command."""
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, cwd=cwd) as p:
+        try:
+            out, err = p.communicate()
+        except KeyboardInterrupt:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.communicate(timeout=teardown_s)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 class NodeFailed(RunFailed):
@@ -130,7 +163,7 @@ class Supervisor:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                proc.wait()
+                _reap(proc)
 
     def stop_all(self, grace: float = constants.STOP_GRACE) -> None:
         self.stop(list(self.procs), grace)
@@ -140,6 +173,29 @@ class Supervisor:
             self.state_file.unlink()
         except FileNotFoundError:
             pass
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait for a SIGKILLed process. Popen.wait() blocks on a lock of the Popen, and a signal
+    handler that raises (torbed's SIGINT/SIGTERM) between that lock's acquire and its with
+    block leaves it held for good: seen after a Ctrl-C during a 750-tor launch, when the
+    teardown hung on proc.wait() over a process that was long dead. So waitpid() directly
+    when wait() cannot finish."""
+    try:
+        proc.wait(timeout)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            return                      # reaped elsewhere
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return
+        time.sleep(0.05)
 
 
 def read_states() -> list[dict]:
