@@ -24,7 +24,6 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from rich.table import Table
 
 from . import constants
 from .scenario import load
+from .supervise import run_torbed
 
 NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml",
             # Density (issue 26): only with --only; 300 and 750 tor processes on one machine.
@@ -56,9 +56,8 @@ def _records(path: Path) -> list[dict]:
 def one_run(scenario: Path, out: Path, soak: float) -> dict:
     variant = load(scenario).variants[0]
     t_cmd = time.time()
-    p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(scenario), "--variant", variant,
-                        "--duration", f"{int(soak)}s", "--out", str(out)],
-                       capture_output=True, text=True, cwd=constants.REPO_ROOT)
+    p = run_torbed(["run", str(scenario), "--variant", variant, "--duration", f"{int(soak)}s",
+                    "--out", str(out)], cwd=constants.REPO_ROOT)
     name = load(scenario).name
     runs = sorted(d for d in out.glob(f"{name}-2*") if d.is_dir() and not d.is_symlink()
                   and (d / "run.json").exists() and d.stat().st_ctime >= t_cmd - 1)
@@ -92,6 +91,10 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
         "rss_peak_mib": {n: r["rss_peak_bytes"] / 2**20 for n, r in out_res["end"].items() if "rss_peak_bytes" in r},
         "cpu_pct_ready_to_end": cpu,
         "roles": {n: r["role"] for n, r in out_res["ready"].items()},
+        "shaper": meta.get("shaper"),
+        # Bytes each role sent and received until ready (the directory protocol) and the size
+        # of an authority's directory files then (local backend, meta.json bootstrap).
+        "traffic_to_ready": (meta.get("bootstrap") or {}).get("traffic_to_ready") or {},
         "soak_s": soak, "variant": variant,
     }
 
@@ -134,6 +137,18 @@ def summarize(name: str, runs: list[dict]) -> dict:
             use = runs if metric == "rss_ready_mib" else [r for r in runs if r["soak_s"] == longest]
             vals = [v for r in use for n, v in r[metric].items() if r["roles"].get(n) == role]
             out[f"{role}_{metric}"] = _stats(vals)
+    for role in ("authority", "relay", "client"):
+        for way in ("sent", "received"):
+            per_node = []
+            for r in runs:
+                t = ((r.get("traffic_to_ready") or {}).get("by_role") or {}).get(role)
+                if t and t["nodes"]:
+                    per_node.append(t[f"{way}_bytes"] / t["nodes"] / 2**10)
+            out[f"{role}_{way}_kib_to_ready"] = _stats(per_node)
+    files = [(r.get("traffic_to_ready") or {}).get("authority_files_bytes") or {} for r in runs]
+    out["directory_files_kib"] = {f: _stats([x[f] / 2**10 for x in files if f in x])
+                                  for f in ("cached-microdesc-consensus", "cached-microdescs")}
+    out["shaper"] = sorted({r.get("shaper") for r in runs if r.get("shaper")})
     return out
 
 
@@ -186,6 +201,17 @@ def table(results: dict, prev: dict, prev_name: str | None) -> Table:
                       _vs(s[f"{role}_rss_peak_mib"], p.get(f"{role}_rss_peak_mib"), " MiB"))
             t.add_row("", f"{role} CPU ready->end", _fmt(s[f"{role}_cpu_pct_ready_to_end"], " %"), "",
                       _vs(s[f"{role}_cpu_pct_ready_to_end"], p.get(f"{role}_cpu_pct_ready_to_end"), " %"))
+            sent, recv = s.get(f"{role}_sent_kib_to_ready"), s.get(f"{role}_received_kib_to_ready")
+            if sent and sent["median"] is not None:
+                t.add_row("", f"{role} sent / received per node until ready",
+                          f"{_fmt(sent, ' KiB')} / {_fmt(recv, ' KiB')}", "",
+                          _vs(recv, p.get(f"{role}_received_kib_to_ready"), " KiB"))
+        for f, st in (s.get("directory_files_kib") or {}).items():
+            if st["median"] is not None:
+                t.add_row("", f"authority's {f} at ready", _fmt(st, " KiB"), "",
+                          _vs(st, (p.get("directory_files_kib") or {}).get(f), " KiB"))
+        if s.get("shaper"):
+            t.add_row("", "shaper", ", ".join(s["shaper"]), "", "")
     return t
 
 

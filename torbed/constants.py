@@ -46,6 +46,10 @@ FIRST_NODE_HOST = 10
 VOTING_INTERVAL = 10
 VOTE_DELAY = 2
 DIST_DELAY = 2
+# Networks with more tors than this vote on a slower schedule until they are ready (local
+# backend; torrc.voting_schedule): LARGE_VOTING = (interval, vote delay, dist delay) seconds.
+LARGE_NETWORK_TORS = 200
+LARGE_VOTING = (30, 6, 6)
 
 # Authority certificates: tor-gencert lifetime in months (recorded in meta.json).
 AUTHORITY_CERT_MONTHS = 12

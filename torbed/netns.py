@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -201,6 +202,19 @@ class Topology:
                 "link set eth0 up\n" + "".join(
                     f"neigh replace {ip} lladdr {mac} dev eth0 nud permanent\n"
                     for ip, mac in peers if ip != node.address)))
+
+    def port_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each node has sent and received so far, read from its switch-side veth end
+        (one ``ip -s -j link`` in the switch namespace, whatever the switch is): frames the
+        node sent are the port's rx, frames it received the port's tx."""
+        p = _ip("-n", self.switch, "-s", "-j", "link", "show")
+        stats = {d["ifname"]: d.get("stats64", {}) for d in json.loads(p.stdout or "[]")}
+        out = {}
+        for dev, node in self.ports():
+            st = stats.get(dev)
+            if node is not None and st:
+                out[node.name] = {"sent": st["rx"]["bytes"], "received": st["tx"]["bytes"]}
+        return out
 
     def destroy(self) -> None:
         for name in reversed(self.created):

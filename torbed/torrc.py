@@ -55,14 +55,31 @@ def consensus_params(plan: Plan) -> dict[str, int]:
     return dict(sorted(params.items()))
 
 
-def static_fragments(metrics_accept: list[str], voting_offset: int = 0) -> dict[str, list[str]]:
+def voting_schedule(plan: Plan) -> tuple[int, int, int]:
+    """(voting interval, vote delay, distribution delay) in seconds for this network's bring-up.
+
+    10/2/2 (tor's minimum) up to LARGE_NETWORK_TORS tors. Above, every bootstrapping tor keeps
+    the CPU busy (each relay is a directory cache: it verifies, diffs and compresses every
+    new consensus), the authorities' timers run seconds late and the votes they post queue
+    behind hundreds of relays' requests at their DirPort: at 750 tors, 20 of 27 rounds failed
+    ("Bad valid-after time", "not enough votes"). A 30 s round with 6 + 6 s delays gives the
+    votes room and makes a third as many consensuses for every cache to process."""
+    tors = sum(1 for n in plan.nodes if n.runs_tor)
+    if tors > constants.LARGE_NETWORK_TORS:
+        return constants.LARGE_VOTING
+    return constants.VOTING_INTERVAL, constants.VOTE_DELAY, constants.DIST_DELAY
+
+
+def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
+                     schedule: tuple[int, int, int] | None = None) -> dict[str, list[str]]:
     """The lines of each fragment that do not depend on generated keys or on the scenario.
 
     Both backends use them: the local backend appends the network's DirAuthority lines and
     the authorities' votes (see ``render_fragments``); the Helm chart ships them as
     charts/torbed/files/torrc/*.torrc (``torbed chart-files``) and its pods add the same
     lines at start, once keys and addresses exist."""
-    v = constants
+    interval, vote_delay, dist_delay = schedule or (constants.VOTING_INTERVAL, constants.VOTE_DELAY,
+                                                    constants.DIST_DELAY)
     common = [
         "# Every node of the private network.",
         "TestingTorNetwork 1",
@@ -76,13 +93,13 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0) -> dict[
         "ClientUseIPv6 0",
         "CookieAuthentication 1",
         "# Fast voting (the minimum tor accepts) so a fresh network has a consensus in seconds.",
-        f"TestingV3AuthInitialVotingInterval {v.VOTING_INTERVAL}",
-        f"TestingV3AuthInitialVoteDelay {v.VOTE_DELAY}",
-        f"TestingV3AuthInitialDistDelay {v.DIST_DELAY}",
+        f"TestingV3AuthInitialVotingInterval {interval}",
+        f"TestingV3AuthInitialVoteDelay {vote_delay}",
+        f"TestingV3AuthInitialDistDelay {dist_delay}",
         f"TestingV3AuthVotingStartOffset {voting_offset}",
-        f"V3AuthVotingInterval {v.VOTING_INTERVAL}",
-        f"V3AuthVoteDelay {v.VOTE_DELAY}",
-        f"V3AuthDistDelay {v.DIST_DELAY}",
+        f"V3AuthVotingInterval {interval}",
+        f"V3AuthVoteDelay {vote_delay}",
+        f"V3AuthDistDelay {dist_delay}",
     ]
     authority = [
         "# Directory authorities (they relay no experiment traffic: no Guard/Exit flag).",
@@ -158,7 +175,7 @@ def variant_fragment(var: Variant) -> str:
 def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0) -> dict[str, str]:
     """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
     schedule so that the first vote comes right after the relays have uploaded descriptors."""
-    lines = static_fragments([plan.subnet], voting_offset)
+    lines = static_fragments([plan.subnet], voting_offset, voting_schedule(plan))
     lines["common.torrc"] += dir_authority_lines(plan, ids)
     guards = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.guard]
     exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]

@@ -58,3 +58,23 @@ def test_the_bring_up_phases_are_summarised_in_order():
     where = [text.index(f"setup -> {what}") for what in bb.PHASES.values()]
     assert where == sorted(where), where    # printed in the order the bring-up goes
     assert "7.0 s [6.0-8.0]" in text        # first valid-after: median [min-max]
+
+
+def test_directory_traffic_until_ready_per_node_and_role():
+    runs = []
+    for k, relays in enumerate((100, 100)):
+        r = _run(10.0, 20, 25.0)
+        r["shaper"] = "linkemu"
+        r["traffic_to_ready"] = {
+            "by_role": {"authority": {"nodes": 3, "sent_bytes": 3 * 2**20 * (10 + k), "received_bytes": 3 * 2**20},
+                        "relay": {"nodes": relays, "sent_bytes": relays * 50 * 2**10, "received_bytes": relays * 2**20}},
+            "authority_files_bytes": {"cached-microdesc-consensus": 60 * 2**10, "cached-microdescs": 40 * 2**10}}
+        runs.append(r)
+    runs.append(_run(12.0, 20, 25.0))    # a run from before the traffic was recorded
+    s = bb.summarize("bench-300-tors", runs)
+    assert s["authority_sent_kib_to_ready"]["values"] == [10 * 1024.0, 11 * 1024.0]
+    assert s["relay_received_kib_to_ready"]["median"] == 1024.0 and s["client_sent_kib_to_ready"]["n"] == 0
+    text = _render(bb.table({"bench-300-tors": {"summary": s}}, {}, None))
+    assert "authority sent / received per node until ready" in text and "10752.0 KiB [10240.0-11264.0]" in text
+    assert "cached-microdesc-consensus at ready" in text and "60.0 KiB" in text
+    assert "client sent / received" not in text and "linkemu" in text

@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 
-from torbed import network, scenario
+from torbed import constants, network, scenario
 from torbed.keys import AuthorityKeys, make_authority_keys, make_relay_identity
-from torbed.torrc import Identities, NodePaths, render_fragments, render_node
+from torbed.torrc import Identities, NodePaths, render_fragments, render_node, voting_schedule
 from torbed.variants import load_variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,9 +26,9 @@ def fake_identities(plan) -> Identities:
     return ids
 
 
-def render_all(plan, ids, root: str) -> dict[str, str]:
+def render_all(plan, ids, root: str, voting_offset: int = 0) -> dict[str, str]:
     variants = {v: load_variant(v) for v in plan.variants_in_use()}
-    files = render_fragments(plan, ids, variants)
+    files = render_fragments(plan, ids, variants, voting_offset)
     for n in plan.nodes:
         if n.role == "server":
             continue
@@ -78,28 +78,46 @@ def test_tor_accepts_every_generated_torrc(tmp_path):
     assert tor, "tor not installed: run make setup"
     s = scenario.load(REPO / "scenarios" / "quickstart.yaml")
     for variant in ("kist", "ewma-66", "kistlite"):
-        plan = network.plan(s, variant)
-        root = tmp_path / variant
-        ids = Identities()
-        for n in plan.nodes:
-            data = root / "data" / n.name
-            if n.role == "authority":
-                ids.authorities[n.name] = make_authority_keys(data, n.address, n.ports["dir"])
-            if n.role in ("authority", "relay"):
-                ids.fingerprints[n.name] = make_relay_identity(data, n.nickname)
-            (root / "logs").mkdir(parents=True, exist_ok=True)
-            data.mkdir(parents=True, exist_ok=True, mode=0o700)
-        files = render_all(plan, ids, str(root))
-        (root / "torrc").mkdir()
-        for name, text in files.items():
-            (root / "torrc" / name).write_text(text)
-        for n in plan.nodes:
-            if n.role == "server":
-                continue
-            p = subprocess.run([tor, "--verify-config", "-f", str(root / "torrc" / f"{n.name}.torrc")],
-                               capture_output=True, text=True)
-            assert p.returncode == 0, f"{variant}/{n.name}: {p.stdout[-2000:]}"
-            assert "Configuration was valid" in p.stdout
+        _verify_every_torrc(tor, network.plan(s, variant), tmp_path / variant)
+
+
+def test_large_networks_vote_on_a_slower_schedule_tor_accepts(tmp_path, monkeypatch):
+    s = scenario.load(REPO / "scenarios" / "quickstart.yaml")
+    plan = network.plan(s, "kist")
+    assert voting_schedule(plan) == (10, 2, 2)
+    assert voting_schedule(network.plan(scenario.load(REPO / "scenarios" / "bench-750-tors.yaml"), "kist")) \
+        == constants.LARGE_VOTING == (30, 6, 6)
+    monkeypatch.setattr(constants, "LARGE_NETWORK_TORS", 5)      # quickstart counts as large
+    assert voting_schedule(plan) == (30, 6, 6)
+    files = render_fragments(plan, fake_identities(plan), {"kist": load_variant("kist")}, voting_offset=29)
+    assert "V3AuthVotingInterval 30\nV3AuthVoteDelay 6\nV3AuthDistDelay 6" in files["common.torrc"]
+    assert "TestingV3AuthInitialVotingInterval 30" in files["common.torrc"]
+    tor = shutil.which("tor")
+    assert tor, "tor not installed: run make setup"
+    _verify_every_torrc(tor, plan, tmp_path, voting_offset=29)    # the largest offset the interval allows
+
+
+def _verify_every_torrc(tor: str, plan, root: Path, voting_offset: int = 0) -> None:
+    ids = Identities()
+    for n in plan.nodes:
+        data = root / "data" / n.name
+        if n.role == "authority":
+            ids.authorities[n.name] = make_authority_keys(data, n.address, n.ports["dir"])
+        if n.role in ("authority", "relay"):
+            ids.fingerprints[n.name] = make_relay_identity(data, n.nickname)
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    files = render_all(plan, ids, str(root), voting_offset)
+    (root / "torrc").mkdir()
+    for name, text in files.items():
+        (root / "torrc" / name).write_text(text)
+    for n in plan.nodes:
+        if n.role == "server":
+            continue
+        p = subprocess.run([tor, "--verify-config", "-f", str(root / "torrc" / f"{n.name}.torrc")],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, f"{plan.variant}/{n.name}: {p.stdout[-2000:]}"
+        assert "Configuration was valid" in p.stdout
 
 
 def test_keys_are_real(tmp_path):

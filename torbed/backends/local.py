@@ -46,7 +46,7 @@ from ..replay.trace import read as read_trace
 from ..scenario import Scenario
 from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
 from ..torenv import child_env, tor_env
-from ..torrc import Identities, NodePaths, render_fragments, render_node
+from ..torrc import Identities, NodePaths, render_fragments, render_node, voting_schedule
 from ..variants import load_variant
 from ..workloads import Target, assign_flows, driver_config, replay_traces, server_group, trace_name, \
     workload_entry  # noqa: F401 (assign_flows, trace_name re-exported)
@@ -60,6 +60,16 @@ VOTE_LEAD = 7
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
 POLL_S = 0.2               # readiness polling
+# Authorities run as real-time tasks (SCHED_RR at this priority, below linkemu's) from their
+# start until the network is ready, then as normal tasks again. Past a few hundred tors every
+# bootstrapping tor is runnable at once: a normal-priority authority waited in the run queue
+# nearly all the time (5.1 of every 5 s, for 0.2 s of CPU), its timers fired seconds late and
+# votes from the other authorities sat 19 s in its DirPort's accept queue (1,287 connections
+# deep), so rounds failed ("Bad valid-after time") and the herd of relays kept asking. nice -10
+# did not help (each tor is its own session, so its own autogroup, and neither its nice nor
+# the autogroup's changed the share); SCHED_RR drained the queue at once and the next rounds
+# published. An authority needs little CPU (3 % of a core then), only promptly.
+AUTHORITY_RT_PRIORITY = 1
 # Longest wait for the directory caches before clients go online anyway (see bring_up).
 CACHE_WAIT_S = 20.0
 MEASURE_POLL_S = 0.5
@@ -229,12 +239,17 @@ class LocalBackend:
         emulated = [n.name for n in tors if cpu_prefix(st["plan"], n)]
         if emulated:
             boot["emulated_cpu"] = {"qemu": qemu_binary(), "nodes": emulated}
+        rt: int | None = AUTHORITY_RT_PRIORITY
         for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + cpu_prefix(st["plan"], n) + [
                 st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
                 rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
+            if n.role == "authority" and rt is not None:
+                # At once: launching 750 tors takes a minute, and the authorities vote meanwhile.
+                rt = _set_realtime(st["sup"], [n.name], AUTHORITY_RT_PRIORITY)
+        boot["authority_realtime_until_ready"] = rt
         phases = boot["phases_s"]
         phases["tors_started"] = round(time.time() - st["t0"], 3)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
@@ -255,6 +270,7 @@ class LocalBackend:
         _wait_clients(rep, deadline)
         _relax_voting(rep)
         rep.ready(st["t0"])
+        boot["traffic_to_ready"] = _bringup_traffic(rep)
         plan = st["plan"]
         self.console.log(f"[green]ready[/green] in {rep.meta['ready_s']:.1f} s (consensus with "
                          f"{len(plan.by_role('relay'))} relays, {len(plan.by_role('client'))} clients bootstrapped)")
@@ -286,11 +302,16 @@ class LocalBackend:
         torrc_dir = rep.dir / "torrc"
         torrc_dir.mkdir(parents=True, exist_ok=True)
         t_launch = time.time() + 0.3
-        voting_offset = int(t_launch + VOTE_LEAD) % constants.VOTING_INTERVAL
+        interval, vote_delay, dist_delay = voting_schedule(plan)
+        # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
+        lead = VOTE_LEAD + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
+        voting_offset = int(t_launch + lead) % interval
         meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True,
+                             "voting_schedule_s": {"interval": interval, "vote_delay": vote_delay,
+                                                   "dist_delay": dist_delay},
                              # Where the bring-up time goes (bring_up), from the setup's start.
                              "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
-                                          "first_valid_after": round(int(t_launch + VOTE_LEAD) - st["t0"], 3)}}
+                                          "first_valid_after": round(int(t_launch + lead) - st["t0"], 3)}}
         for name, text in render_fragments(plan, ids, st["variants"], voting_offset).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
@@ -502,6 +523,50 @@ def _relax_voting(rep: engine.Repetition) -> None:
         with _controller(rep.state["paths"][a.name].control_socket) as ctl:
             ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
+    if rep.meta["bootstrap"].get("authority_realtime_until_ready") is not None:
+        _set_realtime(rep.state["sup"], [a.name for a in rep.state["plan"].by_role("authority")], None)
+
+
+def _set_realtime(sup: Supervisor, names: list[str], priority: int | None) -> int | None:
+    """Every thread of these nodes' processes SCHED_RR at ``priority``, or back to SCHED_OTHER
+    (None). The policy is per thread; threads inherit it from their creator. Returns
+    ``priority``, or None where this process may not (CAP_SYS_NICE: not in a rootless run)."""
+    policy, param = (os.SCHED_OTHER, os.sched_param(0)) if priority is None else (os.SCHED_RR, os.sched_param(priority))
+    for name in names:
+        pid = sup.procs[name][0].pid
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setscheduler(int(tid), policy, param)
+        except PermissionError:
+            return None
+        except (FileNotFoundError, ProcessLookupError):
+            pass    # a node that exited: the supervisor reports it
+    return priority
+
+
+# What the directory protocol fetched by the time the network was ready, per authority file.
+DIRECTORY_FILES = ("cached-consensus", "cached-microdesc-consensus", "cached-microdescs", "cached-microdescs.new")
+
+
+def _bringup_traffic(rep: engine.Repetition) -> dict:
+    """Bytes sent and received from setup to ready, summed by role (before ready this is
+    the directory protocol: descriptor uploads, votes, consensus and microdescriptor fetches,
+    and the clients' bootstrap circuits), and the size of an authority's directory files."""
+    st = rep.state
+    try:
+        ports = st["topo"].port_bytes()
+    except (netns.NetnsError, ValueError, KeyError) as e:
+        return {"error": str(e)}
+    by_role: dict[str, dict] = {}
+    for n in st["plan"].nodes:
+        if n.name in ports:
+            r = by_role.setdefault(n.role, {"nodes": 0, "sent_bytes": 0, "received_bytes": 0})
+            r["nodes"] += 1
+            r["sent_bytes"] += ports[n.name]["sent"]
+            r["received_bytes"] += ports[n.name]["received"]
+    auth = Path(st["paths"][st["plan"].by_role("authority")[0].name].datadir)
+    return {"by_role": by_role,
+            "authority_files_bytes": {f: (auth / f).stat().st_size for f in DIRECTORY_FILES if (auth / f).exists()}}
 
 
 def _microdescs_held(datadir: Path) -> int:
