@@ -269,6 +269,8 @@ class LocalBackend:
         phases["clients_online"] = round(time.time() - st["t0"], 3)
         _wait_clients(rep, deadline)
         _relax_voting(rep)
+        if boot["authority_realtime_until_ready"] is not None:
+            _set_realtime(st["sup"], [n.name for n in tors if n.role == "authority"], None)
         rep.ready(st["t0"])
         boot["traffic_to_ready"] = _bringup_traffic(rep)
         plan = st["plan"]
@@ -515,7 +517,7 @@ def _wait_consensus(rep: engine.Repetition, deadline: float) -> dict:
 
 
 def _relax_voting(rep: engine.Repetition) -> None:
-    """Once ready, authorities vote every VOTING_INTERVAL_AFTER_READY seconds instead of 10:
+    """Once ready, authorities vote every VOTING_INTERVAL_AFTER_READY seconds instead of 10 (or 30):
     every consensus makes every relay and client fetch it (and caches recompress diffs),
     load that belongs to bring-up, not to a scheduling experiment. Takes effect from the
     next vote; recorded in meta.json."""
@@ -523,8 +525,6 @@ def _relax_voting(rep: engine.Repetition) -> None:
         with _controller(rep.state["paths"][a.name].control_socket) as ctl:
             ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
-    if rep.meta["bootstrap"].get("authority_realtime_until_ready") is not None:
-        _set_realtime(rep.state["sup"], [a.name for a in rep.state["plan"].by_role("authority")], None)
 
 
 def _set_realtime(sup: Supervisor, names: list[str], priority: int | None) -> int | None:
