@@ -19,19 +19,33 @@ Modules, one concern each:
     reproduce  ``make reproduce``: the seed papers' experiments -> docs/reproduction.md
     cli        register(subparsers, formatter_class): the ``report``, ``compare`` and ``aa`` commands
 
-The functions ``report`` and ``compare`` re-exported here shadow their modules as package
-attributes: import from the modules by name (``from torbed.analysis.report import analyse``).
+The re-exported names are loaded on first use (PEP 562 ``__getattr__``): importing
+``torbed.analysis.cli`` to register the subcommands must not load scipy and matplotlib, which
+took most of the 2 s before `torbed run` did anything (issue 26). Once a submodule such as
+``torbed.analysis.report`` has been imported, its name on the package is the module, not
+the function: import the functions from their modules by name
+(``from torbed.analysis.report import report``).
 
 Public API (re-exported here): ``report``, ``compare``, ``load_run``, ``AnalysisError``,
 ``InputError``, ``RunDirError``, ``RecordError``, ``UnknownVariantError``,
 ``ScenarioMismatchError``.
 """
 
-from .compare import compare
-from .errors import (AnalysisError, InputError, RecordError, RunDirError, ScenarioMismatchError,
-                     UnknownVariantError)
-from .load import load_run
-from .report import report
+from __future__ import annotations
 
-__all__ = ["report", "compare", "load_run", "AnalysisError", "InputError", "RunDirError", "RecordError",
-           "UnknownVariantError", "ScenarioMismatchError"]
+import importlib
+
+# name -> the module that defines it
+_EXPORTS = {"report": "report", "compare": "compare", "load_run": "load",
+            **{name: "errors" for name in ("AnalysisError", "InputError", "RecordError", "RunDirError",
+                                           "ScenarioMismatchError", "UnknownVariantError")}}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -28,14 +28,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-# ``from . import report`` would give the function the package re-exports, not the module.
-from .compare import HEADERS, compare, output_stem, rows
-from .report import report
+# Only light imports here: `torbed` registers these commands on every start, and the report's
+# modules (scipy, matplotlib) take seconds to import, so each command imports them itself.
 from .errors import InputError
-from . import render, stats
-from .render import DASH, fmt_p, fmt_pct, fmt_value
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+# `torbed aa`'s default repetitions per arm: stats.MIN_REPS (a test checks they agree).
+AA_REPETITIONS = 3
 
 console = Console(stderr=True)
 out = Console()
@@ -64,6 +63,8 @@ def _guard(fn):
 
 
 def _report_table(summary: dict) -> Table:
+    from . import render
+    from .render import DASH, fmt_p, fmt_pct, fmt_value
     t = Table(title=f"{summary['run']['scenario']}: medians (baseline {summary['baseline']})")
     for col in ("metric", "variant", "reps", "median (pooled)", "Δ per-rep", "Holm p", "verdict"):
         t.add_column(col, justify="left" if col in ("metric", "variant", "verdict") else "right",
@@ -86,6 +87,7 @@ def _report_table(summary: dict) -> Table:
 @_guard
 def cmd_report(args) -> int:
     """torbed report RUN_DIR: statistics, figures and report files."""
+    from .report import report
     with console.status("report") as status:
         summary = report(args.run_dir, baseline=getattr(args, "baseline", None), out_dir=getattr(args, "out", None),
                          progress=lambda msg: status.update(f"report: {msg}"))
@@ -106,6 +108,7 @@ def cmd_report(args) -> int:
 @_guard
 def cmd_compare(args) -> int:
     """torbed compare RUN_A RUN_B: per variant and metric, B against A."""
+    from .compare import HEADERS, compare, output_stem, rows
     with console.status("comparing"):
         c = compare(args.run_a, args.run_b, force=args.force, out_dir=getattr(args, "out", None))
     if getattr(args, "json", False):
@@ -166,7 +169,9 @@ def _run_aa_scenario(args) -> Path:
 @_guard
 def cmd_aa(args) -> int:
     """torbed aa SCENARIO|RUN_DIR: A/A calibration of the report's tests."""
+    from . import stats
     from .aa import aa_report
+    from .render import DASH
     target = Path(args.target)
     if target.is_dir():
         run_dir = target
@@ -247,7 +252,7 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("target", metavar="SCENARIO|RUN_DIR", help="a scenario YAML file, or a RUN_DIR made by `torbed run`")
     p.add_argument("--variant", metavar="V", default=None,
                    help="the variant to split (default: the scenario's first variant / the run's baseline)")
-    p.add_argument("--repetitions", metavar="N", type=int, default=stats.MIN_REPS,
+    p.add_argument("--repetitions", metavar="N", type=int, default=AA_REPETITIONS,
                    help="SCENARIO: repetitions per arm (the run has 2 x N)")
     p.add_argument("--duration", metavar="D", default=None, help="SCENARIO: override measure.duration, e.g. '120s'")
     p.add_argument("--runs", metavar="DIR", default="runs", help="SCENARIO: where the run directory is created")

@@ -61,3 +61,21 @@ def test_bad_arguments_are_input_errors(tmp_path, capsys, repo):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--duration" in err[0] and "5q" in err[0]
     assert cli.main(["plan", q, "--variant", "nope"]) == 2
+
+
+def test_starting_torbed_does_not_load_the_report_libraries():
+    """Every `torbed` command builds the whole parser; scipy and matplotlib (the report's) took
+    ~2 s of a `torbed run` before it did anything, so they load only in the commands that use
+    them. A fresh interpreter, since this test session has imported them already."""
+    import subprocess
+    import sys
+    code = ("import sys; from torbed import cli; cli.build_parser(); "
+            "print(sorted(m for m in ('scipy', 'matplotlib', 'torbed.analysis.report') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
+
+
+def test_aa_default_repetitions_are_the_tests_minimum():
+    from torbed.analysis import cli as analysis_cli, stats
+    assert analysis_cli.AA_REPETITIONS == stats.MIN_REPS

@@ -26,9 +26,7 @@ from typing import Callable
 
 from .. import scenario as scenario_mod
 from ..errors import Interrupted
-from .detect import detect
 from .history import History
-from .report import write_report
 from .spec import NightlySpec
 
 EXIT_OK, EXIT_FAILED, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 3, 130
@@ -110,9 +108,11 @@ def run_night(spec: NightlySpec, history_dir: Path, run_scenario: Callable, cons
                     failed = True
                 if interrupted:
                     break
+            from .detect import detect    # scipy: imported when a night is assessed, not by `torbed`'s start
             findings = detect(hist, spec, night)
     finally:
         lock.close()
+    from .report import write_report   # matplotlib, likewise
     report = write_report(findings, spec, night, history_dir / "reports" / night, runs)
     if interrupted:
         return EXIT_INTERRUPTED, report
