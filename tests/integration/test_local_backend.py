@@ -46,6 +46,16 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     boot = meta["bootstrap"]
     assert boot["voting_schedule_s"] == {"interval": 10, "vote_delay": 2, "dist_delay": 2}
     assert boot["authority_realtime_until_ready"] == 1          # root may; see the userns test
+    # The fast bring-up (backends.local): the authorities listened, torbed scheduled the first
+    # round, every descriptor was in before its vote, and that first round's consensus listed
+    # every relay (seen within a second of its valid-after time, not a 10 s round later).
+    fast, phases = boot["fast_bringup"], boot["phases_s"]
+    assert "fallback" not in fast, fast
+    assert fast["initial_voting_interval_s"] == 5 and fast["first_round_delays_s"] == [1, 1]
+    assert phases["authorities_listening"] <= fast["periodic_events_started_s"] <= fast["descriptors_in_s"]
+    assert fast["descriptors_in_s"] < fast["first_valid_after_s"] - 1, fast
+    assert 0 <= phases["consensus_seen"] - fast["first_valid_after_s"] < 1.5, (phases, fast)
+    assert fast["client_circuits_started"] == 2             # web0 and bulk0, each along its path
     # Bring-up traffic from the switch's port counters: each client fetched at least the
     # microdescriptor consensus an authority held, and the authorities sent more than that.
     traffic = boot["traffic_to_ready"]
@@ -81,6 +91,24 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["status"] == "ok" and run_json["shaper"] == "htb"
     assert not namespaces(run), "namespaces left behind"
+
+
+def test_bring_up_without_the_fast_path(tmp_path):
+    """TORBED_FAST_BRINGUP=0: the torrc's voting schedule and tor's own timers, as before
+    the fast bring-up (kept for comparison: `make bench` measures both)."""
+    data = small_scenario("it-classic", **{"measure.duration": "10s"})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"], env_extra={"TORBED_FAST_BRINGUP": "0"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
+    assert meta["status"] == "ok"
+    boot = meta["bootstrap"]
+    assert boot["fast_bringup"] is None
+    assert "descriptors_in" not in boot["phases_s"]
+    # The torrc's first round (VOTE_LEAD after the launch) or a later one.
+    assert boot["phases_s"]["consensus_seen"] >= boot["phases_s"]["first_valid_after"]
+    assert [t for t in records(only_run_dir(out) / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
 
 
 def test_htb_link_rate_within_10_percent(tmp_path):

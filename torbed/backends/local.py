@@ -27,6 +27,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +57,35 @@ from ..workloads import Target, assign_flows, driver_config, replay_traces, serv
 # ~1.5 s to start, relays upload descriptors ~1.1 s later, authorities vote ~2.4 s before
 # valid-after (measured on a 2-core machine; a slower one gets the next interval, 10 s later).
 VOTE_LEAD = 7
+# With the fast bring-up (below) the torrc's schedule is only the fallback: its first vote
+# comes late enough (valid-after 8-9 s after the launch, vote 4 s before) that torbed
+# reaches the authorities first and moves the round earlier. (10 could put the first
+# boundary of a 10 s interval just after an authority's start: it would vote at once.)
+VOTE_LEAD_FALLBACK = 9
+
+# Fast bring-up (networks of at most constants.LARGE_NETWORK_TORS tors; TORBED_FAST_BRINGUP=0
+# turns it off), what each step saves measured on a quiet 2-core machine (issue 26):
+# - tor launches its periodic events (descriptor upload, directory fetches) 1 s after its
+#   start (mainloop.c initialize_periodic_events_cb); a controller subscribing to a per-second
+#   event makes it rescan them at once (control_events.c), so torbed subscribes each relay to
+#   BW and unsubscribes right away, once every authority listens: descriptors ~1 s earlier.
+# - The first round is scheduled by torbed once the authorities listen, not at a time guessed
+#   at launch: SETCONF TestingV3AuthInitialVotingInterval 5 and the voting offset. The SETCONF
+#   reschedules the vote 1 s later (dirauth_periodic.c reschedule_dirvote); with an initial
+#   interval of 5 s tor itself shortens the first round's vote and distribution delays to 1 s
+#   each (voting_schedule.c: delays above half the interval become a quarter of it), so the
+#   consensus is published 3 s after the SETCONF. A relay whose descriptor is not at every
+#   authority shortly before the vote postpones the round by a second (another SETCONF)
+#   instead of missing it. Later rounds use the consensus' 10 s interval and 2 s delays.
+# - A client's consensus fetch waits for its once-a-second fetch timer after DisableNetwork
+#   0; a reload (SIGHUP) fetches at once (main.c do_hup). __ReloadTorrcOnSIGHUP 0 keeps the
+#   reload from reading the command line's DisableNetwork 1 again (and any later SIGHUP too).
+# - A client builds its first circuit (Bootstrapped 100%) on its once-a-second timer after it
+#   has enough directory information; torbed builds one along the client's path right away
+#   (EXTENDCIRCUIT) and closes it once the client is ready.
+FAST_INITIAL_VOTING_INTERVAL = 5
+FAST_VOTE_S = FAST_DIST_S = 1       # what tor makes of the 2 s delays with a 5 s initial interval
+FAST_POLL_S = 0.05
 
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
@@ -252,22 +282,27 @@ class LocalBackend:
         boot["authority_realtime_until_ready"] = rt
         phases = boot["phases_s"]
         phases["tors_started"] = round(time.time() - st["t0"], 3)
-        rep.meta["consensus_flags"] = _wait_consensus(rep, deadline)
+        fast = boot["fast_bringup"] is not None
+        if fast:
+            boot["fast_bringup"].update(_fast_first_round(rep, deadline))
+        rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
         phases["consensus_seen"] = round(time.time() - st["t0"], 3)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         for n in tors:
             if n.role == "relay":
                 st["sup"].signal(n.name, signal.SIGHUP)
-        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S))
+        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S), FAST_POLL_S if fast else POLL_S)
         boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
         if why is not None:
             boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
                          f"({time.time() - st['t0']:.1f} s); clients online")
-        _clients_online(rep)
+        _clients_online(rep, reload=fast)
         boot["clients_online_after_caches"] = True
         phases["clients_online"] = round(time.time() - st["t0"], 3)
-        _wait_clients(rep, deadline)
+        kicked = _wait_clients(rep, deadline, kick=fast)
+        if fast:
+            boot["fast_bringup"]["client_circuits_started"] = kicked
         _relax_voting(rep)
         if boot["authority_realtime_until_ready"] is not None:
             _set_realtime(st["sup"], [n.name for n in tors if n.role == "authority"], None)
@@ -305,15 +340,20 @@ class LocalBackend:
         torrc_dir.mkdir(parents=True, exist_ok=True)
         t_launch = time.time() + 0.3
         interval, vote_delay, dist_delay = voting_schedule(plan)
+        fast = fast_bringup(plan)
         # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
-        lead = VOTE_LEAD + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
+        lead = (VOTE_LEAD_FALLBACK if fast else VOTE_LEAD) + vote_delay + dist_delay \
+            - constants.VOTE_DELAY - constants.DIST_DELAY
         voting_offset = int(t_launch + lead) % interval
         meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True,
+                             # The fast bring-up's steps (see FAST_INITIAL_VOTING_INTERVAL); null: off.
+                             "fast_bringup": {} if fast else None,
                              "voting_schedule_s": {"interval": interval, "vote_delay": vote_delay,
                                                    "dist_delay": dist_delay},
                              # Where the bring-up time goes (bring_up), from the setup's start.
                              "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
                                           "first_valid_after": round(int(t_launch + lead) - st["t0"], 3)}}
+        st["fallback_valid_after"] = int(t_launch + lead)
         for name, text in render_fragments(plan, ids, st["variants"], voting_offset).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
@@ -488,7 +528,141 @@ def _controller(sock: str | Path) -> stem.control.Controller:
     return c
 
 
-def _wait_consensus(rep: engine.Repetition, deadline: float) -> dict:
+def fast_bringup(plan) -> bool:
+    """Whether this network uses the fast bring-up (see FAST_INITIAL_VOTING_INTERVAL): up to
+    constants.LARGE_NETWORK_TORS tors (larger ones vote on a slower schedule), unless
+    TORBED_FAST_BRINGUP=0."""
+    if os.environ.get("TORBED_FAST_BRINGUP", "1") == "0":
+        return False
+    return sum(1 for n in plan.nodes if n.runs_tor) <= constants.LARGE_NETWORK_TORS
+
+
+def _try_controller(sock: str) -> stem.control.Controller | None:
+    try:
+        return _controller(sock)
+    except (stem.SocketError, stem.ControllerError, OSError):
+        return None    # not listening yet
+
+
+def _control_oneshot(paths: NodePaths, commands: list[str], timeout: float = 5.0) -> bool:
+    """Send ``commands`` over a tor's control socket (cookie authentication, then QUIT) with a
+    plain socket: stem starts threads per connection, and at 100+ relays that cost most of
+    the time the kick saves. True when tor answered 250 to each; False when it does not
+    listen yet. Raises RunFailed when it refuses a command."""
+    try:
+        cookie = (Path(paths.datadir) / "control_auth_cookie").read_bytes().hex()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sk:
+            sk.settimeout(timeout)
+            sk.connect(paths.control_socket)
+            sk.sendall("".join(f"{c}\r\n" for c in [f"AUTHENTICATE {cookie}", *commands, "QUIT"]).encode())
+            data = b""
+            while chunk := sk.recv(4096):
+                data += chunk
+    except OSError:
+        return False
+    replies = [ln for ln in data.decode(errors="replace").splitlines() if ln and not ln.startswith("650")]
+    if len(replies) < len(commands) + 2 or not all(ln.startswith("250") for ln in replies):
+        raise RunFailed(f"{paths.control_socket}: tor refused {commands}: {replies}")
+    return True
+
+
+def first_round_valid_after(now: float, previous: int = 0) -> int:
+    """The valid-after time of a first round scheduled by a SETCONF at ``now``: the vote fires
+    1 s later and must not be after valid-after - vote - distribution delay (whole seconds, as
+    tor's schedule counts them). ``previous``: the one scheduled before, which this must
+    differ from (a SETCONF that leaves the options as they were reschedules nothing)."""
+    va = max(int(now) + 1 + FAST_VOTE_S + FAST_DIST_S, previous + 1)
+    if previous and (va - previous) % FAST_INITIAL_VOTING_INTERVAL == 0:
+        va += 1     # the same offset again: no reschedule
+    return va
+
+
+def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
+    """The fast bring-up's first round. As soon as every authority answers, schedule the
+    first round for the earliest valid-after time the rescheduled vote allows (it fires 1 s
+    after the SETCONF: valid-after = floor(now) + 1 + vote + distribution delay), then make
+    every relay launch its periodic events now (SETEVENTS BW, then closing the connection), so
+    it uploads its descriptor at once. When an authority still lacks a relay's descriptor
+    shortly before the vote would fire, postpone the round by another SETCONF (the new
+    reschedule replaces the pending one), so a slow relay delays the round instead of being
+    left out of it. Returns what it did for meta.json; "fallback" says why the torrc's own
+    schedule was left to run (torbed could not reach the authorities before it voted)."""
+    st = rep.state
+    plan, ids, sup, paths, t0 = st["plan"], st["ids"], st["sup"], st["paths"], st["t0"]
+    phases = rep.meta["bootstrap"]["phases_s"]
+    names = list(sup.procs)
+    auths = {a.name: None for a in plan.by_role("authority")}
+    relays = plan.by_role("relay")
+    # The first SETCONF must reach the authorities before the torrc's fallback round votes.
+    fallback_vote = st["fallback_valid_after"] - constants.VOTE_DELAY - constants.DIST_DELAY
+    out: dict = {"postponed": 0}
+    try:
+        while None in auths.values():
+            sup.check(names)
+            for a in auths:
+                auths[a] = auths[a] or _try_controller(paths[a].control_socket)
+            if time.time() > fallback_vote - 0.2:
+                return {"fallback": "the authorities' control ports did not answer before the torrc's first vote"}
+            if None in auths.values():
+                rep.status("waiting for the authorities to listen")
+                time.sleep(FAST_POLL_S / 5)
+        phases["authorities_listening"] = round(time.time() - t0, 3)
+        valid_after = 0
+
+        def schedule(first: bool) -> float:
+            """Reschedule every authority's first round; returns when its vote fires."""
+            nonlocal valid_after
+            now = time.time()
+            if now % 1 > 0.95:
+                # Keep every authority's reschedule inside one second (each SETCONF takes ms).
+                time.sleep(1.005 - now % 1)
+                now = time.time()
+            valid_after = first_round_valid_after(now, valid_after)
+            conf = {"TestingV3AuthVotingStartOffset": str(valid_after % FAST_INITIAL_VOTING_INTERVAL)}
+            if first:
+                conf["TestingV3AuthInitialVotingInterval"] = str(FAST_INITIAL_VOTING_INTERVAL)
+            for ctl in auths.values():
+                ctl.set_options(conf)
+            return now + 1.0
+
+        fires = schedule(first=True)
+        # The authorities listen (tor opens its control port with its other listeners), so
+        # the uploads the kick starts find them.
+        pending = {r.name for r in relays}
+        missing = {a: {r.name for r in relays} for a in auths}
+        while True:
+            sup.check(names)
+            for name in sorted(pending):
+                if _control_oneshot(paths[name], ["SETEVENTS BW"]):
+                    pending.discard(name)
+            if not pending and "periodic_events_started_s" not in out:
+                out["periodic_events_started_s"] = phases["periodic_events_started"] = round(time.time() - t0, 3)
+            for a, ctl in auths.items():
+                missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{ids.fingerprints[r]}", None)}
+            if not any(missing.values()):
+                break
+            if time.time() > deadline:
+                a = sorted(a for a in missing if missing[a])[0]
+                raise NodeFailed(a, f"no descriptor of {sorted(missing[a])[0]} after "
+                                    f"{rep.scenario.measure.ready_timeout}", Path(paths[a].log))
+            if time.time() > fires - 0.15:
+                fires = schedule(first=False)
+                out["postponed"] += 1
+            rep.status(f"waiting for {sum(map(len, missing.values()))} relay descriptor(s) at the authorities")
+            time.sleep(FAST_POLL_S / 5 if pending else FAST_POLL_S)
+        phases["descriptors_in"] = out["descriptors_in_s"] = round(time.time() - t0, 3)
+        phases["first_valid_after"] = round(valid_after - t0, 3)
+        return {**out, "first_valid_after_s": round(valid_after - t0, 3),
+                "initial_voting_interval_s": FAST_INITIAL_VOTING_INTERVAL,
+                "voting_offset_s": valid_after % FAST_INITIAL_VOTING_INTERVAL,
+                "first_round_delays_s": [FAST_VOTE_S, FAST_DIST_S]}
+    finally:
+        for ctl in auths.values():
+            if ctl is not None:
+                ctl.close()
+
+
+def _wait_consensus(rep: engine.Repetition, deadline: float, poll: float = POLL_S) -> dict:
     """Until every authority has a consensus listing every relay with its expected flags.
     Returns the relays' flags in the accepted consensus."""
     st = rep.state
@@ -512,7 +686,7 @@ def _wait_consensus(rep: engine.Repetition, deadline: float) -> dict:
                              Path(paths[a].log))
         if pending:
             rep.status(f"waiting for a consensus listing every relay: {'; '.join(sorted(set(last.values())))}")
-            time.sleep(POLL_S)
+            time.sleep(poll)
     return accepted
 
 
@@ -589,7 +763,7 @@ def _cache_problem(datadir: Path, relays: int) -> str | None:
     return None if held >= relays else f"{held} of {relays} microdescriptors"
 
 
-def _wait_caches(rep: engine.Repetition, until: float) -> str | None:
+def _wait_caches(rep: engine.Repetition, until: float, poll: float = POLL_S) -> str | None:
     """Until every relay a client may ask for directory documents (a directory guard: Guard
     and V2Dir in the consensus; every V2Dir relay if none is a guard) holds the
     microdescriptor consensus and every relay's microdescriptor; returns None then, or what
@@ -610,28 +784,43 @@ def _wait_caches(rep: engine.Repetition, until: float) -> str | None:
         if time.time() >= until:
             return f"{c}: {problems[c]} ({len(problems)} of {len(caches)} caches)"
         rep.status(f"waiting for the directory caches: {c}: {problems[c]} ({len(problems)} left)")
-        time.sleep(POLL_S)
+        time.sleep(poll)
 
 
-def _clients_online(rep: engine.Repetition) -> None:
+def _clients_online(rep: engine.Repetition, reload: bool = False) -> None:
+    """DisableNetwork 0 on every client; ``reload``: and a reload (SIGHUP), which fetches the
+    consensus at once instead of at the client's next once-a-second timer, with
+    __ReloadTorrcOnSIGHUP 0 so the reload keeps the options set here (reading the command
+    line again would turn the network off)."""
     plan = rep.state["plan"]
     for c in plan.by_role("client") + plan.by_role("loadworker"):   # load nodes' tors are clients too
         with _controller(rep.state["paths"][c.name].control_socket) as ctl:
-            ctl.set_conf("DisableNetwork", "0")
+            if reload:
+                ctl.set_options({"DisableNetwork": "0", "__ReloadTorrcOnSIGHUP": "0"})
+            else:
+                ctl.set_conf("DisableNetwork", "0")
+        if reload:
+            # A real SIGHUP once stem's connection is closed: stem 1.8 deadlocks closing a
+            # controller that saw the SIGNAL RELOAD event its own SIGNAL command caused.
+            rep.state["sup"].signal(c.name, signal.SIGHUP)
 
 
 def _relay_has_consensus(datadir: str) -> bool:
     return any((Path(datadir) / f).exists() for f in ("cached-consensus", "cached-microdesc-consensus"))
 
 
-def _wait_clients(rep: engine.Repetition, deadline: float) -> None:
+def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -> int:
     """Until every client is at Bootstrapped 100% and knows every relay of its path, and
     every relay has a consensus (relays read consensus parameters from it). The flags were
-    checked in the authorities' consensus, so clients are not asked again."""
+    checked in the authorities' consensus, so clients are not asked again. ``kick``: a client
+    with enough directory information and its path relays' descriptors gets a circuit along
+    its path at once (closed again when it is ready) instead of waiting for tor's
+    once-a-second circuit timer. Returns how many such circuits were started."""
     st = rep.state
     plan, ids, sup, paths = st["plan"], st["ids"], st["sup"], st["paths"]
     names = list(sup.procs)
     ctls: dict[str, stem.control.Controller] = {}
+    kicked: dict[str, str] = {}     # client -> circuit id
     last: dict[str, str] = {}
     pending = {c.name for c in plan.by_role("client") + plan.by_role("loadworker")} | \
         {r.name for r in plan.by_role("relay")}
@@ -648,12 +837,15 @@ def _wait_clients(rep: engine.Repetition, deadline: float) -> None:
                 try:
                     ctl = ctls.get(c) or _controller(paths[c].control_socket)
                     ctls[c] = ctl
-                    why = readiness.client_problem(ctl, plan, ids.fingerprints,
-                                                   [r.name for r in readiness.path_relays(plan, c)], check_flags=False)
+                    path = [r.name for r in readiness.path_relays(plan, c)]
+                    why = readiness.client_problem(ctl, plan, ids.fingerprints, path, check_flags=False)
                     if why is None:
                         pending.discard(c)
                     else:
                         last[c] = why
+                        if kick and c not in kicked and ctl.get_info("status/enough-dir-info", "0") == "1" \
+                                and all(readiness.knows(ctl, ids.fingerprints[r]) for r in path):
+                            kicked[c] = ctl.extend_circuit("0", [ids.fingerprints[r] for r in path] or None)
                 except (stem.SocketError, stem.ControllerError, OSError) as e:
                     last[c] = f"control port: {e}"
             if pending and time.time() > deadline:
@@ -662,10 +854,16 @@ def _wait_clients(rep: engine.Repetition, deadline: float) -> None:
                                  Path(paths[c].log))
             if pending:
                 rep.status(f"waiting for {len(pending)} client(s) to bootstrap and relays to fetch the consensus")
-                time.sleep(POLL_S)
+                time.sleep(FAST_POLL_S if kick else POLL_S)
+        for c, cid in kicked.items():
+            try:
+                ctls[c].close_circuit(cid)
+            except (stem.ControllerError, stem.SocketError):
+                pass    # it failed or tor closed it: the client bootstrapped all the same
     finally:
         for ctl in ctls.values():
             ctl.close()
+    return len(kicked)
 
 
 # ---------------------------------------------------------------------------------------

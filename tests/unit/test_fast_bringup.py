@@ -1,0 +1,78 @@
+"""The local backend's fast bring-up (backends.local, FAST_INITIAL_VOTING_INTERVAL): when it
+applies, the first round's valid-after time, and the one-shot control connection, the last
+against a real tor."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_scenario import BASE
+from torbed import builds, constants, scenario
+from torbed.backends import local
+from torbed.errors import RunFailed
+from torbed.network import plan as make_plan
+from torbed.torrc import NodePaths
+
+
+def test_applies_to_small_networks_unless_switched_off(monkeypatch):
+    small = make_plan(scenario.parse(BASE, "t.yaml"), "kist")
+    assert local.fast_bringup(small)
+    monkeypatch.setenv("TORBED_FAST_BRINGUP", "0")
+    assert not local.fast_bringup(small)
+    monkeypatch.delenv("TORBED_FAST_BRINGUP")
+    large = scenario.parse({**BASE, "network": {**BASE["network"], "relays": {
+        **BASE["network"]["relays"], "middle": {"count": constants.LARGE_NETWORK_TORS}}}}, "t.yaml")
+    assert not local.fast_bringup(make_plan(large, "kist"))
+
+
+@pytest.mark.parametrize("now, previous, expected", [
+    (100.0, 0, 103),      # vote fires at 101.0 = valid-after - 1 - 1
+    (100.94, 0, 103),     # fires at 101.94, still in second 101
+    (100.5, 103, 104),    # a postponement in the same second must change the schedule
+    (101.2, 103, 104),
+    (102.7, 103, 105),
+    (105.1, 103, 109),    # 108 would be the same offset (mod 5) as 103: nothing would reschedule
+])
+def test_first_round_valid_after(now, previous, expected):
+    va = local.first_round_valid_after(now, previous)
+    assert va == expected
+    fires = int(now + 1.0)    # tor's timer fires 1 s after the SETCONF; tor counts whole seconds
+    vote = va - local.FAST_VOTE_S - local.FAST_DIST_S
+    if not previous:
+        assert vote == fires, "the first schedule votes as soon as the timer fires"
+    assert fires <= vote <= fires + 2
+    assert not previous or (va - previous) % local.FAST_INITIAL_VOTING_INTERVAL, "same offset: no reschedule"
+
+
+@pytest.fixture(scope="module")
+def tor_binary():
+    try:
+        return builds.ensure(None, None, system_tor=True).tor
+    except RunFailed as e:
+        pytest.fail(f"no tor: {e}")
+
+
+def test_control_oneshot_against_a_real_tor(tmp_path, tor_binary):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    paths = NodePaths(datadir=str(data), log=str(tmp_path / "notice.log"), control_socket=str(data / "control"))
+    assert not local._control_oneshot(paths, ["SETEVENTS BW"]), "nothing listens yet"
+    torrc = tmp_path / "torrc"
+    torrc.write_text(f"DataDirectory {data}\nControlSocket {data / 'control'}\nCookieAuthentication 1\n"
+                     f"SocksPort 0\nDisableNetwork 1\nLog notice file {paths.log}\n")
+    proc = subprocess.Popen([tor_binary, "-f", str(torrc)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not local._control_oneshot(paths, ["SETEVENTS BW"]):
+            assert proc.poll() is None and time.time() < deadline, Path(paths.log).read_text()
+            time.sleep(0.05)
+        assert local._control_oneshot(paths, ["SETEVENTS", "GETINFO version"])
+        with pytest.raises(RunFailed, match="NOSUCHEVENT"):
+            local._control_oneshot(paths, ["SETEVENTS NOSUCHEVENT"])
+    finally:
+        proc.terminate()
+        proc.wait(10)
