@@ -3,6 +3,9 @@
 For each benchmark network (quickstart; 3 authorities + 100 relays + 4 clients) it runs
 `torbed run` several times in a row (quickstart 10, the 100-relay network 3; only the first
 run soaks) and reports, with median and min/max over the runs (and every run's ready time):
+quickstart's runs alternate with 5 of the same network without the fast bring-up
+(``quickstart-classic``: TORBED_FAST_BRINGUP=0), and the ratio of the two medians is printed,
+both measured on the same machine in the same bench run.
 
 - seconds from `torbed run` start to network ready, and to the first successful transfer
 - seconds from network setup (keys, namespaces) to ready, as recorded in meta.json
@@ -13,8 +16,8 @@ Each figure is printed beside its target and the previous result (the newest ear
 <out>/backend-*.json), so a regression in bring-up shows. Results are written to
 <out>/backend-<stamp>.json. A network that never becomes ready fails the benchmark (exit 1).
 Usage: python -m torbed.bench_backend [--runs N] [--soak 300]
-       [--only quickstart|bench-100-relays|bench-300-tors|bench-750-tors] (the last two: density,
-       only when named)
+       [--only quickstart|quickstart-classic|bench-100-relays|bench-300-tors|bench-750-tors]
+       (the last two: density, only when named)
 [--out runs/bench]
 """
 
@@ -36,13 +39,19 @@ from .scenario import load
 from .supervise import run_torbed
 
 NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml",
+            # The same network without the fast bring-up (backends.local), its runs alternating
+            # with quickstart's, so both see the same machine: what the fast path saves.
+            "quickstart-classic": "quickstart.yaml",
             # Density (issue 26): only with --only; 300 and 750 tor processes on one machine.
             "bench-300-tors": "bench-300-tors.yaml", "bench-750-tors": "bench-750-tors.yaml"}
-DEFAULT_NETWORKS = ("quickstart", "bench-100-relays")
+ENV = {"quickstart-classic": {"TORBED_FAST_BRINGUP": "0"}}
+# Networks whose runs alternate (the first is the one compared against the others).
+INTERLEAVED = ("quickstart", "quickstart-classic")
+DEFAULT_NETWORKS = ("quickstart", "quickstart-classic", "bench-100-relays")
 # quickstart: issue 26's target, ready <= 8 s median and <= 10 s in every run.
 TARGETS = {"quickstart": {"ready_s": 8.0, "ready_max_s": 10.0},
            "bench-100-relays": {"ready_s": 60.0, "rss_mib": 60.0}}
-RUNS = {"quickstart": 10, "bench-100-relays": 3, "bench-300-tors": 1, "bench-750-tors": 1}
+RUNS = {"quickstart": 10, "quickstart-classic": 5, "bench-100-relays": 3, "bench-300-tors": 1, "bench-750-tors": 1}
 # Runs after the first only need the network ready and a transfer done.
 SHORT_S = 20.0
 
@@ -53,11 +62,11 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def one_run(scenario: Path, out: Path, soak: float) -> dict:
+def one_run(scenario: Path, out: Path, soak: float, env: dict | None = None) -> dict:
     variant = load(scenario).variants[0]
     t_cmd = time.time()
     p = run_torbed(["run", str(scenario), "--variant", variant, "--duration", f"{int(soak)}s",
-                    "--out", str(out)], cwd=constants.REPO_ROOT)
+                    "--out", str(out)], cwd=constants.REPO_ROOT, env=env)
     name = load(scenario).name
     runs = sorted(d for d in out.glob(f"{name}-2*") if d.is_dir() and not d.is_symlink()
                   and (d / "run.json").exists() and d.stat().st_ctime >= t_cmd - 1)
@@ -101,7 +110,10 @@ def one_run(scenario: Path, out: Path, soak: float) -> dict:
 
 # The bring-up's phases (meta.json bootstrap.phases_s), in order: what the floor is made of.
 PHASES = {"network_ready": "namespaces, shaping, torrcs", "tors_started": "every tor started",
-          "first_valid_after": "first consensus valid-after (voting offset)",
+          "authorities_listening": "authorities answer (first round scheduled)",
+          "periodic_events_started": "every relay's timers started (descriptor upload)",
+          "descriptors_in": "every descriptor at every authority",
+          "first_valid_after": "first consensus valid-after",
           "consensus_seen": "consensus with every relay seen", "clients_online": "caches ready, clients online",
           "ready": "clients bootstrapped (ready)"}
 
@@ -185,6 +197,12 @@ def table(results: dict, prev: dict, prev_name: str | None) -> Table:
                 f", <= {tg['ready_max_s']:.0f} s every run" if "ready_max_s" in tg else "")
         t.add_row(name, "run start -> ready", _fmt(ready, " s"), verdict, _vs(ready, p.get("cmd_to_ready_s"), " s"))
         t.add_row("", "  every run (s)", " ".join(f"{v:.1f}" for v in ready.get("values", [])), "", "")
+        if name == INTERLEAVED[0]:
+            for other in INTERLEAVED[1:]:
+                o = ((results.get(other) or {}).get("summary") or {}).get("cmd_to_ready_s") or {}
+                if o.get("median") and ready["median"] is not None:
+                    t.add_row("", f"  vs {other} (this bench run)", f"x{ready['median'] / o['median']:.2f}",
+                              "", f"{other}: {o['median']:.1f} s")
         t.add_row("", "setup -> ready", _fmt(s["setup_to_ready_s"], " s"), "", _vs(s["setup_to_ready_s"], p.get("setup_to_ready_s"), " s"))
         for ph, what in PHASES.items():
             if (s.get("phases_s") or {}).get(ph, {}).get("median") is not None:
@@ -215,6 +233,19 @@ def table(results: dict, prev: dict, prev_name: str | None) -> Table:
     return t
 
 
+def _order(names: list[str], counts: dict[str, int]) -> list[tuple[str, int]]:
+    """(network, run index) in the order to run them: the INTERLEAVED networks alternate
+    (each next run of one, then of the other), the rest one network after another."""
+    mixed = [n for n in INTERLEAVED if n in names]
+    order = []
+    for i in range(max((counts[n] for n in mixed), default=0)):
+        order += [(n, i) for n in mixed if i < counts[n]]
+    for n in names:
+        if n not in mixed:
+            order += [(n, i) for i in range(counts[n])]
+    return order
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=None, help="runs per network (default: quickstart 10, 100 relays 3)")
@@ -228,23 +259,28 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = {}, False
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     prev_name, prev = previous_results(out, f"backend-{stamp}.json")
-    for name in args.only or list(DEFAULT_NETWORKS):
-        runs = []
-        n_runs = args.runs or RUNS[name]
-        for i in range(n_runs):
-            soak = args.soak if i == 0 else min(args.soak, SHORT_S)
-            console.log(f"{name}: run {i + 1}/{n_runs} (soak {soak:.0f} s)")
-            try:
-                r = one_run(constants.SCENARIOS_DIR / NETWORKS[name], work, soak)
-            except RuntimeError as e:
-                console.print(f"[red]{name}: {e}[/red]")
-                failed = True
-                break
-            console.log(f"  ready {r['cmd_to_ready_s']:.1f} s after `torbed run` "
-                        f"({r['setup_to_ready_s']:.1f} s after setup), keys {r['keys']}")
-            runs.append(r)
-        results[name] = {"summary": summarize(name, runs) if runs else None, "runs": runs,
-                         "targets": TARGETS.get(name)}
+    names = args.only or list(DEFAULT_NETWORKS)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    stopped: set[str] = set()
+    for name, i in _order(names, {name: args.runs or RUNS[name] for name in names}):
+        if name in stopped:
+            continue
+        # Only one run of a scenario soaks (the variants of it measure bring-up only).
+        soak = args.soak if i == 0 and name not in ENV else min(args.soak, SHORT_S)
+        console.log(f"{name}: run {i + 1}/{args.runs or RUNS[name]} (soak {soak:.0f} s)")
+        try:
+            r = one_run(constants.SCENARIOS_DIR / NETWORKS[name], work, soak, ENV.get(name))
+        except RuntimeError as e:
+            console.print(f"[red]{name}: {e}[/red]")
+            failed = True
+            stopped.add(name)
+            continue
+        console.log(f"  ready {r['cmd_to_ready_s']:.1f} s after `torbed run` "
+                    f"({r['setup_to_ready_s']:.1f} s after setup), keys {r['keys']}")
+        runs[name].append(r)
+    for name in names:
+        results[name] = {"summary": summarize(name, runs[name]) if runs[name] else None, "runs": runs[name],
+                         "targets": TARGETS.get(name), "env": ENV.get(name)}
     console.print(table(results, prev, prev_name))
     path = out / f"backend-{stamp}.json"
     path.write_text(json.dumps(results, indent=1, sort_keys=True))

@@ -34,20 +34,23 @@ from .errors import RunFailed
 CHILD_TEARDOWN_S = 600.0
 
 
-def run_torbed(args: list[str], capture: bool = True, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def run_torbed(args: list[str], capture: bool = True, cwd: str | Path | None = None,
+               env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m torbed.cli ARGS`` to completion, as subprocess.run would, except on Ctrl-C:
     subprocess.run SIGKILLs its child then, and a SIGKILLed run leaves its namespaces and tors
     behind (seen: a 750-tor benchmark left 750 tors running). Here the child gets SIGINT (a
     terminal's Ctrl-C has sent it one already; torbed ignores more while it tears down), its
-    teardown is waited for, and then the interrupt goes on."""
-    return run_child([sys.executable, "-m", "torbed.cli", *args], capture, cwd)
+    teardown is waited for, and then the interrupt goes on. ``env``: variables added to this
+    process' environment."""
+    return run_child([sys.executable, "-m", "torbed.cli", *args], capture, cwd, env=env)
 
 
 def run_child(cmd: list[str], capture: bool = True, cwd: str | Path | None = None,
-              teardown_s: float = CHILD_TEARDOWN_S) -> subprocess.CompletedProcess:
+              teardown_s: float = CHILD_TEARDOWN_S, env: dict | None = None) -> subprocess.CompletedProcess:
     """run_torbed's body, for any command."""
     pipe = subprocess.PIPE if capture else None
-    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, cwd=cwd) as p:
+    with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, cwd=cwd,
+                          env={**os.environ, **env} if env else None) as p:
         try:
             out, err = p.communicate()
         except KeyboardInterrupt:

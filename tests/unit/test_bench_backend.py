@@ -48,7 +48,8 @@ def test_the_bring_up_phases_are_summarised_in_order():
     runs = []
     for k in range(3):
         r = _run(10.0 + k, 20, 25.0)
-        r["phases_s"] = {"network_ready": 1.0 + k, "tors_started": 1.5 + k, "first_valid_after": 6.0 + k,
+        r["phases_s"] = {"network_ready": 1.0 + k, "tors_started": 1.5 + k, "authorities_listening": 1.9 + k,
+                         "periodic_events_started": 2.0 + k, "descriptors_in": 2.1 + k, "first_valid_after": 6.0 + k,
                          "consensus_seen": 6.5 + k, "clients_online": 7.5 + k, "ready": 9.0 + k}
         runs.append(r)
     runs.append(_run(12.0, 20, 25.0))    # an older record without phases is left out of them
@@ -78,3 +79,15 @@ def test_directory_traffic_until_ready_per_node_and_role():
     assert "authority sent / received per node until ready" in text and "10752.0 KiB [10240.0-11264.0]" in text
     assert "cached-microdesc-consensus at ready" in text and "60.0 KiB" in text
     assert "client sent / received" not in text and "linkemu" in text
+
+
+def test_quickstart_alternates_with_the_classic_bring_up_and_is_compared_to_it():
+    order = bb._order(["quickstart", "quickstart-classic", "bench-100-relays"],
+                      {"quickstart": 3, "quickstart-classic": 2, "bench-100-relays": 1})
+    assert order == [("quickstart", 0), ("quickstart-classic", 0), ("quickstart", 1), ("quickstart-classic", 1),
+                     ("quickstart", 2), ("bench-100-relays", 0)]
+    assert bb.ENV["quickstart-classic"] == {"TORBED_FAST_BRINGUP": "0"}
+    fast = bb.summarize("quickstart", [_run(r, 20, 25.0) for r in (5.0, 6.0, 7.0)])
+    classic = bb.summarize("quickstart-classic", [_run(r, 20, 25.0) for r in (11.0, 12.0)])
+    text = _render(bb.table({"quickstart": {"summary": fast}, "quickstart-classic": {"summary": classic}}, {}, None))
+    assert "vs quickstart-classic (this bench run)" in text and "x0.52" in text and "11.5 s" in text
