@@ -27,7 +27,8 @@ Public API:
 
 - ``binary() -> str``; ``version(binary) -> str``; raises ``RunFailed`` when missing
 - ``scrape_config(plan, ...) -> dict`` the prometheus.yml of one repetition
-- ``start(rep, console) -> Forwarder | None`` (local backend); ``meta_entry`` is recorded
+- ``start(rep, console) -> Forwarder | None`` (local backend), or its halves ``launch(rep) ->
+  handle`` and ``ready(rep, console, handle) -> Forwarder | None``; ``meta_entry`` is recorded
 - ``Forwarder(ns, address, port)``: ``.url``, ``.close()``; ``pump(src, dst)``: one direction of a TCP relay
 - ``serve(tsdb, port=0) -> Served`` (context manager: ``.url``); ``graph_url(base, expr, t0, t1)``
 - ``repetitions_with_tsdb(run_dir) -> [Path]``
@@ -147,6 +148,12 @@ def _argv(path: str, config: Path, tsdb: Path, listen: str) -> list[str]:
 def start(rep, console) -> "Forwarder | None":
     """Start Prometheus for a local repetition (``rep``: engine.Repetition with the local
     backend's state) unless the scenario switched it off; returns the live forwarder."""
+    return ready(rep, console, launch(rep))
+
+
+def launch(rep) -> dict | None:
+    """The first half of ``start``: the Prometheus process, not waited for (the local backend
+    launches the tors meanwhile). Returns what ``ready`` needs, or None when switched off."""
     s = rep.scenario
     cfg = s.measure.prometheus
     if not cfg.enabled:
@@ -168,6 +175,15 @@ def start(rep, console) -> "Forwarder | None":
     t_start = time.time()
     ns = st["topo"].switch
     proc = st["sup"].start("prometheus", netns.exec_prefix(ns) + _argv(path, config, tsdb, f"127.0.0.1:{PORT}"), log)
+    return {"proc": proc, "log": log, "ns": ns, "t_start": t_start, "path": path, "interval": interval, "conf": conf}
+
+
+def ready(rep, console, launched: dict | None) -> "Forwarder | None":
+    """The second half of ``start``: wait until Prometheus answers, then forward a loopback
+    port to it and record it in meta.json."""
+    if launched is None:
+        return None
+    ns, interval, conf = launched["ns"], launched["interval"], launched["conf"]
 
     def factory() -> socket.socket:
         sk = netns.socket_in(ns)
@@ -175,10 +191,11 @@ def start(rep, console) -> "Forwarder | None":
         sk.connect(("127.0.0.1", PORT))
         return sk
 
-    _wait_ready(factory, proc, log)
+    _wait_ready(factory, launched["proc"], launched["log"])
     fwd = Forwarder(ns, "127.0.0.1", PORT)
     rep.meta["prometheus"] = {
-        "enabled": True, "version": version(path), "start_s": round(time.time() - t_start, 3), "scrape_interval_s": float(round(interval) or 1),
+        "enabled": True, "version": version(launched["path"]), "start_s": round(time.time() - launched["t_start"], 3),
+        "scrape_interval_s": float(round(interval) or 1),
         "scrape_timeout_s": float(round(interval) or 1), "tsdb": "prometheus",
         "config": "config/prometheus.yml", "namespace": ns, "listen": f"127.0.0.1:{PORT}",
         "jobs": {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in conf["scrape_configs"]},
