@@ -50,6 +50,11 @@ DIST_DELAY = 2
 # backend; torrc.voting_schedule): LARGE_VOTING = (interval, vote delay, dist delay) seconds.
 LARGE_NETWORK_TORS = 200
 LARGE_VOTING = (30, 6, 6)
+# The torrc's voting interval of a large network whose first round the local backend holds
+# until every descriptor is in (backends.local._held_first_round): 10 minutes, the placeholder
+# round's valid-after time HELD_ROUND_LEAD seconds after the launch.
+HELD_ROUND_INTERVAL = 600
+HELD_ROUND_LEAD = 590
 
 # Authority certificates: tor-gencert lifetime in months (recorded in meta.json).
 AUTHORITY_CERT_MONTHS = 12

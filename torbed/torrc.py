@@ -172,10 +172,13 @@ def variant_fragment(var: Variant) -> str:
             f"# Paper: {var.paper}\n" + var.torrc.rstrip("\n") + "\n")
 
 
-def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0) -> dict[str, str]:
+def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0,
+                     schedule: tuple[int, int, int] | None = None) -> dict[str, str]:
     """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
-    schedule so that the first vote comes right after the relays have uploaded descriptors."""
-    lines = static_fragments([plan.subnet], voting_offset, voting_schedule(plan))
+    schedule so that the first vote comes right after the relays have uploaded descriptors.
+    ``schedule``: (interval, vote delay, distribution delay) instead of ``voting_schedule``'s
+    (the local backend's placeholder when it schedules the first round itself)."""
+    lines = static_fragments([plan.subnet], voting_offset, schedule or voting_schedule(plan))
     lines["common.torrc"] += dir_authority_lines(plan, ids)
     guards = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.guard]
     exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]

@@ -18,7 +18,7 @@ from torbed.network import plan as make_plan
 from torbed.torrc import NodePaths
 
 
-def test_applies_to_small_networks_unless_switched_off(monkeypatch):
+def test_fast_for_small_networks_held_for_large_ones_unless_switched_off(monkeypatch):
     small = make_plan(scenario.parse(BASE, "t.yaml"), "kist")
     assert local.fast_bringup(small)
     monkeypatch.setenv("TORBED_FAST_BRINGUP", "0")
@@ -27,6 +27,14 @@ def test_applies_to_small_networks_unless_switched_off(monkeypatch):
     large = scenario.parse({**BASE, "network": {**BASE["network"], "relays": {
         **BASE["network"]["relays"], "middle": {"count": constants.LARGE_NETWORK_TORS}}}}, "t.yaml")
     assert not local.fast_bringup(make_plan(large, "kist"))
+    assert local.first_round(make_plan(large, "kist")) == "held" and local.first_round(small) == "fast"
+    monkeypatch.setenv("TORBED_FAST_BRINGUP", "0")
+    assert local.first_round(make_plan(large, "kist")) is None
+
+
+def test_a_held_round_waits_for_its_longer_delays():
+    # backends.local._held_first_round: 6 + 6 s delays and a 30 s interval.
+    assert local.first_round_valid_after(100.5, 0, (6, 6), 30) == 113
 
 
 @pytest.mark.parametrize("now, previous, expected", [

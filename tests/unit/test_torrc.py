@@ -26,9 +26,9 @@ def fake_identities(plan) -> Identities:
     return ids
 
 
-def render_all(plan, ids, root: str, voting_offset: int = 0) -> dict[str, str]:
+def render_all(plan, ids, root: str, voting_offset: int = 0, schedule=None) -> dict[str, str]:
     variants = {v: load_variant(v) for v in plan.variants_in_use()}
-    files = render_fragments(plan, ids, variants, voting_offset)
+    files = render_fragments(plan, ids, variants, voting_offset, schedule)
     for n in plan.nodes:
         if n.role == "server":
             continue
@@ -97,7 +97,30 @@ def test_large_networks_vote_on_a_slower_schedule_tor_accepts(tmp_path, monkeypa
     _verify_every_torrc(tor, plan, tmp_path, voting_offset=29)    # the largest offset the interval allows
 
 
-def _verify_every_torrc(tor: str, plan, root: Path, voting_offset: int = 0) -> None:
+def test_a_held_first_round_is_a_placeholder_tor_accepts_and_then_the_large_schedule(tmp_path, monkeypatch):
+    """backends.local._held_first_round: the torrc's placeholder round (600 s interval, the
+    largest offset), and the SETCONF that replaces it, both accepted by tor."""
+    monkeypatch.setattr(constants, "LARGE_NETWORK_TORS", 5)
+    plan = network.plan(scenario.load(REPO / "scenarios" / "quickstart.yaml"), "kist")
+    held = (constants.HELD_ROUND_INTERVAL, 6, 6)
+    files = render_fragments(plan, fake_identities(plan), {"kist": load_variant("kist")}, voting_offset=599,
+                             schedule=held)
+    assert "TestingV3AuthInitialVotingInterval 600" in files["common.torrc"]
+    assert "V3AuthVotingInterval 600\nV3AuthVoteDelay 6" in files["common.torrc"]
+    assert constants.HELD_ROUND_LEAD < constants.HELD_ROUND_INTERVAL     # the placeholder is the next boundary
+    tor = shutil.which("tor")
+    _verify_every_torrc(tor, plan, tmp_path, voting_offset=599, schedule=held)
+    # What torbed sets once the descriptors are in: the large schedule and its largest offset.
+    auth = tmp_path / "torrc" / "auth0.torrc"
+    interval = constants.LARGE_VOTING[0]
+    p = subprocess.run([tor, "--verify-config", "-f", str(auth), "V3AuthVotingInterval", str(interval),
+                        "TestingV3AuthInitialVotingInterval", str(interval),
+                        "TestingV3AuthVotingStartOffset", str(interval - 1)], capture_output=True, text=True)
+    assert p.returncode == 0 and "Configuration was valid" in p.stdout, p.stdout[-2000:]
+
+
+def _verify_every_torrc(tor: str, plan, root: Path, voting_offset: int = 0,
+                        schedule: tuple[int, int, int] | None = None) -> None:
     ids = Identities()
     for n in plan.nodes:
         data = root / "data" / n.name
@@ -107,7 +130,7 @@ def _verify_every_torrc(tor: str, plan, root: Path, voting_offset: int = 0) -> N
             ids.fingerprints[n.name] = make_relay_identity(data, n.nickname)
         (root / "logs").mkdir(parents=True, exist_ok=True)
         data.mkdir(parents=True, exist_ok=True, mode=0o700)
-    files = render_all(plan, ids, str(root), voting_offset)
+    files = render_all(plan, ids, str(root), voting_offset, schedule)
     (root / "torrc").mkdir()
     for name, text in files.items():
         (root / "torrc" / name).write_text(text)

@@ -294,6 +294,8 @@ class LocalBackend:
         phases["tors_started"] = round(time.time() - st["t0"], 3)
         if fast:
             boot["fast_bringup"].update(_fast_first_round(rep, deadline))
+        elif boot["held_first_round"] is not None:
+            boot["held_first_round"].update(_held_first_round(rep, deadline))
         st["prometheus"] = prometheus.ready(rep, self.console, launched)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
         phases["consensus_seen"] = round(time.time() - st["t0"], 3)
@@ -350,21 +352,28 @@ class LocalBackend:
         torrc_dir.mkdir(parents=True, exist_ok=True)
         t_launch = time.time() + 0.3
         interval, vote_delay, dist_delay = voting_schedule(plan)
-        fast = fast_bringup(plan)
+        mode = first_round(plan)
         # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
-        lead = (VOTE_LEAD_FALLBACK if fast else VOTE_LEAD) + vote_delay + dist_delay \
+        lead = (VOTE_LEAD_FALLBACK if mode == "fast" else VOTE_LEAD) + vote_delay + dist_delay \
             - constants.VOTE_DELAY - constants.DIST_DELAY
-        voting_offset = int(t_launch + lead) % interval
+        torrc_schedule = None
+        if mode == "held":
+            # A placeholder round 10 minutes out; torbed schedules the real one (_held_first_round).
+            lead = constants.HELD_ROUND_LEAD
+            torrc_schedule = (constants.HELD_ROUND_INTERVAL, vote_delay, dist_delay)
+        voting_offset = int(t_launch + lead) % (torrc_schedule or (interval,))[0]
         meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True,
                              # The fast bring-up's steps (see FAST_INITIAL_VOTING_INTERVAL); null: off.
-                             "fast_bringup": {} if fast else None,
+                             "fast_bringup": {} if mode == "fast" else None,
+                             # A large network's first round, held until every descriptor is in.
+                             "held_first_round": {} if mode == "held" else None,
                              "voting_schedule_s": {"interval": interval, "vote_delay": vote_delay,
                                                    "dist_delay": dist_delay},
                              # Where the bring-up time goes (bring_up), from the setup's start.
                              "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
                                           "first_valid_after": round(int(t_launch + lead) - st["t0"], 3)}}
         st["fallback_valid_after"] = int(t_launch + lead)
-        for name, text in render_fragments(plan, ids, st["variants"], voting_offset).items():
+        for name, text in render_fragments(plan, ids, st["variants"], voting_offset, torrc_schedule).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
             if n.runs_tor:
@@ -538,13 +547,18 @@ def _controller(sock: str | Path) -> stem.control.Controller:
     return c
 
 
-def fast_bringup(plan) -> bool:
-    """Whether this network uses the fast bring-up (see FAST_INITIAL_VOTING_INTERVAL): up to
-    constants.LARGE_NETWORK_TORS tors (larger ones vote on a slower schedule), unless
-    TORBED_FAST_BRINGUP=0."""
+def first_round(plan) -> str | None:
+    """How torbed schedules this network's first voting round: "fast" (see
+    FAST_INITIAL_VOTING_INTERVAL) up to constants.LARGE_NETWORK_TORS tors, "held" above
+    (_held_first_round), None with TORBED_FAST_BRINGUP=0 (the torrc's schedule alone)."""
     if os.environ.get("TORBED_FAST_BRINGUP", "1") == "0":
-        return False
-    return sum(1 for n in plan.nodes if n.runs_tor) <= constants.LARGE_NETWORK_TORS
+        return None
+    return "fast" if sum(1 for n in plan.nodes if n.runs_tor) <= constants.LARGE_NETWORK_TORS else "held"
+
+
+def fast_bringup(plan) -> bool:
+    """Whether this network uses the fast bring-up."""
+    return first_round(plan) == "fast"
 
 
 def _try_controller(sock: str) -> stem.control.Controller | None:
@@ -576,13 +590,14 @@ def _control_oneshot(paths: NodePaths, commands: list[str], timeout: float = 5.0
     return True
 
 
-def first_round_valid_after(now: float, previous: int = 0) -> int:
+def first_round_valid_after(now: float, previous: int = 0, delays: tuple[int, int] = (FAST_VOTE_S, FAST_DIST_S),
+                            interval: int = FAST_INITIAL_VOTING_INTERVAL) -> int:
     """The valid-after time of a first round scheduled by a SETCONF at ``now``: the vote fires
     1 s later and must not be after valid-after - vote - distribution delay (whole seconds, as
     tor's schedule counts them). ``previous``: the one scheduled before, which this must
     differ from (a SETCONF that leaves the options as they were reschedules nothing)."""
-    va = max(int(now) + 1 + FAST_VOTE_S + FAST_DIST_S, previous + 1)
-    if previous and (va - previous) % FAST_INITIAL_VOTING_INTERVAL == 0:
+    va = max(int(now) + 1 + sum(delays), previous + 1)
+    if previous and (va - previous) % interval == 0:
         va += 1     # the same offset again: no reschedule
     return va
 
@@ -666,6 +681,62 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
                 "initial_voting_interval_s": FAST_INITIAL_VOTING_INTERVAL,
                 "voting_offset_s": valid_after % FAST_INITIAL_VOTING_INTERVAL,
                 "first_round_delays_s": [FAST_VOTE_S, FAST_DIST_S]}
+    finally:
+        for ctl in auths.values():
+            if ctl is not None:
+                ctl.close()
+
+
+def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
+    """A large network's first round (more than constants.LARGE_NETWORK_TORS tors): the torrc
+    schedules a placeholder round 10 minutes out; once every authority holds every relay's
+    descriptor, torbed schedules the real one (constants.LARGE_VOTING: 30 s interval, 6 + 6 s
+    delays) at the earliest time the rescheduled vote allows. While the launch takes minutes,
+    authorities publishing a consensus every round made every directory cache verify, diff
+    and compress each one while the rest were still starting (a 750-tor run had 403 runnable
+    tasks, and clients not yet started after 11 minutes). Returns what it did for meta.json;
+    "fallback" says why the placeholder round was left to run."""
+    st = rep.state
+    plan, ids, sup, paths, t0 = st["plan"], st["ids"], st["sup"], st["paths"], st["t0"]
+    phases = rep.meta["bootstrap"]["phases_s"]
+    interval, vote_delay, dist_delay = constants.LARGE_VOTING
+    placeholder_vote = st["fallback_valid_after"] - vote_delay - dist_delay
+    auths: dict[str, stem.control.Controller | None] = {a.name: None for a in plan.by_role("authority")}
+    relays = plan.by_role("relay")
+    names = list(sup.procs)
+    try:
+        missing = {a: {r.name for r in relays} for a in auths}
+        while True:
+            sup.check(names)
+            for a in auths:
+                auths[a] = auths[a] or _try_controller(paths[a].control_socket)
+            for a, ctl in auths.items():
+                if ctl is not None:
+                    missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{ids.fingerprints[r]}", None)}
+            left = sum(map(len, missing.values()))
+            if None not in auths.values() and not left:
+                break
+            if time.time() > min(deadline, placeholder_vote - 1.5):
+                if None in auths.values():
+                    return {"fallback": "the authorities' control ports did not answer"}
+                a = sorted(a for a in missing if missing[a])[0]
+                return {"fallback": f"{a} lacked the descriptor of {sorted(missing[a])[0]} ({left} missing in all)"}
+            rep.status(f"holding the first round: {left} relay descriptor(s) not at every authority yet")
+            time.sleep(1.0)
+        now = time.time()
+        if now % 1 > 0.95:
+            time.sleep(1.005 - now % 1)
+            now = time.time()
+        valid_after = first_round_valid_after(now, 0, (vote_delay, dist_delay), interval)
+        conf = {"V3AuthVotingInterval": str(interval), "TestingV3AuthInitialVotingInterval": str(interval),
+                "TestingV3AuthVotingStartOffset": str(valid_after % interval)}
+        for ctl in auths.values():
+            ctl.set_options(conf)
+        phases["descriptors_in"] = round(now - t0, 3)
+        phases["first_valid_after"] = round(valid_after - t0, 3)
+        return {"descriptors_in_s": round(now - t0, 3), "first_valid_after_s": round(valid_after - t0, 3),
+                "placeholder_valid_after_s": round(st["fallback_valid_after"] - t0, 3),
+                "voting_schedule_s": [interval, vote_delay, dist_delay]}
     finally:
         for ctl in auths.values():
             if ctl is not None:
