@@ -310,6 +310,10 @@ class LocalBackend:
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
                          f"({time.time() - st['t0']:.1f} s); clients online")
         _clients_online(rep, reload=fast)
+        if fast:
+            # Stays so during the run: a later SIGHUP re-applies the options in force instead
+            # of reading the torrc and command line (whose DisableNetwork 1 would go offline).
+            boot["fast_bringup"]["clients_reload_torrc_on_sighup"] = False
         boot["clients_online_after_caches"] = True
         phases["clients_online"] = round(time.time() - st["t0"], 3)
         kicked = _wait_clients(rep, deadline, kick=fast)
