@@ -84,3 +84,20 @@ def test_control_oneshot_against_a_real_tor(tmp_path, tor_binary):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_torbed_real_time_for_itself_not_for_what_it_starts():
+    """A held (large) bring-up makes torbed's own thread SCHED_RR until ready; the tors it
+    launches meanwhile must start as normal tasks (SCHED_RESET_ON_FORK), not real-time."""
+    import os
+    if os.geteuid() != 0:
+        pytest.skip("needs CAP_SYS_NICE (root)")
+    try:
+        assert local._self_realtime(1) == 1
+        assert os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK == os.SCHED_RR
+        child = subprocess.run(["python3", "-c", "import os; print(os.sched_getscheduler(0))"],
+                               capture_output=True, text=True, check=True)
+        assert int(child.stdout) == os.SCHED_OTHER
+    finally:
+        local._self_realtime(None)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER

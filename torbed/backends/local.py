@@ -270,6 +270,12 @@ class LocalBackend:
         emulated = [n.name for n in tors if cpu_prefix(st["plan"], n)]
         if emulated:
             boot["emulated_cpu"] = {"qemu": qemu_binary(), "nodes": emulated}
+        if boot["held_first_round"] is not None:
+            # Past a few hundred tors torbed itself starved: each tor is an autogroup of its own,
+            # and a 300-tor run's torbed took 60 s to notice the consensus (parsing it took
+            # seconds of a 1/300 share) and 200 more to ask 30 clients whether they were ready.
+            # Its children (every tor) start as normal tasks again (SCHED_RESET_ON_FORK).
+            boot["torbed_realtime_until_ready"] = _self_realtime(AUTHORITY_RT_PRIORITY)
         rt: int | None = AUTHORITY_RT_PRIORITY
         fast = boot["fast_bringup"] is not None
         # Fast path: relays first. Their start-up (keys, a fresh TLS link key) takes longest,
@@ -322,6 +328,8 @@ class LocalBackend:
         _relax_voting(rep)
         if boot["authority_realtime_until_ready"] is not None:
             _set_realtime(st["sup"], [n.name for n in tors if n.role == "authority"], None)
+        if boot.get("torbed_realtime_until_ready") is not None:
+            _self_realtime(None)
         rep.ready(st["t0"])
         boot["traffic_to_ready"] = _bringup_traffic(rep)
         plan = st["plan"]
@@ -503,6 +511,8 @@ class LocalBackend:
 
     def teardown(self, rep: engine.Repetition) -> None:
         st = rep.state
+        if (rep.meta.get("bootstrap") or {}).get("torbed_realtime_until_ready") is not None:
+            _self_realtime(None)    # a bring-up that failed before ready
         if st.get("faults") is not None:
             # First: a stopped tor would ignore the SIGTERM below; quotas and link changes go too.
             st["faults"].finish("teardown")
@@ -755,12 +765,21 @@ def _wait_consensus(rep: engine.Repetition, deadline: float, poll: float = POLL_
     names = list(sup.procs)
     pending = {a.name for a in plan.by_role("authority")}
     last: dict[str, str] = {}
+    seen: dict[str, tuple] = {}     # authority -> (mtime, size) of the file last parsed
     accepted: dict = {}
     while pending:
         sup.check(names)
         for a in sorted(pending):
-            why, flags = readiness.consensus_file_problem(Path(paths[a].datadir) / "cached-consensus",
-                                                          plan, ids.fingerprints)
+            path = Path(paths[a].datadir) / "cached-consensus"
+            try:
+                stat = path.stat()
+                version = (stat.st_mtime_ns, stat.st_size)
+            except OSError:
+                version = None
+            if version is not None and seen.get(a) == version:
+                continue    # parsing a large consensus again costs a starved torbed seconds
+            seen[a] = version
+            why, flags = readiness.consensus_file_problem(path, plan, ids.fingerprints)
             last[a] = why or "ok"
             if why is None:
                 pending.discard(a)
@@ -784,6 +803,20 @@ def _relax_voting(rep: engine.Repetition) -> None:
         with _controller(rep.state["paths"][a.name].control_socket) as ctl:
             ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
+
+
+def _self_realtime(priority: int | None) -> int | None:
+    """torbed's own thread SCHED_RR at ``priority`` (its children, processes and threads,
+    start as normal tasks: SCHED_RESET_ON_FORK), or back to SCHED_OTHER (None). Returns
+    ``priority``, or None where this process may not."""
+    try:
+        if priority is None:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        else:
+            os.sched_setscheduler(0, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(priority))
+    except PermissionError:
+        return None
+    return priority
 
 
 def _set_realtime(sup: Supervisor, names: list[str], priority: int | None) -> int | None:
@@ -860,14 +893,16 @@ def _wait_caches(rep: engine.Repetition, until: float, poll: float = POLL_S) -> 
     caches = [r.name for r in relays if "V2Dir" in flags.get(r.name, [])]
     caches = [c for c in caches if "Guard" in flags.get(c, [])] or caches
     names = list(sup.procs)
+    total = len(caches)
     while True:
         sup.check(names)
         problems = {c: why for c in caches if (why := _cache_problem(Path(paths[c].datadir), len(relays)))}
+        caches = sorted(problems)     # a complete cache stays complete: not read again
         if not problems:
             return None
         c = sorted(problems)[0]
         if time.time() >= until:
-            return f"{c}: {problems[c]} ({len(problems)} of {len(caches)} caches)"
+            return f"{c}: {problems[c]} ({len(problems)} of {total} caches)"
         rep.status(f"waiting for the directory caches: {c}: {problems[c]} ({len(problems)} left)")
         time.sleep(poll)
 
@@ -877,17 +912,19 @@ def _clients_online(rep: engine.Repetition, reload: bool = False) -> None:
     consensus at once instead of at the client's next once-a-second timer, with
     __ReloadTorrcOnSIGHUP 0 so the reload keeps the options set here (reading the command
     line again would turn the network off)."""
-    plan = rep.state["plan"]
-    for c in plan.by_role("client") + plan.by_role("loadworker"):   # load nodes' tors are clients too
-        with _controller(rep.state["paths"][c.name].control_socket) as ctl:
-            if reload:
-                ctl.set_options({"DisableNetwork": "0", "__ReloadTorrcOnSIGHUP": "0"})
-            else:
-                ctl.set_conf("DisableNetwork", "0")
+    plan, paths, sup = rep.state["plan"], rep.state["paths"], rep.state["sup"]
+    conf = "SETCONF DisableNetwork=0" + (" __ReloadTorrcOnSIGHUP=0" if reload else "")
+
+    def online(name: str) -> None:
+        if not _control_oneshot(paths[name], [conf], timeout=60):
+            raise NodeFailed(name, "its control port does not answer", Path(paths[name].log))
         if reload:
-            # A real SIGHUP once stem's connection is closed: stem 1.8 deadlocks closing a
-            # controller that saw the SIGNAL RELOAD event its own SIGNAL command caused.
-            rep.state["sup"].signal(c.name, signal.SIGHUP)
+            sup.signal(name, signal.SIGHUP)
+
+    clients = [c.name for c in plan.by_role("client") + plan.by_role("loadworker")]  # load nodes' tors are clients too
+    # In parallel: a busy machine schedules each client tor late (see _wait_clients).
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(online, clients))
 
 
 def _relay_has_consensus(datadir: str) -> bool:
@@ -909,6 +946,22 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
     last: dict[str, str] = {}
     pending = {c.name for c in plan.by_role("client") + plan.by_role("loadworker")} | \
         {r.name for r in plan.by_role("relay")}
+
+    def check(c: str) -> tuple[str, str | None]:
+        """(client, what it lacks or None); with ``kick``, its circuit once it can build one."""
+        try:
+            ctl = ctls.get(c) or _controller(paths[c].control_socket)
+            ctls[c] = ctl
+            path = [r.name for r in readiness.path_relays(plan, c)]
+            why = readiness.client_problem(ctl, plan, ids.fingerprints, path, check_flags=False)
+            if why is not None and kick and c not in kicked and ctl.get_info("status/enough-dir-info", "0") == "1" \
+                    and all(readiness.knows(ctl, ids.fingerprints[r]) for r in path):
+                kicked[c] = ctl.extend_circuit("0", [ids.fingerprints[r] for r in path] or None)
+            return c, why
+        except (stem.SocketError, stem.ControllerError, OSError) as e:
+            return c, f"control port: {e}"
+
+    pool = ThreadPoolExecutor(max_workers=16)
     try:
         while pending:
             sup.check(names)
@@ -918,21 +971,15 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
                         pending.discard(c)
                     else:
                         last[c] = "no consensus yet"
-                    continue
-                try:
-                    ctl = ctls.get(c) or _controller(paths[c].control_socket)
-                    ctls[c] = ctl
-                    path = [r.name for r in readiness.path_relays(plan, c)]
-                    why = readiness.client_problem(ctl, plan, ids.fingerprints, path, check_flags=False)
-                    if why is None:
-                        pending.discard(c)
-                    else:
-                        last[c] = why
-                        if kick and c not in kicked and ctl.get_info("status/enough-dir-info", "0") == "1" \
-                                and all(readiness.knows(ctl, ids.fingerprints[r]) for r in path):
-                            kicked[c] = ctl.extend_circuit("0", [ids.fingerprints[r] for r in path] or None)
-                except (stem.SocketError, stem.ControllerError, OSError) as e:
-                    last[c] = f"control port: {e}"
+            clients = sorted(c for c in pending if plan.node(c).role != "relay")
+            # Asked in parallel: past a few hundred tors each busy client answers its control
+            # port only when it is scheduled (each tor is an autogroup of its own), and 150
+            # clients asked one after another took minutes.
+            for c, why in (pool.map(check, clients) if len(clients) > 4 else map(check, clients)):
+                if why is None:
+                    pending.discard(c)
+                else:
+                    last[c] = why
             if pending and time.time() > deadline:
                 c = sorted(pending)[0]
                 raise NodeFailed(c, f"not ready after {rep.scenario.measure.ready_timeout}: {last.get(c)}",
@@ -946,6 +993,7 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
             except (stem.ControllerError, stem.SocketError):
                 pass    # it failed or tor closed it: the client bootstrapped all the same
     finally:
+        pool.shutdown()
         for ctl in ctls.values():
             ctl.close()
     return len(kicked)
