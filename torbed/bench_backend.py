@@ -55,7 +55,7 @@ RUNS = {"quickstart": 10, "quickstart-classic": 5, "bench-100-relays": 3, "bench
 # Runs after the first only need the network ready and a transfer done.
 SHORT_S = 20.0
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _records(path: Path) -> list[dict]:

@@ -33,7 +33,7 @@ from scipy import stats as sstats
 from . import constants, prometheus
 from .supervise import run_torbed
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _run(scenario: Path, out: Path, duration: str) -> Path:
