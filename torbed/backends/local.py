@@ -278,11 +278,11 @@ class LocalBackend:
             boot["torbed_realtime_until_ready"] = _self_realtime(AUTHORITY_RT_PRIORITY)
         rt: int | None = AUTHORITY_RT_PRIORITY
         fast = boot["fast_bringup"] is not None
-        # Fast path: relays first. Their start-up (keys, a fresh TLS link key) takes longest,
-        # and the first round is scheduled as soon as the authorities listen: relays started
-        # after them missed the vote 1 s later (one postponement) in some runs.
-        order = {"relay": 0, "authority": 1} if fast else {"authority": 0}
-        for n in sorted(tors, key=lambda n: order.get(n.role, 2)):
+        # Authorities first (the plan's order): a relay uploads its descriptor once, when its
+        # timers start (1 s after its own start, or at torbed's kick); an authority not yet
+        # listening then would miss it until the relay's descriptor is dirty again, hours
+        # later. (Relays first saved nothing measurable: 5.4-5.9 s either way under load.)
+        for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
             st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + cpu_prefix(st["plan"], n) + [
