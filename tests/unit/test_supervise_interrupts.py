@@ -28,6 +28,9 @@ time.sleep(60)
 
 def test_interrupt_lets_the_child_tear_down(tmp_path):
     done, up = tmp_path / "done", tmp_path / "up"
+    # A shell's background job starts with SIGINT ignored, and Python then installs no
+    # handler: Ctrl-C's KeyboardInterrupt must not depend on how the test run was started.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupt():
         for _ in range(200):
@@ -37,8 +40,11 @@ def test_interrupt_lets_the_child_tear_down(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)      # as Ctrl-C does to the benchmark
 
     threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_child([sys.executable, "-c", CHILD, str(done), str(up)], teardown_s=30)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_child([sys.executable, "-c", CHILD, str(done), str(up)], teardown_s=30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done.read_text() == "torn down"
 
 
