@@ -616,6 +616,23 @@ def first_round_valid_after(now: float, previous: int = 0, delays: tuple[int, in
     return va
 
 
+def _schedule_first_round(auths: list, previous: int, delays: tuple[int, int], interval: int,
+                          extra: dict) -> tuple[float, int]:
+    """SETCONF every authority's first round to the earliest valid-after time the
+    rescheduled vote allows (first_round_valid_after), with ``extra`` options. Returns (the
+    time of the SETCONFs, the valid-after time)."""
+    now = time.time()
+    if now % 1 > 0.95:
+        # Keep every authority's reschedule inside one second (each SETCONF takes ms).
+        time.sleep(1.005 - now % 1)
+        now = time.time()
+    valid_after = first_round_valid_after(now, previous, delays, interval)
+    conf = {**extra, "TestingV3AuthVotingStartOffset": str(valid_after % interval)}
+    for ctl in auths:
+        ctl.set_options(conf)
+    return now, valid_after
+
+
 def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
     """The fast bring-up's first round. As soon as every authority answers, schedule the
     first round for the earliest valid-after time the rescheduled vote allows (it fires 1 s
@@ -651,17 +668,9 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
         def schedule(first: bool) -> float:
             """Reschedule every authority's first round; returns when its vote fires."""
             nonlocal valid_after
-            now = time.time()
-            if now % 1 > 0.95:
-                # Keep every authority's reschedule inside one second (each SETCONF takes ms).
-                time.sleep(1.005 - now % 1)
-                now = time.time()
-            valid_after = first_round_valid_after(now, valid_after)
-            conf = {"TestingV3AuthVotingStartOffset": str(valid_after % FAST_INITIAL_VOTING_INTERVAL)}
-            if first:
-                conf["TestingV3AuthInitialVotingInterval"] = str(FAST_INITIAL_VOTING_INTERVAL)
-            for ctl in auths.values():
-                ctl.set_options(conf)
+            extra = {"TestingV3AuthInitialVotingInterval": str(FAST_INITIAL_VOTING_INTERVAL)} if first else {}
+            now, valid_after = _schedule_first_round(list(auths.values()), valid_after, (FAST_VOTE_S, FAST_DIST_S),
+                                                     FAST_INITIAL_VOTING_INTERVAL, extra)
             return now + 1.0
 
         fires = schedule(first=True)
@@ -737,15 +746,9 @@ def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
                 return {"fallback": f"{a} lacked the descriptor of {sorted(missing[a])[0]} ({left} missing in all)"}
             rep.status(f"holding the first round: {left} relay descriptor(s) not at every authority yet")
             time.sleep(1.0)
-        now = time.time()
-        if now % 1 > 0.95:
-            time.sleep(1.005 - now % 1)
-            now = time.time()
-        valid_after = first_round_valid_after(now, 0, (vote_delay, dist_delay), interval)
-        conf = {"V3AuthVotingInterval": str(interval), "TestingV3AuthInitialVotingInterval": str(interval),
-                "TestingV3AuthVotingStartOffset": str(valid_after % interval)}
-        for ctl in auths.values():
-            ctl.set_options(conf)
+        now, valid_after = _schedule_first_round(
+            list(auths.values()), 0, (vote_delay, dist_delay), interval,
+            {"V3AuthVotingInterval": str(interval), "TestingV3AuthInitialVotingInterval": str(interval)})
         phases["descriptors_in"] = round(now - t0, 3)
         phases["first_valid_after"] = round(valid_after - t0, 3)
         return {"descriptors_in_s": round(now - t0, 3), "first_valid_after_s": round(valid_after - t0, 3),
