@@ -148,12 +148,20 @@ def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_ac
             time.sleep(3)
             sent = int(re.search(r"Sent (\d+) bytes", _classes_toward(kube, f"{rel}-guard-0", hexip)[1][flowid]).group(1))
         assert sent >= 100_000, sent
-        # No NAT between the nodes, either way: the Pi relay's ORPort sees the guards' own pod
-        # addresses, and an exit's ORPort sees the Pi relay's.
+        # No NAT between the nodes, either way. Every peer of the Pi relay's ORPort is the pod
+        # address of a pod of this release on the other node (a NAT would show a node address).
+        # Which side opened the guard <-> Pi channel depends on which relay extended a circuit
+        # first (a guard can be a middle hop too), so the channel to a guard is looked for in
+        # either direction, with the guard's own pod address.
         incoming = "ss -Htn state established '( sport = :5000 )'"
         guards = {pods[f"{rel}-guard-{i}"].status.pod_ip for i in range(2)}
+        release_ips = {x.status.pod_ip for n, x in pods.items() if n != f"{rel}-midarm-0"}
         seen = _exec(kube, f"{rel}-midarm-0", "shaper", incoming)
-        assert any(g in seen for g in guards), (guards, seen)
+        peers = {line.split()[-1].rsplit(":", 1)[0] for line in seen.splitlines() if line.strip()}
+        assert peers and peers <= release_ips, (peers, release_ips, seen)
+        both = _exec(kube, f"{rel}-midarm-0", "shaper",
+                     "ss -Htn state established '( sport = :5000 or dport = :5000 )'")
+        assert any(f"{g}:" in both for g in guards), (guards, both)
         seen = "".join(_exec(kube, f"{rel}-exit-{i}", "shaper", incoming) for i in range(2))
         assert midarm_ip in seen, (midarm_ip, seen)
     finally:
