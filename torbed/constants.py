@@ -55,6 +55,19 @@ LARGE_VOTING = (30, 6, 6)
 # round's valid-after time HELD_ROUND_LEAD seconds after the launch.
 HELD_ROUND_INTERVAL = 600
 HELD_ROUND_LEAD = 590
+# The real rounds of a held network, from its first one on, until ready and after: every new
+# consensus costs each directory cache the compression of both flavors (zlib, lzma, zstd) and
+# a diff from every older consensus it keeps; with 300 caches on 2 cores, rounds every 30 s
+# kept the machine saturated after the first consensus (a 750-tor run never became ready).
+HELD_VOTING_INTERVAL = 300
+# Directory caches keep (and diff from) the consensuses of this many voting intervals, not
+# tor's default of 8192 hours (MaxConsensusAgeForDiffs; torrc.diff_max_age). At a testbed's
+# 10-60 s rounds the default meant a diff from every consensus since the start at every new
+# one: work per round that grows through a run. Tor's manual suggests keeping 3-4 hours on
+# the real network (3-4 hourly rounds); the latest consensus must stay younger than this, or
+# the cache drops it and can no longer serve it.
+DIFF_ROUNDS_KEPT = 3
+MIN_DIFF_MAX_AGE = 120
 
 # Authority certificates: tor-gencert lifetime in months (recorded in meta.json).
 AUTHORITY_CERT_MONTHS = 12

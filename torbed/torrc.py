@@ -70,8 +70,15 @@ def voting_schedule(plan: Plan) -> tuple[int, int, int]:
     return constants.VOTING_INTERVAL, constants.VOTE_DELAY, constants.DIST_DELAY
 
 
+def diff_max_age(slowest_interval: int) -> int:
+    """MaxConsensusAgeForDiffs (seconds) for a network whose slowest voting interval is
+    ``slowest_interval`` (constants.DIFF_ROUNDS_KEPT)."""
+    return max(constants.MIN_DIFF_MAX_AGE, constants.DIFF_ROUNDS_KEPT * slowest_interval)
+
+
 def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
-                     schedule: tuple[int, int, int] | None = None) -> dict[str, list[str]]:
+                     schedule: tuple[int, int, int] | None = None,
+                     diff_age: int | None = None) -> dict[str, list[str]]:
     """The lines of each fragment that do not depend on generated keys or on the scenario.
 
     Both backends use them: the local backend appends the network's DirAuthority lines and
@@ -80,6 +87,7 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
     lines at start, once keys and addresses exist."""
     interval, vote_delay, dist_delay = schedule or (constants.VOTING_INTERVAL, constants.VOTE_DELAY,
                                                     constants.DIST_DELAY)
+    diff_age = diff_age or diff_max_age(interval)
     common = [
         "# Every node of the private network.",
         "TestingTorNetwork 1",
@@ -126,6 +134,9 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
         "# Per-circuit queue statistics (CELL_STATS); torbed always attaches a subscriber.",
         "TestingEnableCellStatsEvent 1",
         "TestingEnableConnBwEvent 1",
+        "# Directory caches diff only from the last few rounds' consensuses (tor's default keeps",
+        "# 8192 hours of them: at a testbed's rounds, CPU per new consensus grows through the run).",
+        f"MaxConsensusAgeForDiffs {diff_age} seconds",
         *[f"MetricsPortPolicy accept {net}" for net in metrics_accept],
         "MetricsPortPolicy reject *",
     ]
@@ -173,12 +184,13 @@ def variant_fragment(var: Variant) -> str:
 
 
 def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], voting_offset: int = 0,
-                     schedule: tuple[int, int, int] | None = None) -> dict[str, str]:
+                     schedule: tuple[int, int, int] | None = None, diff_age: int | None = None) -> dict[str, str]:
     """``voting_offset`` (seconds, TestingV3AuthVotingStartOffset) shifts the authorities'
     schedule so that the first vote comes right after the relays have uploaded descriptors.
     ``schedule``: (interval, vote delay, distribution delay) instead of ``voting_schedule``'s
-    (the local backend's placeholder when it schedules the first round itself)."""
-    lines = static_fragments([plan.subnet], voting_offset, schedule or voting_schedule(plan))
+    (the local backend's placeholder when it schedules the first round itself). ``diff_age``:
+    MaxConsensusAgeForDiffs in seconds (default: diff_max_age of the schedule's interval)."""
+    lines = static_fragments([plan.subnet], voting_offset, schedule or voting_schedule(plan), diff_age)
     lines["common.torrc"] += dir_authority_lines(plan, ids)
     guards = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.guard]
     exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]

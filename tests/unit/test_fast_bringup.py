@@ -35,6 +35,25 @@ def test_fast_for_small_networks_held_for_large_ones_unless_switched_off(monkeyp
 def test_a_held_round_waits_for_its_longer_delays():
     # backends.local._held_first_round: 6 + 6 s delays and a 30 s interval.
     assert local.first_round_valid_after(100.5, 0, (6, 6), 30) == 113
+    # ... and with the held network's own 300 s rounds: as soon, whatever the interval.
+    assert local.first_round_valid_after(100.5, 0, (6, 6), constants.HELD_VOTING_INTERVAL) == 113
+
+
+def test_a_held_network_keeps_slow_rounds_after_ready_and_its_caches_keep_enough_consensuses():
+    assert local.after_ready_interval("held") == constants.HELD_VOTING_INTERVAL
+    assert local.after_ready_interval("fast") == local.after_ready_interval(None) == local.VOTING_INTERVAL_AFTER_READY
+    assert constants.HELD_VOTING_INTERVAL > constants.LARGE_VOTING[0]
+
+
+def test_directory_caches_are_the_directory_guards_or_every_v2dir_relay():
+    plan = make_plan(scenario.parse(BASE, "t.yaml"), "kist")
+    relays = [r.name for r in plan.by_role("relay")]
+    flags = {r: ["Fast", "Running", "V2Dir"] for r in relays}
+    assert local.directory_caches(plan, flags) == relays
+    flags[relays[0]].append("Guard")
+    assert local.directory_caches(plan, flags) == [relays[0]]
+    flags[relays[0]].remove("V2Dir")      # a guard that is no cache is no directory guard
+    assert local.directory_caches(plan, flags) == relays[1:]
 
 
 @pytest.mark.parametrize("now, previous, expected", [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torbed import constants, network, scenario
 from torbed.keys import AuthorityKeys, make_authority_keys, make_relay_identity
-from torbed.torrc import Identities, NodePaths, render_fragments, render_node, voting_schedule
+from torbed.torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
 from torbed.variants import load_variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,9 +110,9 @@ def test_a_held_first_round_is_a_placeholder_tor_accepts_and_then_the_large_sche
     assert constants.HELD_ROUND_LEAD < constants.HELD_ROUND_INTERVAL     # the placeholder is the next boundary
     tor = shutil.which("tor")
     _verify_every_torrc(tor, plan, tmp_path, voting_offset=599, schedule=held)
-    # What torbed sets once the descriptors are in: the large schedule and its largest offset.
+    # What torbed sets once the descriptors are in: the held rounds and their largest offset.
     auth = tmp_path / "torrc" / "auth0.torrc"
-    interval = constants.LARGE_VOTING[0]
+    interval = constants.HELD_VOTING_INTERVAL
     p = subprocess.run([tor, "--verify-config", "-f", str(auth), "V3AuthVotingInterval", str(interval),
                         "TestingV3AuthInitialVotingInterval", str(interval),
                         "TestingV3AuthVotingStartOffset", str(interval - 1)], capture_output=True, text=True)
@@ -154,3 +154,16 @@ def test_keys_are_real(tmp_path):
     assert len(fpr) == 40 and all(c in "0123456789ABCDEF" for c in fpr)
     assert (tmp_path / "r" / "keys" / "secret_id_key").exists()
     assert make_relay_identity(tmp_path / "r", "relay0") == fpr  # stable once generated
+
+
+def test_caches_diff_only_from_the_last_rounds_and_keep_the_latest_consensus():
+    # MaxConsensusAgeForDiffs: a cache deletes every consensus older than this, the latest
+    # too, so it must outlast the slowest round with a failed round to spare.
+    for interval in (10, 30, 60, constants.HELD_VOTING_INTERVAL):
+        age = diff_max_age(interval)
+        assert age >= 2 * interval + interval // 2, (interval, age)
+        assert age <= max(constants.MIN_DIFF_MAX_AGE, 4 * interval), "keeps the diff work per round bounded"
+    plan = network.plan(scenario.load(REPO / "scenarios" / "quickstart.yaml"), "kist")
+    files = render_fragments(plan, fake_identities(plan), {"kist": load_variant("kist")}, diff_age=900)
+    assert "MaxConsensusAgeForDiffs 900 seconds" in files["role-relay.torrc"]
+    assert "MaxConsensusAgeForDiffs" not in files["role-authority.torrc"] + files["role-client.torrc"]

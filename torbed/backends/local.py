@@ -47,7 +47,7 @@ from ..replay.trace import read as read_trace
 from ..scenario import Scenario
 from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
 from ..torenv import child_env, tor_env
-from ..torrc import Identities, NodePaths, render_fragments, render_node, voting_schedule
+from ..torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
 from ..variants import load_variant
 from ..workloads import Target, assign_flows, driver_config, replay_traces, server_group, trace_name, \
     workload_entry  # noqa: F401 (assign_flows, trace_name re-exported)
@@ -102,6 +102,14 @@ POLL_S = 0.2               # readiness polling
 AUTHORITY_RT_PRIORITY = 1
 # Longest wait for the directory caches before clients go online anyway (see bring_up).
 CACHE_WAIT_S = 20.0
+# ... times this for a held network (hundreds of caches fetching every descriptor on 2 cores).
+HELD_CACHE_WAIT_FACTOR = 9
+# A held network's caches count as ready with this share of the microdescriptors. A 750-tor
+# run waited out the whole 180 s for 130 of 300 caches that each lacked a few (guard0: 3 of
+# 597): a fetch that failed under load waits for tor's retry back-off, which a SIGHUP does
+# not reset (main.c do_hup resets consensus downloads only). A cache answers a client with
+# what it holds, and the client asks another cache for the rest at once.
+HELD_CACHE_ENOUGH = 0.99
 MEASURE_POLL_S = 0.5
 
 
@@ -306,13 +314,24 @@ class LocalBackend:
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
         phases["consensus_seen"] = round(time.time() - st["t0"], 3)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
-        for n in tors:
-            if n.role == "relay":
-                st["sup"].signal(n.name, signal.SIGHUP)
-        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S), FAST_POLL_S if fast else POLL_S)
+        held = boot["held_first_round"] is not None
+        caches = set(directory_caches(st["plan"], rep.meta["consensus_flags"]))
+        # A held (large) network: the caches first, the other relays once the caches are
+        # complete. All at once, 597 relays fetched from 3 authorities and from caches that
+        # did not have the documents yet (404, then tor's retry back-off).
+        first = [n.name for n in tors if n.role == "relay" and (not held or n.name in caches)]
+        for name in first:
+            st["sup"].signal(name, signal.SIGHUP)
+        why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S * (HELD_CACHE_WAIT_FACTOR if held else 1)),
+                           FAST_POLL_S if fast else POLL_S, HELD_CACHE_ENOUGH if held else 1.0)
         boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
         if why is not None:
             boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
+        if held:
+            for n in tors:
+                if n.role == "relay" and n.name not in caches:
+                    st["sup"].signal(n.name, signal.SIGHUP)
+            boot["held_first_round"]["sighup_caches_first"] = len(first)
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
                          f"({time.time() - st['t0']:.1f} s); clients online")
         _clients_online(rep, reload=fast)
@@ -374,6 +393,8 @@ class LocalBackend:
             lead = constants.HELD_ROUND_LEAD
             torrc_schedule = (constants.HELD_ROUND_INTERVAL, vote_delay, dist_delay)
         voting_offset = int(t_launch + lead) % (torrc_schedule or (interval,))[0]
+        # The slowest rounds this network will vote (after ready, or a held network's).
+        diff_age = diff_max_age(max(interval, after_ready_interval(mode)))
         meta["bootstrap"] = {"voting_offset_s": voting_offset, "sighup_after_consensus": True,
                              # The fast bring-up's steps (see FAST_INITIAL_VOTING_INTERVAL); null: off.
                              "fast_bringup": {} if mode == "fast" else None,
@@ -381,11 +402,14 @@ class LocalBackend:
                              "held_first_round": {} if mode == "held" else None,
                              "voting_schedule_s": {"interval": interval, "vote_delay": vote_delay,
                                                    "dist_delay": dist_delay},
+                             # Relays' MaxConsensusAgeForDiffs (constants.DIFF_ROUNDS_KEPT).
+                             "consensus_diff_max_age_s": diff_age,
                              # Where the bring-up time goes (bring_up), from the setup's start.
                              "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
                                           "first_valid_after": round(int(t_launch + lead) - st["t0"], 3)}}
         st["fallback_valid_after"] = int(t_launch + lead)
-        for name, text in render_fragments(plan, ids, st["variants"], voting_offset, torrc_schedule).items():
+        for name, text in render_fragments(plan, ids, st["variants"], voting_offset, torrc_schedule,
+                                           diff_age).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
             if n.runs_tor:
@@ -722,7 +746,8 @@ def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
     st = rep.state
     plan, ids, sup, paths, t0 = st["plan"], st["ids"], st["sup"], st["paths"], st["t0"]
     phases = rep.meta["bootstrap"]["phases_s"]
-    interval, vote_delay, dist_delay = constants.LARGE_VOTING
+    _, vote_delay, dist_delay = constants.LARGE_VOTING
+    interval = constants.HELD_VOTING_INTERVAL
     placeholder_vote = st["fallback_valid_after"] - vote_delay - dist_delay
     auths: dict[str, stem.control.Controller | None] = {a.name: None for a in plan.by_role("authority")}
     relays = plan.by_role("relay")
@@ -797,15 +822,22 @@ def _wait_consensus(rep: engine.Repetition, deadline: float, poll: float = POLL_
     return accepted
 
 
+def after_ready_interval(mode: str | None) -> int:
+    """The voting interval once the network is ready (see _relax_voting): a held network
+    keeps its slow rounds (constants.HELD_VOTING_INTERVAL)."""
+    return constants.HELD_VOTING_INTERVAL if mode == "held" else VOTING_INTERVAL_AFTER_READY
+
+
 def _relax_voting(rep: engine.Repetition) -> None:
-    """Once ready, authorities vote every VOTING_INTERVAL_AFTER_READY seconds instead of 10 (or 30):
-    every consensus makes every relay and client fetch it (and caches recompress diffs),
-    load that belongs to bring-up, not to a scheduling experiment. Takes effect from the
-    next vote; recorded in meta.json."""
+    """Once ready, authorities vote every VOTING_INTERVAL_AFTER_READY seconds instead of 10 (or 30),
+    a held network every HELD_VOTING_INTERVAL: every consensus makes every relay and client
+    fetch it (and caches compress it and diffs), load that belongs to bring-up, not to a
+    scheduling experiment. Takes effect from the next vote; recorded in meta.json."""
+    interval = after_ready_interval(first_round(rep.state["plan"]))
     for a in rep.state["plan"].by_role("authority"):
         with _controller(rep.state["paths"][a.name].control_socket) as ctl:
-            ctl.set_options({"V3AuthVotingInterval": str(VOTING_INTERVAL_AFTER_READY)})
-    rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = VOTING_INTERVAL_AFTER_READY
+            ctl.set_options({"V3AuthVotingInterval": str(interval)})
+    rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = interval
 
 
 def _self_realtime(priority: int | None) -> int | None:
@@ -876,30 +908,36 @@ def _microdescs_held(datadir: Path) -> int:
     return n
 
 
-def _cache_problem(datadir: Path, relays: int) -> str | None:
-    """What a directory cache still lacks before it can answer a client's bootstrap."""
+def _cache_problem(datadir: Path, relays: int, enough: float = 1.0) -> str | None:
+    """What a directory cache still lacks before it can answer a client's bootstrap: the
+    microdescriptor consensus, and at least ``enough`` of the relays' microdescriptors."""
     if not (datadir / "cached-microdesc-consensus").exists():
         return "no microdescriptor consensus"
     held = _microdescs_held(datadir)
-    return None if held >= relays else f"{held} of {relays} microdescriptors"
+    return None if held >= relays * enough else f"{held} of {relays} microdescriptors"
 
 
-def _wait_caches(rep: engine.Repetition, until: float, poll: float = POLL_S) -> str | None:
+def directory_caches(plan, flags: dict) -> list[str]:
+    """The relays a client may ask for directory documents: directory guards (Guard and V2Dir
+    in the consensus), or every V2Dir relay if none is a guard."""
+    caches = [r.name for r in plan.by_role("relay") if "V2Dir" in flags.get(r.name, [])]
+    return [c for c in caches if "Guard" in flags.get(c, [])] or caches
+
+
+def _wait_caches(rep: engine.Repetition, until: float, poll: float = POLL_S, enough: float = 1.0) -> str | None:
     """Until every relay a client may ask for directory documents (a directory guard: Guard
     and V2Dir in the consensus; every V2Dir relay if none is a guard) holds the
-    microdescriptor consensus and every relay's microdescriptor; returns None then, or what
-    one still lacked at ``until``."""
+    microdescriptor consensus and every relay's microdescriptor (``enough``: that share of
+    them); returns None then, or what one still lacked at ``until``."""
     st = rep.state
     plan, paths, sup = st["plan"], st["paths"], st["sup"]
     relays = plan.by_role("relay")
-    flags = rep.meta["consensus_flags"]
-    caches = [r.name for r in relays if "V2Dir" in flags.get(r.name, [])]
-    caches = [c for c in caches if "Guard" in flags.get(c, [])] or caches
+    caches = directory_caches(plan, rep.meta["consensus_flags"])
     names = list(sup.procs)
     total = len(caches)
     while True:
         sup.check(names)
-        problems = {c: why for c in caches if (why := _cache_problem(Path(paths[c].datadir), len(relays)))}
+        problems = {c: why for c in caches if (why := _cache_problem(Path(paths[c].datadir), len(relays), enough))}
         caches = sorted(problems)     # a complete cache stays complete: not read again
         if not problems:
             return None
