@@ -111,6 +111,32 @@ def test_bring_up_without_the_fast_path(tmp_path):
     assert [t for t in records(only_run_dir(out) / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
 
 
+def test_a_held_first_round_at_small_size(tmp_path):
+    """TORBED_FAST_BRINGUP=held: the large networks' path (above LARGE_NETWORK_TORS tors) on a
+    small one: the first round held until every descriptor is in, then every 300 s, caches
+    reloaded first, and caches keeping 3 rounds of consensuses for diffs."""
+    data = small_scenario("it-held", **{"measure.duration": "10s"})
+    path = write_scenario(tmp_path, data)
+    out = tmp_path / "runs"
+    p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"], env_extra={"TORBED_FAST_BRINGUP": "held"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = only_run_dir(out) / "kist" / "rep-0"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["status"] == "ok"
+    boot = meta["bootstrap"]
+    held = boot["held_first_round"]
+    assert "fallback" not in held, held
+    assert held["voting_schedule_s"] == [300, 6, 6]
+    assert held["descriptors_in_s"] < held["first_valid_after_s"] < held["placeholder_valid_after_s"]
+    assert 1 <= held["sighup_caches_first"] <= len([n for n in meta["nodes"] if n["role"] == "relay"])
+    # The held round itself lists every relay: no round in between.
+    assert boot["phases_s"]["consensus_seen"] - held["first_valid_after_s"] < 5, boot["phases_s"]
+    assert boot["voting_interval_after_ready_s"] == 300
+    assert boot["consensus_diff_max_age_s"] == 900
+    assert "MaxConsensusAgeForDiffs 900 seconds" in (rep / "torrc" / "role-relay.torrc").read_text()
+    assert [t for t in records(rep / "transfers.jsonl") if t["status"] == "ok"]
+
+
 def test_htb_link_rate_within_10_percent(tmp_path):
     """Plain TCP between two node namespaces through a shaped link: rate within 10%."""
     data = small_scenario("it-rate", **{"links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})

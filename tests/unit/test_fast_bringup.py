@@ -30,6 +30,8 @@ def test_fast_for_small_networks_held_for_large_ones_unless_switched_off(monkeyp
     assert local.first_round(make_plan(large, "kist")) == "held" and local.first_round(small) == "fast"
     monkeypatch.setenv("TORBED_FAST_BRINGUP", "0")
     assert local.first_round(make_plan(large, "kist")) is None
+    monkeypatch.setenv("TORBED_FAST_BRINGUP", "held")
+    assert local.first_round(small) == "held" and not local.fast_bringup(small)
 
 
 def test_a_held_round_waits_for_its_longer_delays():

@@ -318,19 +318,20 @@ class LocalBackend:
         # A held (large) network: the caches first (what the clients need), the other relays
         # once the caches are complete. At 750 tors most of the others had fetched on their
         # own timers by then; this order was not measured against all at once.
-        first = [n.name for n in tors if n.role == "relay" and (not held or n.name in caches)]
-        for name in first:
-            st["sup"].signal(name, signal.SIGHUP)
+        relays = [n.name for n in tors if n.role == "relay"]
+        later = [r for r in relays if held and r not in caches]
+        for name in relays:
+            if name not in later:
+                st["sup"].signal(name, signal.SIGHUP)
         why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S * (HELD_CACHE_WAIT_FACTOR if held else 1)),
                            FAST_POLL_S if fast else POLL_S)
         boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
         if why is not None:
             boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
+        for name in later:
+            st["sup"].signal(name, signal.SIGHUP)
         if held:
-            for n in tors:
-                if n.role == "relay" and n.name not in caches:
-                    st["sup"].signal(n.name, signal.SIGHUP)
-            boot["held_first_round"]["sighup_caches_first"] = len(first)
+            boot["held_first_round"]["sighup_caches_first"] = len(relays) - len(later)
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
                          f"({time.time() - st['t0']:.1f} s); clients online")
         _clients_online(rep, reload=fast)
@@ -587,9 +588,13 @@ def _controller(sock: str | Path) -> stem.control.Controller:
 def first_round(plan) -> str | None:
     """How torbed schedules this network's first voting round: "fast" (see
     FAST_INITIAL_VOTING_INTERVAL) up to constants.LARGE_NETWORK_TORS tors, "held" above
-    (_held_first_round), None with TORBED_FAST_BRINGUP=0 (the torrc's schedule alone)."""
-    if os.environ.get("TORBED_FAST_BRINGUP", "1") == "0":
+    (_held_first_round), None with TORBED_FAST_BRINGUP=0 (the torrc's schedule alone);
+    TORBED_FAST_BRINGUP=held holds the first round whatever the size (tests, comparisons)."""
+    switch = os.environ.get("TORBED_FAST_BRINGUP", "1")
+    if switch == "0":
         return None
+    if switch == "held":
+        return "held"
     return "fast" if sum(1 for n in plan.nodes if n.runs_tor) <= constants.LARGE_NETWORK_TORS else "held"
 
 
