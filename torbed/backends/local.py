@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import stem
@@ -57,11 +57,16 @@ from ..workloads import Target, assign_flows, driver_config, replay_traces, serv
 # ~1.5 s to start, relays upload descriptors ~1.1 s later, authorities vote ~2.4 s before
 # valid-after (measured on a 2-core machine; a slower one gets the next interval, 10 s later).
 VOTE_LEAD = 7
-# With the fast bring-up (below) the torrc's schedule is only the fallback: its first vote
-# comes late enough (valid-after 8-9 s after the launch, vote 4 s before) that torbed
-# reaches the authorities first and moves the round earlier. (10 could put the first
-# boundary of a 10 s interval just after an authority's start: it would vote at once.)
+# With the fast bring-up (below) the torrc's schedule is only the fallback: a placeholder
+# round late enough that torbed reaches the authorities first and moves the round earlier:
+# VOTE_LEAD_FALLBACK seconds plus LAUNCH_S_PER_TOR for each tor after the launch starts,
+# voted 4 s before. The placeholder interval is FAST_PLACEHOLDER_INTERVAL (the one these
+# networks vote at after ready anyway), so the lead is not bound by the 10 s interval:
+# before, 107 tors took 11-12 s to launch, torbed asked the authorities only afterwards, and
+# the torrc's round (5 s after the launch) had voted already: the fast path fell back on
+# every 100-relay run, and relays launched after that vote waited for a later round.
 VOTE_LEAD_FALLBACK = 9
+LAUNCH_S_PER_TOR = 0.25       # measured 0.05 (9 tors) to 0.11 s (107 tors) on a quiet 2-core machine
 
 # Fast bring-up (networks of at most constants.LARGE_NETWORK_TORS tors; TORBED_FAST_BRINGUP=0
 # turns it off), what each step saves measured on a quiet 2-core machine (issue 26):
@@ -86,9 +91,11 @@ VOTE_LEAD_FALLBACK = 9
 FAST_INITIAL_VOTING_INTERVAL = 5
 FAST_VOTE_S = FAST_DIST_S = 1       # what tor makes of the 2 s delays with a 5 s initial interval
 FAST_POLL_S = 0.05
+KICK_WORKERS = 8                    # relays kicked at once (_fast_first_round)
 
 RESOURCE_INTERVAL = 30.0   # seconds between resources.jsonl samples
 VOTING_INTERVAL_AFTER_READY = 60   # seconds; see _relax_voting
+FAST_PLACEHOLDER_INTERVAL = VOTING_INTERVAL_AFTER_READY
 POLL_S = 0.2               # readiness polling
 # Authorities run as real-time tasks (SCHED_RR at this priority, below linkemu's) from their
 # start until the network is ready, then as normal tasks again. Past a few hundred tors every
@@ -385,10 +392,16 @@ class LocalBackend:
         interval, vote_delay, dist_delay = voting_schedule(plan)
         mode = first_round(plan)
         # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
-        lead = (VOTE_LEAD_FALLBACK if mode == "fast" else VOTE_LEAD) + vote_delay + dist_delay \
-            - constants.VOTE_DELAY - constants.DIST_DELAY
+        lead = VOTE_LEAD + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
         torrc_schedule = None
-        if mode == "held":
+        if mode == "fast":
+            # A placeholder round after the whole launch; torbed schedules the real one
+            # (_fast_first_round) and sets the interval back to ``interval`` then.
+            tors = sum(1 for n in plan.nodes if n.runs_tor)
+            lead = min(VOTE_LEAD_FALLBACK + LAUNCH_S_PER_TOR * tors, FAST_PLACEHOLDER_INTERVAL - 5) \
+                + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
+            torrc_schedule = (FAST_PLACEHOLDER_INTERVAL, vote_delay, dist_delay)
+        elif mode == "held":
             # A placeholder round 10 minutes out; torbed schedules the real one (_held_first_round).
             lead = constants.HELD_ROUND_LEAD
             torrc_schedule = (constants.HELD_ROUND_INTERVAL, vote_delay, dist_delay)
@@ -677,6 +690,7 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
     names = list(sup.procs)
     auths = {a.name: None for a in plan.by_role("authority")}
     relays = plan.by_role("relay")
+    interval = rep.meta["bootstrap"]["voting_schedule_s"]["interval"]
     # The first SETCONF must reach the authorities before the torrc's fallback round votes.
     fallback_vote = st["fallback_valid_after"] - constants.VOTE_DELAY - constants.DIST_DELAY
     out: dict = {"postponed": 0}
@@ -696,7 +710,9 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
         def schedule(first: bool) -> float:
             """Reschedule every authority's first round; returns when its vote fires."""
             nonlocal valid_after
-            extra = {"TestingV3AuthInitialVotingInterval": str(FAST_INITIAL_VOTING_INTERVAL)} if first else {}
+            # The first SETCONF also sets the network's interval back from the placeholder's.
+            extra = {"TestingV3AuthInitialVotingInterval": str(FAST_INITIAL_VOTING_INTERVAL),
+                     "V3AuthVotingInterval": str(interval)} if first else {}
             now, valid_after = _schedule_first_round(list(auths.values()), valid_after, (FAST_VOTE_S, FAST_DIST_S),
                                                      FAST_INITIAL_VOTING_INTERVAL, extra)
             return now + 1.0
@@ -706,26 +722,47 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
         # the uploads the kick starts find them.
         pending = {r.name for r in relays}
         missing = {a: {r.name for r in relays} for a in auths}
-        while True:
-            sup.check(names)
-            for name in sorted(pending):
-                if _control_oneshot(paths[name], ["SETEVENTS BW"]):
-                    pending.discard(name)
-            if not pending and "periodic_events_started_s" not in out:
-                out["periodic_events_started_s"] = phases["periodic_events_started"] = round(time.time() - t0, 3)
-            for a, ctl in auths.items():
-                missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{ids.fingerprints[r]}", None)}
-            if not any(missing.values()):
-                break
-            if time.time() > deadline:
-                a = sorted(a for a in missing if missing[a])[0]
-                raise NodeFailed(a, f"no descriptor of {sorted(missing[a])[0]} after "
-                                    f"{rep.scenario.measure.ready_timeout}", Path(paths[a].log))
+
+        def postpone_if_due() -> None:
+            nonlocal fires
             if time.time() > fires - 0.15:
                 fires = schedule(first=False)
                 out["postponed"] += 1
-            rep.status(f"waiting for {sum(map(len, missing.values()))} relay descriptor(s) at the authorities")
-            time.sleep(FAST_POLL_S / 5 if pending else FAST_POLL_S)
+
+        # The kicks run beside the loop, several at once: one after another, 100 relays took
+        # 12 s (tors still starting answer late), and the first round voted meanwhile without
+        # being postponed, so most relays missed it (consensus with every relay 39-45 s after
+        # setup, against 27-40 s for the descriptors).
+        kicks: dict[str, Future] = {}
+        pool = ThreadPoolExecutor(max_workers=KICK_WORKERS, thread_name_prefix="kick")
+        try:
+            while True:
+                sup.check(names)
+                for name in sorted(pending):
+                    f = kicks.get(name)
+                    if f is None:
+                        kicks[name] = pool.submit(_control_oneshot, paths[name], ["SETEVENTS BW"])
+                    elif f.done():
+                        if f.result():          # raises RunFailed when tor refused
+                            pending.discard(name)
+                        else:
+                            del kicks[name]     # not listening yet: again on the next pass
+                if not pending and "periodic_events_started_s" not in out:
+                    out["periodic_events_started_s"] = phases["periodic_events_started"] = round(time.time() - t0, 3)
+                postpone_if_due()
+                for a, ctl in auths.items():
+                    missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{ids.fingerprints[r]}", None)}
+                    postpone_if_due()
+                if not any(missing.values()):
+                    break
+                if time.time() > deadline:
+                    a = sorted(a for a in missing if missing[a])[0]
+                    raise NodeFailed(a, f"no descriptor of {sorted(missing[a])[0]} after "
+                                        f"{rep.scenario.measure.ready_timeout}", Path(paths[a].log))
+                rep.status(f"waiting for {sum(map(len, missing.values()))} relay descriptor(s) at the authorities")
+                time.sleep(FAST_POLL_S / 5 if pending else FAST_POLL_S)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         phases["descriptors_in"] = out["descriptors_in_s"] = round(time.time() - t0, 3)
         phases["first_valid_after"] = round(valid_after - t0, 3)
         return {**out, "first_valid_after_s": round(valid_after - t0, 3),
