@@ -127,14 +127,25 @@ def _stats(values: list[float]) -> dict:
 
 
 def previous_results(out: Path, before: str) -> tuple[str | None, dict]:
-    """The newest earlier backend-*.json in ``out`` (name sorts by time) and its results."""
-    older = sorted(p for p in out.glob("backend-*.json") if p.name < before)
-    if not older:
+    """Each network's newest earlier result in ``out``'s backend-*.json (names sort by time;
+    a run of one network does not hide another's last result). Returns (a label naming the
+    files used, {network: its entry})."""
+    prev: dict = {}
+    used: dict[str, str] = {}
+    for path in sorted((p for p in out.glob("backend-*.json") if p.name < before), reverse=True):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for name, entry in (data.items() if isinstance(data, dict) else ()):
+            if name not in prev and isinstance(entry, dict) and entry.get("summary"):
+                prev[name] = entry
+                used[name] = path.name
+    if not prev:
         return None, {}
-    try:
-        return older[-1].name, json.loads(older[-1].read_text())
-    except (OSError, ValueError):
-        return older[-1].name, {}
+    files = sorted(set(used.values()))
+    label = files[0] if len(files) == 1 else ", ".join(f"{n}: {f}" for n, f in sorted(used.items()))
+    return label, prev
 
 
 def summarize(name: str, runs: list[dict]) -> dict:

@@ -40,6 +40,20 @@ def test_every_run_the_target_verdict_and_the_previous_result(tmp_path):
     assert "met:" in _render(bb.table({"quickstart": {"summary": ok}}, {}, None))
 
 
+def test_the_previous_result_is_each_networks_own_newest(tmp_path):
+    q = {"quickstart": {"summary": bb.summarize("quickstart", [_run(9.0, 300, 30.0)])}}
+    h = {"bench-100-relays": {"summary": bb.summarize("bench-100-relays", [_run(40.0, 300, 30.0)])}}
+    (tmp_path / "backend-20260101T000000Z.json").write_text(json.dumps(q))
+    (tmp_path / "backend-20260102T000000Z.json").write_text(json.dumps(h))
+    (tmp_path / "backend-20260103T000000Z.json").write_text("{}")        # an empty (failed) bench
+    (tmp_path / "backend-20260104T000000Z.json").write_text("not json")
+    label, prev = bb.previous_results(tmp_path, "backend-20261123T000000Z.json")
+    assert sorted(prev) == ["bench-100-relays", "quickstart"]
+    assert prev["quickstart"]["summary"]["cmd_to_ready_s"]["median"] == 9.0
+    assert "quickstart: backend-20260101T000000Z.json" in label
+    assert "bench-100-relays: backend-20260102T000000Z.json" in label
+
+
 def test_no_previous_results(tmp_path):
     assert bb.previous_results(tmp_path, "backend-x.json") == (None, {})
 
