@@ -85,6 +85,8 @@ class Exporter:
         self.wait: dict[tuple, float] = {}     # ... -> seconds those cells waited in the queue
         self.events: dict[tuple, float] = {}   # (relay, group) -> CELL_STATS events
         self.linkemu_socket = linkemu_socket
+        self._linkemu_stats: dict | None = None    # the last stats answer, and when it came
+        self._linkemu_at = 0.0
 
     def observe_cellstats(self, rec: dict) -> None:
         with self.lock:
@@ -117,26 +119,58 @@ class Exporter:
 
     def _linkemu(self):
         from .emulator import EmulatorError, request
-        try:
-            stats = request(self.linkemu_socket, {"op": "stats"}, timeout=2.0)["stats"]
-        except (EmulatorError, OSError):
-            return   # linkemu gone (teardown): no series rather than a failed scrape
-        port = {k: CounterMetricFamily(f"torbed_linkemu_port_{k}", f"linkemu port counter {k}", labels=["node"])
-                for k in ("rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "tx_errors", "oversize")}
-        for p in stats.get("ports", []):
-            for k, m in port.items():
-                m.add_metric([p.get("node") or p["dev"]], p.get(k, 0))
+        now = time.monotonic()
+        if self._linkemu_stats is None or now - self._linkemu_at >= LINKEMU_STATS_MIN_S:
+            try:
+                self._linkemu_stats = request(self.linkemu_socket, {"op": "stats"}, timeout=2.0)["stats"]
+                self._linkemu_at = now
+            except (EmulatorError, OSError):
+                return   # linkemu gone (teardown): no series rather than a failed scrape
+        yield from linkemu_families(self._linkemu_stats)
+
+
+# linkemu answers on its forwarding thread, and a 750-tor network's answer (15,000 links) is
+# ~2.5 MB: asked at every 5 s scrape, it cost forwarding time each time. Scrapes closer
+# together than this reuse the last answer.
+LINKEMU_STATS_MIN_S = 10.0
+# Past this many links, per-link series (7 per link: ~107,000 at 750 tors) give way to their
+# sums over every link (torbed_linkemu_links_*); ports keep their own series.
+LINKEMU_LINK_SERIES_MAX = 2500
+
+
+def linkemu_families(stats: dict, link_series_max: int = LINKEMU_LINK_SERIES_MAX) -> list:
+    """Prometheus metric families of one linkemu stats answer (docs/observability.md)."""
+    port = {k: CounterMetricFamily(f"torbed_linkemu_port_{k}", f"linkemu port counter {k}", labels=["node"])
+            for k in ("rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "tx_errors", "oversize")}
+    for p in stats.get("ports", []):
+        for k, m in port.items():
+            m.add_metric([p.get("node") or p["dev"]], p.get(k, 0))
+    links = stats.get("links", [])
+    kinds = ("frames_in", "bytes_in", "lost", "queue_drops", "frames_out", "bytes_out")
+    count = GaugeMetricFamily("torbed_linkemu_links", "Node pairs linkemu has carried IPv4 between")
+    count.add_metric([], len(links))
+    if len(links) <= link_series_max:
         link = {k: CounterMetricFamily(f"torbed_linkemu_link_{k}", f"linkemu link counter {k}", labels=["src", "dst"])
-                for k in ("frames_in", "bytes_in", "lost", "queue_drops", "frames_out", "bytes_out")}
+                for k in kinds}
         backlog = GaugeMetricFamily("torbed_linkemu_link_max_backlog_bytes", "Largest queue backlog of a link",
                                     labels=["src", "dst"])
-        for entry in stats.get("links", []):
+        for entry in links:
             for k, m in link.items():
                 m.add_metric([entry["src"], entry["dst"]], entry.get(k, 0))
             backlog.add_metric([entry["src"], entry["dst"]], entry.get("max_backlog_bytes", 0))
-        scheduled = GaugeMetricFamily("torbed_linkemu_scheduled_frames", "Frames waiting in linkemu's timeline")
-        scheduled.add_metric([], stats.get("scheduled", 0))
-        yield from (*port.values(), *link.values(), backlog, scheduled)
+        per_link = [*link.values(), backlog]
+    else:
+        per_link = []
+        for k in kinds:
+            m = CounterMetricFamily(f"torbed_linkemu_links_{k}", f"linkemu link counter {k}, summed over every link")
+            m.add_metric([], sum(entry.get(k, 0) for entry in links))
+            per_link.append(m)
+        backlog = GaugeMetricFamily("torbed_linkemu_links_max_backlog_bytes", "Largest queue backlog of any link")
+        backlog.add_metric([], max((entry.get("max_backlog_bytes", 0) for entry in links), default=0))
+        per_link.append(backlog)
+    scheduled = GaugeMetricFamily("torbed_linkemu_scheduled_frames", "Frames waiting in linkemu's timeline")
+    scheduled.add_metric([], stats.get("scheduled", 0))
+    return [*port.values(), count, *per_link, scheduled]
 
 
 class RelayCollector:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from torbed import chart, constants, dashboards, prometheus, scenario as scenario_mod
+from torbed import chart, collectors, constants, dashboards, prometheus, scenario as scenario_mod
 from torbed.client.metrics import DriverMetrics
 from torbed.collectors import Exporter
 from torbed.network import plan as make_plan
@@ -94,6 +94,35 @@ def test_collector_exporter_sums_cellstats_per_relay_and_direction():
     assert reg.get_sample_value("torbed_relay_cellstats_events_total", {"relay": "middle0", "group": "middle"}) == 2
     assert reg.get_sample_value("torbed_relay_cells_total", {**k, "direction": "outbound"}) is None
     assert b"torbed_linkemu" not in generate_latest(reg)   # no linkemu socket configured
+
+
+def _linkemu_stats(pairs: int) -> dict:
+    links = [{"src": f"n{i}", "dst": f"m{i}", "frames_in": 2, "bytes_in": 100 + i, "lost": 0, "queue_drops": 1,
+              "frames_out": 2, "bytes_out": 100, "max_backlog_bytes": i} for i in range(pairs)]
+    return {"ports": [{"dev": "s0", "node": "guard0", "tx_bytes": 5}], "links": links, "scheduled": 3}
+
+
+def _registry(families) -> CollectorRegistry:
+    class Fixed:
+        def collect(self):
+            yield from families
+    reg = CollectorRegistry()
+    reg.register(Fixed())
+    return reg
+
+
+def test_linkemu_series_per_link_in_small_networks_and_summed_in_large_ones():
+    small = _registry(collectors.linkemu_families(_linkemu_stats(3), link_series_max=3))
+    assert small.get_sample_value("torbed_linkemu_link_bytes_in_total", {"src": "n2", "dst": "m2"}) == 102
+    assert small.get_sample_value("torbed_linkemu_links") == 3
+    assert small.get_sample_value("torbed_linkemu_port_tx_bytes_total", {"node": "guard0"}) == 5
+    large = _registry(collectors.linkemu_families(_linkemu_stats(4), link_series_max=3))
+    assert large.get_sample_value("torbed_linkemu_link_bytes_in_total", {"src": "n2", "dst": "m2"}) is None
+    assert large.get_sample_value("torbed_linkemu_links_bytes_in_total") == 100 + 101 + 102 + 103
+    assert large.get_sample_value("torbed_linkemu_links_queue_drops_total") == 4
+    assert large.get_sample_value("torbed_linkemu_links_max_backlog_bytes") == 3
+    assert large.get_sample_value("torbed_linkemu_port_tx_bytes_total", {"node": "guard0"}) == 5
+    assert large.get_sample_value("torbed_linkemu_scheduled_frames") == 3
 
 
 def test_dashboards_have_the_template_variables_and_filter_by_them():

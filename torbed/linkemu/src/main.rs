@@ -59,23 +59,45 @@ fn write_stats(engine: &Engine) {
     }
 }
 
+/// Most reply bytes a control connection may have waiting before it is dropped (a stats
+/// reply of a 750-node network is ~2.5 MB).
+const MAX_OUT: usize = 64 << 20;
+
 struct Conn {
     stream: UnixStream,
     pending: Vec<u8>,
+    /// Reply bytes not yet taken by the peer (written as the socket accepts them).
+    out: Vec<u8>,
+    /// The peer closed its side: answer what was asked, then close.
+    eof: bool,
+    /// Whether the loop waits for this socket to take more output.
+    want_out: bool,
 }
 
-fn serve_conn(conn: &mut Conn, engine: &mut Engine, table_path: &str) -> bool {
+/// What the main loop does with a control connection after `serve_conn`.
+#[derive(Debug, PartialEq)]
+enum ConnState {
+    Close,
+    /// Keep it; wait for input (unless the peer closed) and, when true, for room to write.
+    Keep { output: bool },
+}
+
+/// Read requests, answer them, and write as much of the answers as the socket takes now.
+/// Never blocks: this runs on the forwarding thread, and a reader that is slow to take a
+/// large reply (a starved collector reading a 2.5 MB stats answer) once stalled every
+/// frame for up to 200 ms per write with the blocking write used before.
+fn serve_conn(conn: &mut Conn, engine: &mut Engine, table_path: &str) -> ConnState {
     let mut buf = [0u8; 4096];
-    loop {
+    while !conn.eof {
         match conn.stream.read(&mut buf) {
-            Ok(0) => return false,
+            Ok(0) => conn.eof = true,
             Ok(n) => conn.pending.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
+            Err(_) => return ConnState::Close,
         }
         if conn.pending.len() > 1 << 20 {
-            return false;
+            return ConnState::Close;
         }
     }
     while let Some(pos) = conn.pending.iter().position(|&b| b == b'\n') {
@@ -88,18 +110,27 @@ fn serve_conn(conn: &mut Conn, engine: &mut Engine, table_path: &str) -> bool {
         if reply["ok"] == true && text.contains("\"set\"") {
             log(&format!("control: {}", text.trim()));
         }
-        let mut out = reply.to_string();
-        out.push('\n');
-        // Replies are small; a short blocking write keeps this simple.
-        let _ = conn.stream.set_nonblocking(false);
-        let _ = conn.stream.set_write_timeout(Some(std::time::Duration::from_millis(200)));
-        let ok = conn.stream.write_all(out.as_bytes()).is_ok();
-        let _ = conn.stream.set_nonblocking(true);
-        if !ok {
-            return false;
+        conn.out.extend_from_slice(reply.to_string().as_bytes());
+        conn.out.push(b'\n');
+        if conn.out.len() > MAX_OUT {
+            return ConnState::Close;
         }
     }
-    true
+    let mut written = 0;
+    while written < conn.out.len() {
+        match conn.stream.write(&conn.out[written..]) {
+            Ok(0) => return ConnState::Close,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return ConnState::Close,
+        }
+    }
+    conn.out.drain(..written);
+    if conn.eof && conn.out.is_empty() {
+        return ConnState::Close;
+    }
+    ConnState::Keep { output: !conn.out.is_empty() }
 }
 
 fn run(table_path: &str) -> Result<(), String> {
@@ -181,7 +212,8 @@ fn run(table_path: &str) -> Result<(), String> {
                         while let Ok((stream, _)) = l.accept() {
                             let fd = stream.as_raw_fd();
                             if stream.set_nonblocking(true).is_ok() && epoll.add(fd, KEY_CONN + fd as u64).is_ok() {
-                                conns.insert(fd, Conn { stream, pending: Vec::new() });
+                                conns.insert(fd, Conn { stream, pending: Vec::new(), out: Vec::new(),
+                                                        eof: false, want_out: false });
                             }
                         }
                     }
@@ -189,7 +221,15 @@ fn run(table_path: &str) -> Result<(), String> {
                 k if k >= KEY_CONN => {
                     let fd = (k - KEY_CONN) as RawFd;
                     let keep = match conns.get_mut(&fd) {
-                        Some(c) => serve_conn(c, &mut engine, table_path),
+                        Some(c) => match serve_conn(c, &mut engine, table_path) {
+                            ConnState::Keep { output } => {
+                                // A closed peer's EOF stays readable: wait only for output then.
+                                let eof = c.eof;
+                                (output == c.want_out && !eof)
+                                    || epoll.modify(fd, k, !eof, output).map(|_| c.want_out = output).is_ok()
+                            }
+                            ConnState::Close => false,
+                        },
                         None => false,
                     };
                     if !keep {
@@ -276,5 +316,81 @@ fn main() -> ExitCode {
             log(&e);
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        let t = Table::parse(
+            r#"{"version": 1, "ports": [{"dev": "s0", "node": "a", "ipv4": ["10.0.0.10"]},
+                                        {"dev": "s1", "node": "b", "ipv4": ["10.0.0.11"]}]}"#,
+        )
+        .unwrap();
+        Engine::new(t, 2048).unwrap()
+    }
+
+    fn conn(stream: UnixStream) -> Conn {
+        stream.set_nonblocking(true).unwrap();
+        Conn { stream, pending: Vec::new(), out: Vec::new(), eof: false, want_out: false }
+    }
+
+    #[test]
+    fn a_reader_that_does_not_read_never_blocks_the_loop() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut c = conn(ours);
+        let mut e = engine();
+        // Far more answer bytes than the socket buffers: the old blocking write waited here.
+        let n = 20_000;
+        peer.write_all(br#"{"op": "stats"}"#).unwrap();
+        let mut asked = 0;
+        let start = std::time::Instant::now();
+        let mut state = ConnState::Keep { output: false };
+        while asked < n {
+            peer.write_all(b"\n{\"op\": \"stats\"}").unwrap();
+            asked += 1;
+            state = serve_conn(&mut c, &mut e, "/nonexistent");
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+        assert_eq!(state, ConnState::Keep { output: true }, "answers wait for the reader");
+        assert!(!c.out.is_empty());
+        // The peer reads now: every answer arrives whole, in order, once output is flushed.
+        peer.write_all(b"\n").unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            peer.read_to_string(&mut all).unwrap();
+            all
+        });
+        loop {
+            match serve_conn(&mut c, &mut e, "/nonexistent") {
+                ConnState::Close => break,
+                ConnState::Keep { .. } => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        drop(c);
+        let all = reader.join().unwrap();
+        let lines: Vec<&str> = all.lines().collect();
+        assert_eq!(lines.len(), n + 1);
+        for l in lines {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["ok"], true);
+        }
+    }
+
+    #[test]
+    fn a_closed_peer_is_dropped_once_answered() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut c = conn(ours);
+        let mut e = engine();
+        peer.write_all(b"{\"op\": \"ping\"}\n").unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(serve_conn(&mut c, &mut e, "/nonexistent"), ConnState::Close);
+        drop(c); // the loop drops a closed connection
+        let mut answer = String::new();
+        peer.read_to_string(&mut answer).unwrap();
+        assert!(answer.contains("\"ok\":true"), "{answer}");
     }
 }

@@ -142,6 +142,13 @@ impl Epoll {
         cvt(unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) }).map(|_| ())
     }
 
+    /// What `fd` (added before) wakes the loop for: input, output or both.
+    pub fn modify(&self, fd: RawFd, key: u64, input: bool, output: bool) -> io::Result<()> {
+        let events = if input { libc::EPOLLIN as u32 } else { 0 } | if output { libc::EPOLLOUT as u32 } else { 0 };
+        let mut ev = libc::epoll_event { events, u64: key };
+        cvt(unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_MOD, fd, &mut ev) }).map(|_| ())
+    }
+
     pub fn del(&self, fd: RawFd) {
         unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     }
