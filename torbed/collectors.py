@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import stem
@@ -288,6 +289,9 @@ class RelayCollector:
             self.controller.close()
 
 
+ATTACH_AT_ONCE = 8     # relays the collector connects to at once
+
+
 def run(cfg: dict, stop: threading.Event) -> list[str]:
     out = Path(cfg["output"])
     writers = {k: RecordWriter(out / f"{k}.jsonl") for k in ("cellstats", "relay_bw", "metrics") if k in cfg["collect"]}
@@ -301,8 +305,11 @@ def run(cfg: dict, stop: threading.Event) -> list[str]:
     collectors = [RelayCollector(r, cfg, writers, exporter) for r in cfg["relays"]]
     errors: list[str] = []
     try:
-        for c in collectors:
-            c.start()
+        # Several at once: one after another, a 597-relay network's collector had attached to
+        # 34 relays after 4 minutes (stem's connect and authentication on a starved machine).
+        with ThreadPoolExecutor(max_workers=ATTACH_AT_ONCE, thread_name_prefix="attach") as pool:
+            for f in [pool.submit(c.start) for c in collectors]:
+                f.result()      # a relay that never answered stops the collector, as before
         stop.wait()
     finally:
         for c in collectors:
