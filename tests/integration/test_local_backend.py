@@ -56,6 +56,9 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     assert fast["descriptors_in_s"] < fast["first_valid_after_s"] - 1, fast
     assert 0 <= phases["consensus_seen"] - fast["first_valid_after_s"] < 1.5, (phases, fast)
     assert fast["client_circuits_started"] == 2             # web0 and bulk0, each along its path
+    # Where the last step went: clients and relays seen ready, then the check's controllers closed.
+    assert phases["clients_online"] <= phases["clients_ready_seen"] <= phases["client_controllers_closed"]
+    assert phases["relays_consensus_seen"] <= phases["client_controllers_closed"] <= meta["ready_s"]
     # Bring-up traffic from the switch's port counters: each client fetched at least the
     # microdescriptor consensus an authority held, and the authorities sent more than that.
     traffic = boot["traffic_to_ready"]

@@ -1042,9 +1042,20 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
         except (stem.SocketError, stem.ControllerError, OSError) as e:
             return c, f"control port: {e}"
 
+    # When the last client and the last relay were seen ready, and when the check's controllers
+    # were closed (phases_s): two 750-tor runs became ready ~205 s after their last client
+    # logged Bootstrapped 100%, and nothing recorded where that time went.
+    phases, t0 = rep.meta["bootstrap"]["phases_s"], st["t0"]
+
+    def mark(phase: str, done: bool) -> None:
+        if done and phase not in phases:
+            phases[phase] = round(time.time() - t0, 3)
+
     pool = ThreadPoolExecutor(max_workers=16)
     try:
         while pending:
+            mark("clients_ready_seen", not any(plan.node(c).role != "relay" for c in pending))
+            mark("relays_consensus_seen", not any(plan.node(c).role == "relay" for c in pending))
             sup.check(names)
             for c in sorted(pending):
                 if plan.node(c).role == "relay":
@@ -1073,10 +1084,13 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
                 ctls[c].close_circuit(cid)
             except (stem.ControllerError, stem.SocketError):
                 pass    # it failed or tor closed it: the client bootstrapped all the same
+        mark("clients_ready_seen", True)
+        mark("relays_consensus_seen", True)
     finally:
         pool.shutdown()
         for ctl in ctls.values():
             ctl.close()
+    mark("client_controllers_closed", True)
     return len(kicked)
 
 
