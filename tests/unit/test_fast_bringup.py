@@ -34,6 +34,23 @@ def test_fast_for_small_networks_held_for_large_ones_unless_switched_off(monkeyp
     assert local.first_round(small) == "held" and not local.fast_bringup(small)
 
 
+def test_the_torrcs_fallback_round_comes_after_the_whole_launch():
+    small = make_plan(scenario.parse(BASE, "t.yaml"), "kist")
+    hundred = make_plan(scenario.parse({**BASE, "network": {**BASE["network"], "relays": {
+        **BASE["network"]["relays"], "middle": {"count": 100}}}}, "t.yaml"), "kist")
+    tors = sum(1 for n in hundred.nodes if n.runs_tor)
+    lead, schedule = local.torrc_first_round(hundred, "fast")
+    # 100+ tors take 11-12 s to launch: the old 9 s round had voted (4 s earlier) before
+    # torbed reached the authorities. A placeholder interval lets the lead pass 10 s.
+    assert lead == local.VOTE_LEAD_FALLBACK + local.LAUNCH_S_PER_TOR * tors > 30
+    assert schedule == (local.FAST_PLACEHOLDER_INTERVAL, constants.VOTE_DELAY, constants.DIST_DELAY)
+    assert lead < schedule[0]                               # the first boundary, not a later one
+    assert local.torrc_first_round(small, "fast")[0] < lead
+    assert local.torrc_first_round(small, None) == (local.VOTE_LEAD, None)
+    assert local.torrc_first_round(small, "held") == (constants.HELD_ROUND_LEAD, (
+        constants.HELD_ROUND_INTERVAL, constants.VOTE_DELAY, constants.DIST_DELAY))
+
+
 def test_a_held_round_waits_for_its_longer_delays():
     # backends.local._held_first_round: 6 + 6 s delays and a 30 s interval.
     assert local.first_round_valid_after(100.5, 0, (6, 6), 30) == 113

@@ -391,20 +391,7 @@ class LocalBackend:
         t_launch = time.time() + 0.3
         interval, vote_delay, dist_delay = voting_schedule(plan)
         mode = first_round(plan)
-        # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
-        lead = VOTE_LEAD + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
-        torrc_schedule = None
-        if mode == "fast":
-            # A placeholder round after the whole launch; torbed schedules the real one
-            # (_fast_first_round) and sets the interval back to ``interval`` then.
-            tors = sum(1 for n in plan.nodes if n.runs_tor)
-            lead = min(VOTE_LEAD_FALLBACK + LAUNCH_S_PER_TOR * tors, FAST_PLACEHOLDER_INTERVAL - 5) \
-                + vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
-            torrc_schedule = (FAST_PLACEHOLDER_INTERVAL, vote_delay, dist_delay)
-        elif mode == "held":
-            # A placeholder round 10 minutes out; torbed schedules the real one (_held_first_round).
-            lead = constants.HELD_ROUND_LEAD
-            torrc_schedule = (constants.HELD_ROUND_INTERVAL, vote_delay, dist_delay)
+        lead, torrc_schedule = torrc_first_round(plan, mode)
         voting_offset = int(t_launch + lead) % (torrc_schedule or (interval,))[0]
         # The slowest rounds this network will vote (after ready, or a held network's).
         diff_age = diff_max_age(max(interval, after_ready_interval(mode)))
@@ -609,6 +596,25 @@ def first_round(plan) -> str | None:
     if switch == "held":
         return "held"
     return "fast" if sum(1 for n in plan.nodes if n.runs_tor) <= constants.LARGE_NETWORK_TORS else "held"
+
+
+def torrc_first_round(plan, mode: str | None) -> tuple[float, tuple[int, int, int] | None]:
+    """The torrc's first round for ``mode`` (first_round): (seconds from the launch to its
+    valid-after time, (interval, vote delay, distribution delay) when the torrc needs a
+    placeholder schedule instead of voting_schedule's)."""
+    _, vote_delay, dist_delay = voting_schedule(plan)
+    # The first vote comes VOTE_LEAD - 4 s after the launch whatever the delays.
+    longer_delays = vote_delay + dist_delay - constants.VOTE_DELAY - constants.DIST_DELAY
+    if mode == "fast":
+        # A placeholder round after the whole launch; torbed schedules the real one
+        # (_fast_first_round) and sets the interval back then.
+        tors = sum(1 for n in plan.nodes if n.runs_tor)
+        lead = min(VOTE_LEAD_FALLBACK + LAUNCH_S_PER_TOR * tors, FAST_PLACEHOLDER_INTERVAL - 5) + longer_delays
+        return lead, (FAST_PLACEHOLDER_INTERVAL, vote_delay, dist_delay)
+    if mode == "held":
+        # A placeholder round 10 minutes out; torbed schedules the real one (_held_first_round).
+        return constants.HELD_ROUND_LEAD, (constants.HELD_ROUND_INTERVAL, vote_delay, dist_delay)
+    return VOTE_LEAD + longer_delays, None
 
 
 def fast_bringup(plan) -> bool:

@@ -73,10 +73,11 @@ pub fn handle(engine: &mut Engine, table_path: &str, line: &str) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn engine() -> Engine {
+    /// A two-port engine (also main.rs's tests').
+    pub(crate) fn engine() -> Engine {
         let t = Table::parse(
             r#"{"version": 1, "ports": [{"dev": "s0", "node": "a", "ipv4": ["10.0.0.10"]},
                                         {"dev": "s1", "node": "b", "ipv4": ["10.0.0.11"]}]}"#,
