@@ -61,3 +61,65 @@ def test_the_report_lists_the_kubernetes_nodes_and_what_ran_there(tmp_path):
     text = (run / "report" / "report.md").read_text()
     assert "Raspberry Pi 3 Model B Plus Rev 1.3" in text and "torbed.io/hardware=rpi" in text
     assert "auth0, guard0" in text
+
+
+class _Cluster:
+    """The two things _record_hardware asks the API: the release's pods and the nodes."""
+
+    def __init__(self, kubelet_arch: dict[str, str]):
+        self.kubelet_arch = kubelet_arch
+
+    def pods(self, release):
+        return []
+
+    def node_hardware(self, names):
+        return {n: {"arch": self.kubelet_arch[n], "labels": {}} for n in names}
+
+
+def _hardware(tmp_path, records: list[dict]) -> dict:
+    from types import SimpleNamespace
+
+    from torbed.backends.k8s import _record_hardware
+    (tmp_path / "hardware.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rep = SimpleNamespace(dir=tmp_path, meta={"nodes": [{"name": r["node"]} for r in records]})
+    _record_hardware(_Cluster({"main": "amd64", "pi": "amd64"}), "rel", rep)
+    return rep.meta["hardware"]
+
+
+def test_an_emulated_relay_is_recorded_by_its_tors_architecture(tmp_path):
+    hw = _hardware(tmp_path, [
+        {"node": "midarm0", "k8s_node": "pi", "arch": "x86_64", "tor_arch": "aarch64"},
+        {"node": "web0", "k8s_node": "main", "arch": "x86_64"},
+    ])
+    assert hw["pi"]["pod_arch"] == "aarch64" and hw["pi"]["emulated"] is True
+    assert hw["main"]["pod_arch"] == "x86_64" and hw["main"]["emulated"] is False
+
+
+def test_a_relay_whose_tor_never_said_is_unknown_not_the_collectors_architecture(tmp_path):
+    # The collector sidecar runs natively (x86_64) beside an arm64 tor under qemu that had not
+    # written its architecture yet; a native client on the same node is no answer for tor either.
+    hw = _hardware(tmp_path, [
+        {"node": "midarm0", "k8s_node": "pi", "arch": "x86_64", "tor_arch": "unknown"},
+        {"node": "webarm0", "k8s_node": "pi", "arch": "x86_64"},
+    ])
+    assert hw["pi"]["pod_arch"] == "unknown" and hw["pi"]["emulated"] is None
+
+
+def test_the_collector_waits_for_tors_answer_and_says_unknown_without_one(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from torbed.k8s import write_hardware
+    monkeypatch.setenv("NODE_NAME", "pi")
+    monkeypatch.setenv("TORBED_VARIANT", "vanilla")
+    machine = tmp_path / "machine"
+    t = threading.Thread(target=write_hardware, args=(tmp_path, "midarm0", "midarm", machine))
+    t.start()
+    time.sleep(0.5)
+    assert not (tmp_path / "hardware.jsonl").exists(), "wrote before tor said"
+    machine.write_text("aarch64\n")
+    t.join(timeout=10)
+    assert json.loads((tmp_path / "hardware.jsonl").read_text())["tor_arch"] == "aarch64"
+    (tmp_path / "hardware.jsonl").unlink()
+    write_hardware(tmp_path, "midarm0", "midarm", tmp_path / "never", wait_s=0.3)
+    assert json.loads((tmp_path / "hardware.jsonl").read_text())["tor_arch"] == "unknown"

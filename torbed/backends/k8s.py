@@ -39,7 +39,7 @@ import yaml
 
 from .. import chart, constants, engine, network
 from . import k8s_faults
-from ..k8s import bringup
+from ..k8s import UNKNOWN_ARCH, bringup
 from ..errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
 from ..scenario import Scenario
 
@@ -705,6 +705,8 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
     placed: dict[str, str] = {}
     cpu: dict[str, str] = {}
     machine: dict[str, str] = {}
+    tor_said: set[str] = set()
+    tor_unknown: set[str] = set()
     path = rep.dir / "hardware.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
@@ -715,11 +717,21 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
             placed[r["node"]] = r["k8s_node"]
             if r.get("cpu_model"):
                 cpu[r["k8s_node"]] = r["cpu_model"]
-            # A relay's tor architecture wins over its collector's and the clients' own.
-            if r.get("tor_arch"):
-                machine[r["k8s_node"]] = r["tor_arch"]
+            # A relay's record carries its tor's architecture; the collector's own (``arch``)
+            # says nothing about tor, which may run under qemu-user beside it. Clients' and
+            # Locust's records describe the process that did the work.
+            if "tor_arch" in r:
+                if r["tor_arch"] and r["tor_arch"] != UNKNOWN_ARCH:
+                    machine[r["k8s_node"]] = r["tor_arch"]
+                    tor_said.add(r["k8s_node"])
+                else:
+                    tor_unknown.add(r["k8s_node"])
             elif r.get("arch"):
                 machine.setdefault(r["k8s_node"], r["arch"])
+    # A node whose relay never said what its tor ran as: unknown, not a guess from whatever
+    # else ran there (a client beside it may run natively while the relay is emulated).
+    for name in tor_unknown - tor_said:
+        machine[name] = UNKNOWN_ARCH
     pods = {p.metadata.name: p.spec.node_name for p in cluster.pods(release) if p.spec.node_name}
     for n in rep.meta.get("nodes") or []:
         k8s_node = placed.get(n["name"]) or next((v for pod, v in pods.items() if _pod_is(pod, release, n)), None)
@@ -736,7 +748,7 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
         # cluster's emulated Pi) says aarch64 under an amd64 kubelet, and its timings are an
         # emulator's, not the hardware's.
         h["pod_arch"] = machine.get(name)
-        h["emulated"] = (None if not machine.get(name) or not h.get("arch")
+        h["emulated"] = (None if machine.get(name) in (None, UNKNOWN_ARCH) or not h.get("arch")
                          else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw

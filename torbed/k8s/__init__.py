@@ -53,12 +53,18 @@ def load_scenario(path: Path | None = None) -> Scenario:
 TOR_MACHINE_FILE = Path("/var/lib/torbed/machine")
 
 
-def write_hardware(out: Path, node: str, group: str, tor_machine: Path | None = None, wait_s: float = 0.0) -> None:
+UNKNOWN_ARCH = "unknown"
+
+
+def write_hardware(out: Path, node: str, group: str, tor_machine: Path | None = None,
+                   wait_s: float | None = None) -> None:
     """One hardware.jsonl record: which Kubernetes node this pod of ``node`` runs on and that
     node's CPU as the pod sees it (the API server knows the node, not its CPU model).
-    ``tor_machine``: the file where the pod's tor container wrote its architecture (waited
-    for up to ``wait_s``): recorded as ``tor_arch``, which may differ from this process's
-    ``arch`` (an arm64 tor under qemu-user beside a native collector)."""
+    ``tor_machine``: the file where the pod's tor container writes its architecture, which may
+    differ from this process's ``arch`` (an arm64 tor under qemu-user beside a native
+    collector). The record waits for it (``wait_s`` None: as long as it takes; tor writes it
+    before it starts, so before the network can be ready) and says ``tor_arch: "unknown"``
+    when it never came: this process's own architecture is no answer for tor's."""
     import platform
 
     from ..provenance import cpu_model
@@ -66,13 +72,13 @@ def write_hardware(out: Path, node: str, group: str, tor_machine: Path | None = 
            "k8s_node": os.environ.get("NODE_NAME"), "arch": platform.machine(), "cpu_model": cpu_model(),
            "cpus": os.cpu_count(), "kernel": platform.release(), "variant": variant(), "rep": repetition()}
     if tor_machine is not None:
-        deadline = time.time() + wait_s
-        while not tor_machine.exists() and time.time() < deadline:
+        deadline = None if wait_s is None else time.time() + wait_s
+        while not tor_machine.exists() and (deadline is None or time.time() < deadline):
             time.sleep(0.2)
         try:
-            rec["tor_arch"] = tor_machine.read_text().strip() or None
+            rec["tor_arch"] = tor_machine.read_text().strip() or UNKNOWN_ARCH
         except OSError:
-            rec["tor_arch"] = None
+            rec["tor_arch"] = UNKNOWN_ARCH
     with RecordWriter(out / "hardware.jsonl") as w:
         w.write({**rec, "t": time.time()})
 

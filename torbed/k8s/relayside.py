@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_listen": [env("POD_IP"), constants.COLLECTOR_METRICS_PORT],
     }
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
-    # With the architecture the tor container runs as, once it has said (it starts beside us).
-    threading.Thread(target=write_hardware, args=(out, node, group, TOR_MACHINE_FILE, 60.0), daemon=True).start()
+    # With the architecture the tor container runs as, once it has said (it starts beside us;
+    # under qemu-user that can take minutes, and a guess would record the wrong hardware).
+    threading.Thread(target=write_hardware, args=(out, node, group, TOR_MACHINE_FILE), daemon=True).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
