@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv lock test unit integration lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
+.PHONY: setup deps venv lock test unit integration experiments lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -37,7 +37,10 @@ unit: setup
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 integration: setup
-	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not experiment" tests/integration $(PYTEST_ARGS)
+
+experiments: setup  ## tests that measure an effect (a ratio between arms, a delay added); part of make bench, not of CI
+	$(BIN)/pytest -ra -m experiment tests/integration tests/e2e $(PYTEST_ARGS)
 
 lint: venv  ## ruff (configured in pyproject.toml); part of `make test`
 	$(BIN)/ruff check .
@@ -111,4 +114,4 @@ e2e-cluster: venv  ## bring the cluster up, check pod/Service/DNS networking, th
 	KUBECONFIG=$${TORBED_K8S_STATE:-/var/lib/torbed-k8s}/kubeconfig $(BIN)/pytest -q -m e2e tests/e2e $(PYTEST_ARGS)
 
 e2e: tools  ## e2e tests on a real cluster: KUBECONFIG's when reachable, else the local one (brought up and down again)
-	$(BIN)/pytest -ra -m e2e tests/e2e $(PYTEST_ARGS)
+	hack/run-e2e.sh $(PYTEST_ARGS)

@@ -36,4 +36,8 @@ part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users
 # (stock, mtrelay-1/2/3), median and range over repetitions, ratio to single-threaded.
 part mtrelay "$bin/python" -m torbed.bench_mtrelay --out "$out" ${BENCH_QUICK:+--quick}
 
+# Experiments that used to sit in the test suite (pytest marker `experiment`): effect sizes
+# and ratios between arms, each with its expected direction and bound (docs/testing.md).
+part experiments make -s experiments
+
 exit $rc

@@ -1,36 +1,69 @@
 #!/usr/bin/env bash
-# The test command behind `make test` (and so .ci/run): ruff, linkemu's cargo tests, unit tests,
-# chart tests (helm lint/template/unittest, kubeconform), then integration tests with real
-# tor processes and network namespaces. pytest's exit 5
-# ("no tests ran") fails.
+# The test command behind `make test` (and so .ci/run), in tiers, fastest first, so a typo
+# fails in a minute and a cold machine's builds are timed apart from the tests:
+#
+#   lint         ruff
+#   unit         tests/unit
+#   chart-tools  helm, helm-unittest, kubeconform and offline schemas (built once, cached)
+#   chart        tests/chart
+#   linkemu      linkemu's cargo tests (Rust, fake clock)
+#   tor-builds   every variant's tor and the --check builds (tests/integration/prebuild.py)
+#   images       the container images for this machine (torbed.images, cached by content)
+#   integration  tests/integration and tests/images: real tor in network namespaces, Docker
+#
+# Each tier is a stage (hack/stage.sh): its wall time is printed beside its budget
+# (hack/stage-budgets.tsv) and pytest writes per-test durations and junit XML under
+# $TORBED_TEST_REPORTS (build/test-reports). Tests marked `experiment` (effect sizes, ratios
+# between variants) are not run here: `make experiments` runs them (docs/testing.md).
+# Arguments are passed to every pytest stage. pytest's exit 5 ("no tests ran") fails.
+#
+# TORBED_BACKGROUND_RC: a file another job (.ci/run's e2e preparation) writes its exit code
+# to; the tiers that use the whole machine (builds, images, integration) wait for it first,
+# so nothing measured shares the CPU with a build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. hack/stage.sh
 bin=.venv/bin
-# Lint first: it takes a second and its findings are real errors (unused or undefined names).
-if ! "$bin/ruff" check .; then
-  echo "run-tests: ruff found problems (configuration: pyproject.toml [tool.ruff])" >&2
-  exit 1
-fi
-# linkemu's scheduling logic (Rust unit tests, fake clock).
 cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
-if ! "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml; then
-  echo "run-tests: linkemu's cargo tests failed (or cargo is missing: install Rust, https://rustup.rs)" >&2
-  exit 1
-fi
-# The chart's tools (helm, helm-unittest, kubeconform, offline schemas): built once from the
-# Go module proxy, cached; tests/chart uses them.
-if ! hack/k8s-tools.sh; then
-  echo "run-tests: building the chart tools failed (hack/k8s-tools.sh)" >&2
-  exit 1
-fi
+
+pytest_stage() {   # pytest_stage NAME PYTEST-ARGS...
+  local name=$1 rc
+  shift
+  rc=0
+  "$bin/pytest" -ra -p no:cacheprovider --durations=25 --durations-min=1 \
+    --junitxml="$TORBED_TEST_REPORTS/$name.xml" "$@" || rc=$?
+  if [ $rc -eq 5 ]; then
+    echo "run-tests: pytest collected no tests in stage $name; that is a failure" >&2
+    return 1
+  fi
+  return $rc
+}
+
+linkemu_tests() {
+  # linkemu's build directory is outside the source tree, keyed by the crate's lock file and
+  # the toolchain, so a fresh clone reuses it (cargo rebuilds what changed).
+  CARGO_TARGET_DIR=$(hack/linkemu-target.sh) "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml
+}
+
+wait_background() {
+  local f=${TORBED_BACKGROUND_RC:-}
+  [ -n "$f" ] || return 0
+  echo "run-tests: waiting for the background job ($f)"
+  while [ ! -s "$f" ]; do sleep 2; done
+  [ "$(cat "$f")" = 0 ] || { echo "run-tests: the background job failed (exit $(cat "$f"))" >&2; return 1; }
+}
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "run-tests: integration tests need root (network namespaces); running as $(id -un)" >&2
 fi
+stage lint "$bin/ruff" check . || exit 1
+stage unit pytest_stage unit tests/unit "$@" || exit 1
+stage chart-tools hack/k8s-tools.sh || exit 1
+stage chart pytest_stage chart tests/chart "$@" || exit 1
+command -v "$cargo" >/dev/null || { echo "run-tests: cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
+stage linkemu linkemu_tests || exit 1
+stage wait-background wait_background || exit 1
+stage tor-builds "$bin/python" -m tests.integration.prebuild || exit 1
+stage images "$bin/python" -m torbed.images || exit 1
 # tests/e2e needs a Kubernetes cluster: `make e2e` (which .ci/run also calls).
-"$bin/pytest" -ra tests --ignore=tests/e2e "$@"
-rc=$?
-if [ $rc -eq 5 ]; then
-  echo "run-tests: pytest collected no tests; that is a failure" >&2
-  exit 1
-fi
-exit $rc
+stage integration pytest_stage integration -m "not experiment" tests/integration tests/images "$@" || exit 1

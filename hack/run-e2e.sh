@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The command behind `make e2e` (and so .ci/run): end-to-end tests on a real Kubernetes
+# cluster, in stages (hack/stage.sh: wall time beside budget, per-test durations and junit
+# XML under $TORBED_TEST_REPORTS):
+#
+#   cluster-build  Kubernetes, CoreDNS, pause, toolbox (hack/cluster.sh build; cached by version)
+#   chaos-build    Chaos Mesh's controller-manager (hack/chaos-mesh.sh build; cached by version)
+#   e2e-images     the images the tests install (torbed.images; cached by content)
+#   e2e            tests/e2e (-m "e2e and not experiment"); the session fixture brings the
+#                  local cluster up (unless KUBECONFIG reaches one) and loads the images into
+#                  it (skipped where the same content is already there)
+#
+#   hack/run-e2e.sh [PYTEST-ARGS...]   all of it
+#   hack/run-e2e.sh --prepare          the build stages only (.ci/run runs them in the
+#                                      background while the fast tiers of `make test` run)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. hack/stage.sh
+bin=.venv/bin
+E2E_IMAGES=dirauth,client,locust,relay,prometheus,nightly
+
+prepare() {
+  stage cluster-build hack/cluster.sh build || return 1
+  stage chaos-build hack/chaos-mesh.sh build || return 1
+  stage e2e-images "$bin/python" -m torbed.images --images "$E2E_IMAGES" || return 1
+}
+
+if [ "${1:-}" = --prepare ]; then
+  prepare
+  exit $?
+fi
+prepare || exit 1
+rc=0
+stage e2e "$bin/pytest" -ra -p no:cacheprovider --durations=25 --durations-min=1 \
+  --junitxml="$TORBED_TEST_REPORTS/e2e.xml" -m "e2e and not experiment" tests/e2e "$@" || rc=$?
+[ $rc -ne 5 ] || { echo "run-e2e: pytest collected no tests; that is a failure" >&2; exit 1; }
+exit $rc
