@@ -23,7 +23,8 @@ a normal-priority forwarder wakes milliseconds late, which would show as delay e
 Public API:
 
 - ``ensure_binary(console=None) -> Path`` the linkemu executable, built with
-  ``cargo build --release --locked`` when missing or older than its sources
+  ``cargo build --release --locked`` (build directory ``~/.cache/torbed/linkemu/target``) and
+  kept under a key of its sources and the compiler, so a fresh clone reuses it
   (``TORBED_LINKEMU`` names a prebuilt binary instead); raises ``EmulatorError``
 - ``describe_binary() -> str`` one line for ``torbed plan``
 - ``link_props(spec) -> dict`` one direction of a link in the table's terms
@@ -54,7 +55,10 @@ from .supervise import Supervisor, tail
 from .errors import RunFailed
 
 CRATE_DIR = constants.REPO_ROOT / "torbed" / "linkemu"
-BUILT_BINARY = CRATE_DIR / "target" / "release" / "linkemu"
+# Built outside the source tree, so a fresh clone (CI) reuses it: cargo's build directory is
+# shared, the binary is kept under a key of the crate's sources and the compiler.
+BUILD_ROOT = constants.CACHE_DIR / "linkemu"
+CARGO_TARGET_DIR = BUILD_ROOT / "target"
 NETNS_DIR = Path("/run/netns")       # where `ip netns` keeps namespace handles
 REALTIME_PRIORITY = 10               # SCHED_FIFO; above every normal task, below kernel threads
 CONTROL_NODE = "control"             # the control plane's port in the table (never shaped)
@@ -77,18 +81,36 @@ def _sources() -> list[Path]:
     return [CRATE_DIR / "Cargo.toml", CRATE_DIR / "Cargo.lock", *sorted((CRATE_DIR / "src").glob("*.rs"))]
 
 
+def _rustc_version(cargo: str | None) -> str:
+    rustc = shutil.which("rustc") or (str(Path(cargo).with_name("rustc")) if cargo else None)
+    if not rustc:
+        return "no-rustc"
+    try:
+        return subprocess.run([rustc, "-V"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "no-rustc"
+
+
+def content_key() -> str:
+    """The crate's sources and the compiler, hashed: a change to either is a new binary."""
+    import hashlib
+    h = hashlib.sha256(_rustc_version(_cargo()).encode())
+    for p in _sources():
+        if p.exists():
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def built_binary() -> Path:
+    return BUILD_ROOT / content_key() / "linkemu"
+
+
 def binary_path() -> Path:
-    return Path(os.environ["TORBED_LINKEMU"]) if os.environ.get("TORBED_LINKEMU") else BUILT_BINARY
+    return Path(os.environ["TORBED_LINKEMU"]) if os.environ.get("TORBED_LINKEMU") else built_binary()
 
 
 def is_built() -> bool:
-    path = binary_path()
-    if not path.exists():
-        return False
-    if os.environ.get("TORBED_LINKEMU"):
-        return True
-    newest = max(p.stat().st_mtime for p in _sources() if p.exists())
-    return path.stat().st_mtime >= newest
+    return binary_path().exists()
 
 
 def describe_binary() -> str:
@@ -111,12 +133,16 @@ def ensure_binary(console=None) -> Path:
     cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE_DIR / "Cargo.toml")]
     if console is not None:
         console.log(f"building linkemu: {' '.join(cmd[1:])}")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CARGO_TARGET_DIR": str(CARGO_TARGET_DIR)})
     if p.returncode != 0:
         raise EmulatorError(f"building linkemu failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
-    # cargo leaves an up-to-date binary untouched: mark it current for is_built().
-    BUILT_BINARY.touch()
-    return BUILT_BINARY
+    dest = built_binary()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".tmp{os.getpid()}")
+    shutil.copy2(CARGO_TARGET_DIR / "release" / "linkemu", tmp)
+    tmp.replace(dest)       # atomic: a concurrent run sees the old state or the whole binary
+    return dest
 
 
 def link_props(spec: LinkSpec) -> dict:
