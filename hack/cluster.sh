@@ -842,12 +842,28 @@ cmd_load_image() {
   if [ ${#refs[@]} -gt 0 ]; then
     command -v docker >/dev/null || die "load-image: docker is not installed (hack/docker.sh)"
     timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/docker.sh)"
+    local todo=() skipped=() id have
+    have=$(ctr_ images ls -q 2>/dev/null)
+    mkdir -p "$STATE/loaded"
     for a in "${refs[@]}"; do
-      docker image inspect "$a" >/dev/null 2>&1 || die "load-image: Docker has no image $a"
+      id=$(docker image inspect --format '{{.Id}}' "$a" 2>/dev/null) || die "load-image: Docker has no image $a"
+      # The image store survives `down`: an image already imported with this content is skipped
+      # (docker save | import of a dozen images takes minutes).
+      if [ "$(cat "$STATE/loaded/${a//[\/:]/_}" 2>/dev/null)" = "$id" ] \
+         && grep -qxF "docker.io/$a" <<<"$have"; then
+        skipped+=("$a")
+      else
+        todo+=("$a")
+      fi
     done
-    docker save "${refs[@]}" | ctr_ images import - >>"$LOGS/images.log" 2>&1 \
-      || die "load-image: docker save | ctr images import failed; see $LOGS/images.log"
-    log "imported ${refs[*]} ($(elapsed "$t0") s)"
+    if [ ${#todo[@]} -gt 0 ]; then
+      docker save "${todo[@]}" | ctr_ images import - >>"$LOGS/images.log" 2>&1 \
+        || die "load-image: docker save | ctr images import failed; see $LOGS/images.log"
+      for a in "${todo[@]}"; do
+        docker image inspect --format '{{.Id}}' "$a" > "$STATE/loaded/${a//[\/:]/_}"
+      done
+    fi
+    log "imported ${todo[*]:-nothing}${skipped:+ (already there, same content: ${skipped[*]})} ($(elapsed "$t0") s)"
   fi
 }
 
