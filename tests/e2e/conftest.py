@@ -8,6 +8,7 @@ are built (`python -m torbed.images`, cached) and loaded into the local cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -21,6 +22,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "chart"))
+TORBED = [sys.executable, "-m", "torbed.cli"]
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+# The local cluster's pod and Service ranges: the shapers drop everything else.
+ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
 
 
 def _reachable(kubeconfig: str) -> bool:
@@ -150,3 +155,35 @@ def outside_listener():
         srv.close()
     finally:
         subprocess.run(["ip", "addr", "del", "192.0.2.1/32", "dev", "lo"], check=False)
+
+
+# Shared by the test modules: `torbed run --backend k8s`, records, exec in a pod.
+
+def torbed_run(tmp_path, scenario: Path, *extra) -> tuple[subprocess.CompletedProcess, Path | None]:
+    p = subprocess.run([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(tmp_path / "runs"),
+                        "--set", ISOLATE, *extra], capture_output=True, text=True, cwd=REPO, timeout=1200)
+    runs = sorted((tmp_path / "runs").glob("*/run.json"))
+    return p, (runs[-1].parent if runs else None)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def exec_in(kube, pod: str, container: str, script: str) -> str:
+    from kubernetes.stream import stream
+    return stream(kube.CoreV1Api().connect_get_namespaced_pod_exec, pod, "default", container=container,
+                  command=["bash", "-c", script], stderr=True, stdin=False, stdout=True, tty=False)
+
+
+def wait_running(kube, pod: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            p = kube.CoreV1Api().read_namespaced_pod(pod, "default")
+            if p.status.phase == "Running" and all(c.ready for c in p.status.container_statuses or []):
+                return
+        except Exception:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{pod} not running after {timeout} s")

@@ -26,8 +26,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, leftovers
-from test_k8s import QUICKSTART, records, torbed_run
+from conftest import QUICKSTART, REPO, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
 CHAOS_MESH = ["bash", str(REPO / "hack" / "chaos-mesh.sh")]

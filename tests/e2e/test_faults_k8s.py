@@ -14,8 +14,7 @@ import time
 import pytest
 import yaml
 
-from conftest import leftovers
-from test_k8s import QUICKSTART, _exec, records, torbed_run
+from conftest import QUICKSTART, exec_in, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
 CPU_QUOTA = ("cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || "
@@ -40,7 +39,7 @@ class QuotaWatch:
                 running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
                 if running:
                     t0 = time.time()
-                    out = _exec(self.kube, running[0].metadata.name, "tor", CPU_QUOTA).strip()
+                    out = exec_in(self.kube, running[0].metadata.name, "tor", CPU_QUOTA).strip()
                     self.samples.append((t0, time.time(), out))
             except Exception:
                 pass

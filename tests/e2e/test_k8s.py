@@ -6,31 +6,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, leftovers, uninstall
+from conftest import QUICKSTART, REPO, TORBED, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
-TORBED = [sys.executable, "-m", "torbed.cli"]
-QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
-# The local cluster's pod and Service ranges: the shapers drop everything else.
-ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
-
-
-def torbed_run(tmp_path, scenario: Path, *extra) -> tuple[subprocess.CompletedProcess, Path | None]:
-    p = subprocess.run([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(tmp_path / "runs"),
-                        "--set", ISOLATE, *extra], capture_output=True, text=True, cwd=REPO, timeout=1200)
-    runs = sorted((tmp_path / "runs").glob("*/run.json"))
-    return p, (runs[-1].parent if runs else None)
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def test_quickstart_runs_and_reports(kube, tmp_path):
@@ -115,25 +99,6 @@ def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube,
     assert leftovers(kube, meta["release"]) == []
 
 
-def _exec(kube, pod: str, container: str, script: str) -> str:
-    from kubernetes.stream import stream
-    return stream(kube.CoreV1Api().connect_get_namespaced_pod_exec, pod, "default", container=container,
-                  command=["bash", "-c", script], stderr=True, stdin=False, stdout=True, tty=False)
-
-
-def _wait_running(kube, pod: str, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            p = kube.CoreV1Api().read_namespaced_pod(pod, "default")
-            if p.status.phase == "Running" and all(c.ready for c in p.status.container_statuses or []):
-                return
-        except Exception:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"{pod} not running after {timeout} s")
-
-
 def test_helm_install_refuses_an_invalid_scenario(kube, helm):
     p = subprocess.run([helm["bin"], "install", "bad", str(REPO / "charts" / "torbed"), "-f", str(QUICKSTART),
                         "--set", "clients.web.path={guard,middle}", "--set", "network.relays.middle.count=0"],
@@ -146,38 +111,11 @@ def test_helm_install_refuses_an_invalid_scenario(kube, helm):
     assert leftovers(kube, "bad") == []
 
 
-def test_egress_outside_the_release_is_blocked_and_chaos_resources_pass_a_server_dry_run(
-        kube, helm, outside_listener, tmp_path):
-    host, port, accepted = outside_listener
+def test_chaos_resources_pass_a_server_dry_run(kube, helm, tmp_path):
     data = yaml.safe_load(QUICKSTART.read_text())
-    data["faults"] = [{"at": "20s", "kind": "kill", "target": "middle0"}]
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(data))
-    rel = "egress"
-    p = subprocess.run([helm["bin"], "install", rel, str(REPO / "charts" / "torbed"), "-f", str(values),
-                        "--set", ISOLATE, "--timeout", "300s"], capture_output=True, text=True, env=helm["env"])
-    try:
-        assert p.returncode == 0, p.stderr
-        _wait_running(kube, f"{rel}-exit-0")
-        probe = f'timeout 5 bash -c "exec 3<>/dev/tcp/{host}/{port}" && echo CONNECTED || echo BLOCKED'
-        # Control: the results pod has no shaper and this cluster's CNI does not enforce
-        # NetworkPolicy, so the address is reachable from the pod network...
-        results_pod = kube.CoreV1Api().list_namespaced_pod(
-            "default", label_selector=f"app.kubernetes.io/instance={rel},app.kubernetes.io/component=results").items[0]
-        _wait_running(kube, results_pod.metadata.name)
-        assert "CONNECTED" in _exec(kube, results_pod.metadata.name, "results", probe)
-        n = len(accepted)
-        # ...but not from an exit relay (whose exit policy accepts everything).
-        out = _exec(kube, f"{rel}-exit-0", "tor", probe)
-        assert "BLOCKED" in out and len(accepted) == n, out
-        # While we are here: the release's own authorities are reachable from the relay.
-        auth = kube.CoreV1Api().read_namespaced_service(f"{rel}-auth-0", "default").spec.cluster_ip
-        assert "CONNECTED" in _exec(kube, f"{rel}-exit-0", "tor",
-                                    f'timeout 5 bash -c "exec 3<>/dev/tcp/{auth}/7000" && echo CONNECTED || echo BLOCKED')
-        _chaos_dry_run(kube, helm, values, tmp_path)
-    finally:
-        left = uninstall(kube, helm, rel)
-    assert left == []
+    _chaos_dry_run(kube, helm, values, tmp_path)
 
 
 def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
@@ -191,14 +129,15 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
                        capture_output=True, text=True, check=True)
     crd_dir = Path(json.loads(d.stdout)["Dir"]) / "helm" / "chaos-mesh" / "crds"
     ext = kube.ApiextensionsV1Api()
-    names = []
+    names, created = [], []
     for kind in ("podchaos", "stresschaos"):
         crd = yaml.safe_load((crd_dir / f"chaos-mesh.org_{kind}.yaml").read_text())
         names.append(crd["metadata"]["name"])
         try:
             ext.create_custom_resource_definition(crd)
+            created.append(crd["metadata"]["name"])
         except kube.exceptions.ApiException as e:
-            if e.status != 409:
+            if e.status != 409:     # already there (a Chaos Mesh installed by someone else): left alone
                 raise
     try:
         deadline = time.time() + 60
@@ -230,7 +169,7 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
                                                    dry_run="All")
         assert e.value.status == 422
     finally:
-        for n in names:
+        for n in created:
             ext.delete_custom_resource_definition(n)
 
 
@@ -252,25 +191,6 @@ def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp
     assert took < 120, f"{took:.0f} s"
     assert leftovers(kube, meta["release"]) == [], "left behind"
     print(f"missing image reported after {took:.1f} s: {meta['error'][:200]}")
-
-
-def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes(kube, helm):
-    rel = "plain"
-    base = [helm["bin"], "-n", "default"]
-    try:
-        p = subprocess.run([*base, "install", rel, str(REPO / "charts" / "torbed"), "--set", ISOLATE,
-                            "--set", "measure.duration=30s", "--timeout", "300s"],
-                           capture_output=True, text=True, env=helm["env"])
-        assert p.returncode == 0, p.stdout + p.stderr
-        assert 'scenario "quickstart"' in p.stdout
-        t = subprocess.run([*base, "test", rel, "--logs", "--timeout", "600s"],
-                           capture_output=True, text=True, env=helm["env"])
-        assert t.returncode == 0 and "Phase:          Succeeded" in t.stdout, t.stdout[-3000:] + t.stderr[-3000:]
-        assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
-        print(t.stdout.splitlines()[-1] if t.stdout else "")
-    finally:
-        left = uninstall(kube, helm, rel)
-    assert left == []
 
 
 def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):

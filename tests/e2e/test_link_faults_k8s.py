@@ -15,8 +15,7 @@ import threading
 import pytest
 import yaml
 
-from conftest import leftovers
-from test_k8s import QUICKSTART, _exec, records, torbed_run
+from conftest import QUICKSTART, exec_in, leftovers, records, torbed_run
 from torbed.k8s.shaper import DROP_CLASS, tree_summary
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +44,7 @@ class TreeWatch:
             if p.status.phase != "Running" or "shaper" not in names:
                 continue
             try:
-                text = _exec(self.kube, p.metadata.name, "shaper", TREE)
+                text = exec_in(self.kube, p.metadata.name, "shaper", TREE)
             except Exception as e:
                 self.errors.append(f"{p.metadata.name}: {e}")
                 continue

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, leftovers
-from test_k8s import ISOLATE, TORBED, records, torbed_run
+from conftest import ISOLATE, REPO, TORBED, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
 VARIANT = "ewma-66"

@@ -21,13 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, uninstall
-from test_k8s import ISOLATE, _exec, _wait_running, records, torbed_run
+from conftest import ISOLATE, REPO, exec_in, records, torbed_run, uninstall, wait_running
 
 pytestmark = pytest.mark.e2e
 SCENARIO = REPO / "scenarios" / "hardware-comparison.yaml"
 PI = "torbed-pi"
 CLUSTER = ["bash", str(REPO / "hack" / "cluster.sh")]
+
+
+def kube_nodes() -> list:
+    from kubernetes import client
+    return client.CoreV1Api().list_node().items
 
 
 def _pi_leftovers() -> list[str]:
@@ -69,7 +73,12 @@ def pi(cluster, images):
         print(f"arm64 images {t_images:.0f} s; {add.stderr.strip().splitlines()[-1]}; {ld.stderr.strip()}")
         yield {"tags": tags}
     finally:
-        subprocess.run([*CLUSTER, "remove-pi"], capture_output=True, text=True)
+        rm = subprocess.run([*CLUSTER, "remove-pi"], capture_output=True, text=True)
+    # `remove-pi` leaves nothing: checked at teardown, whatever order the tests ran in (it
+    # failing shows as an error of this module's last test).
+    assert rm.returncode == 0, rm.stdout[-3000:] + rm.stderr[-3000:]
+    assert _pi_leftovers() == []
+    assert PI not in {n.metadata.name for n in kube_nodes()}
 
 
 def test_the_pi_node_is_labelled_tainted_and_routed_like_a_joined_pi(kube, pi):
@@ -87,7 +96,7 @@ def test_the_pi_node_is_labelled_tainted_and_routed_like_a_joined_pi(kube, pi):
 
 def _classes_toward(kube, pod: str, hexip: str) -> tuple[str | None, dict[str, str]]:
     """(the htb class the pod's shaper filters ``hexip`` into, {class id: `tc -s class show` text})."""
-    filters = _exec(kube, pod, "shaper", "tc filter show dev eth0")
+    filters = exec_in(kube, pod, "shaper", "tc filter show dev eth0")
     flowid, last = None, None
     for line in filters.splitlines():
         m = re.search(r"flowid (\S+)", line)
@@ -96,7 +105,7 @@ def _classes_toward(kube, pod: str, hexip: str) -> tuple[str | None, dict[str, s
         if f"match {hexip}/ffffffff at 16" in line:
             flowid = last
     out, cur = {}, None
-    for line in _exec(kube, pod, "shaper", "tc -s class show dev eth0").splitlines():
+    for line in exec_in(kube, pod, "shaper", "tc -s class show dev eth0").splitlines():
         m = re.match(r"class htb (\S+) ", line)
         if m:
             cur = m.group(1)
@@ -115,24 +124,24 @@ def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_ac
                        capture_output=True, text=True, env=helm["env"])
     try:
         assert p.returncode == 0, p.stderr
-        _wait_running(kube, f"{rel}-midarm-0")
-        _wait_running(kube, f"{rel}-guard-0")
+        wait_running(kube, f"{rel}-midarm-0")
+        wait_running(kube, f"{rel}-guard-0")
         pods = {x.metadata.name: x for x in kube.CoreV1Api().list_namespaced_pod(
             "default", label_selector=f"app.kubernetes.io/instance={rel}").items}
         assert pods[f"{rel}-midarm-0"].spec.node_name == PI
         assert all(x.spec.node_name != PI for n, x in pods.items() if n != f"{rel}-midarm-0"), \
             {n: x.spec.node_name for n, x in pods.items()}
         # The Pi's tor is the arm64 build, run by qemu-user.
-        out = _exec(kube, f"{rel}-midarm-0", "tor", "uname -m")
+        out = exec_in(kube, f"{rel}-midarm-0", "tor", "uname -m")
         assert out.strip() == "aarch64", out
         # Isolation on the Pi: the outside address is dropped, the guard on the other node is
         # reachable on its ORPort (pod to pod across the nodes, not NATed).
         probe = f'timeout 5 bash -c "exec 3<>/dev/tcp/{host}/{port}" && echo CONNECTED || echo BLOCKED'
         n = len(accepted)
-        out = _exec(kube, f"{rel}-midarm-0", "tor", probe)
+        out = exec_in(kube, f"{rel}-midarm-0", "tor", probe)
         assert "BLOCKED" in out and len(accepted) == n, out
         guard_ip = pods[f"{rel}-guard-0"].status.pod_ip
-        out = _exec(kube, f"{rel}-midarm-0", "tor",
+        out = exec_in(kube, f"{rel}-midarm-0", "tor",
                     f'timeout 5 bash -c "exec 3<>/dev/tcp/{guard_ip}/5000" && echo CONNECTED || echo BLOCKED')
         assert "CONNECTED" in out, out
         # Shaping across the nodes: the guard's shaper sends what goes to the Pi relay's pod
@@ -156,13 +165,13 @@ def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_ac
         incoming = "ss -Htn state established '( sport = :5000 )'"
         guards = {pods[f"{rel}-guard-{i}"].status.pod_ip for i in range(2)}
         release_ips = {x.status.pod_ip for n, x in pods.items() if n != f"{rel}-midarm-0"}
-        seen = _exec(kube, f"{rel}-midarm-0", "shaper", incoming)
+        seen = exec_in(kube, f"{rel}-midarm-0", "shaper", incoming)
         peers = {line.split()[-1].rsplit(":", 1)[0] for line in seen.splitlines() if line.strip()}
         assert peers and peers <= release_ips, (peers, release_ips, seen)
-        both = _exec(kube, f"{rel}-midarm-0", "shaper",
+        both = exec_in(kube, f"{rel}-midarm-0", "shaper",
                      "ss -Htn state established '( sport = :5000 or dport = :5000 )'")
         assert any(f"{g}:" in both for g in guards), (guards, both)
-        seen = "".join(_exec(kube, f"{rel}-exit-{i}", "shaper", incoming) for i in range(2))
+        seen = "".join(exec_in(kube, f"{rel}-exit-{i}", "shaper", incoming) for i in range(2))
         assert midarm_ip in seen, (midarm_ip, seen)
     finally:
         left = uninstall(kube, helm, rel)
@@ -200,10 +209,3 @@ def test_hardware_comparison_runs_across_the_main_node_and_the_pi_and_the_report
     assert by_hw["client_groups"]["webarm"] == "amd64 + arm64/rpi (emulated)", by_hw["client_groups"]
     ttlb = [c for c in by_hw["comparisons"] if c["metric"] == "ttlb_s" and c["file"] == "bulk"]
     assert ttlb and len(ttlb[0]["arms"]) == 2, by_hw["comparisons"]
-
-
-def test_remove_pi_leaves_nothing(kube, pi):
-    rm = subprocess.run([*CLUSTER, "remove-pi"], capture_output=True, text=True)
-    assert rm.returncode == 0, rm.stdout[-3000:] + rm.stderr[-3000:]
-    assert _pi_leftovers() == []
-    assert PI not in {n.metadata.name for n in kube.CoreV1Api().list_node().items}

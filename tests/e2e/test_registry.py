@@ -31,6 +31,10 @@ def registry(images):
         subprocess.run(["bash", str(REPO / "hack" / "registry.sh"), "down"], capture_output=True)
 
 
+def _local_image(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+
+
 def _manifest_list(repo: str, tag: str) -> dict:
     req = urllib.request.Request(f"http://{REGISTRY}/v2/{repo}/manifests/{tag}", headers={
         "Accept": "application/vnd.docker.distribution.manifest.list.v2+json"})
@@ -50,6 +54,10 @@ def test_chart_and_images_from_the_registry_run_the_quickstart(kube, helm, regis
         assert ml["mediaType"].endswith("manifest.list.v2+json"), ml
         arches = {m["platform"]["architecture"] for m in ml["manifests"]}
         assert host in arches, (repo, arches)
+        # One tag for every architecture built here: the arm64 build (the emulated Pi's relay
+        # image, tests/e2e/test_pi_k8s.py) must be under the same tag when it exists locally.
+        built = {a for a in ("amd64", "arm64") if _local_image(f"{repo}:{tag}" + ("" if a == host else f"-{a}"))}
+        assert built <= arches, (repo, built, arches)
     rel = "fromreg"
     base = [helm["bin"], "-n", "default"]
     try:

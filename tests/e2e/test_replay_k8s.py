@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, uninstall
-from test_k8s import ISOLATE, records, torbed_run
+from conftest import ISOLATE, REPO, records, torbed_run, uninstall
 
 pytestmark = pytest.mark.e2e
 TORBED = [sys.executable, "-m", "torbed.cli"]
@@ -98,6 +97,7 @@ def _report(run_dir: Path) -> dict:
     return json.loads((run_dir / "report" / "summary.json").read_text())
 
 
+@pytest.mark.experiment
 def test_torbed_run_k8s_delays_agree_with_the_local_backend(kube, tmp_path):
     scenario = short_scenario(tmp_path)
     p, k8s_run = torbed_run(tmp_path, scenario, "--variant", VARIANT)
