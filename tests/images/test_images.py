@@ -38,9 +38,14 @@ READ_ONLY = ["--read-only", "--tmpfs", "/tmp", "--tmpfs", "/run/torbed:uid=10000
 @pytest.fixture(scope="session")
 def docker() -> str:
     try:
-        return images.ensure_engine()
+        engine = images.ensure_engine()
     except images.ImageError as e:
         pytest.fail(f"Docker is not available: {e}")
+    yield engine
+    # Every container the tests started is gone (--rm), checked once all have run, whatever
+    # their order.
+    proc = subprocess.run([engine, "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", f"containers left behind: {proc.stdout}"
 
 
 @pytest.fixture(scope="session")
@@ -220,8 +225,3 @@ def test_prometheus_is_debians_and_serves_from_a_read_only_root(docker, built):
              "find -L . -type l | sed 's/^/DANGLING /'; echo checked")
     proc = run(docker, image, "-c", check, entrypoint="sh")
     assert proc.stdout.strip() == "checked", proc.stdout
-
-
-def test_no_containers_left(docker, built):
-    proc = subprocess.run([docker, "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout

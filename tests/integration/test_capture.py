@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -37,9 +36,17 @@ while c.recv(100):
     pass
 """
 
+# The client retries its connect until the server listens (no fixed sleep to wait for it).
 CLIENT = f"""
 import socket, time
-c = socket.create_connection(("{SERVER_ADDR}", {PORT})); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+deadline = time.monotonic() + 20
+while True:
+    try:
+        c = socket.create_connection(("{SERVER_ADDR}", {PORT})); break
+    except ConnectionRefusedError:
+        if time.monotonic() > deadline: raise
+        time.sleep(0.05)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 c.sendall(b"r" * 10)
 got = 0
 while got < {sum(SIZES)}:
@@ -61,7 +68,6 @@ def test_capture_keeps_sizes_directions_and_gaps(tmp_path):
     out = tmp_path / "cap.trace.jsonl.gz"
     with NetPair() as net:
         server = subprocess.Popen(net.prefix("srv") + [sys.executable, "-c", SERVER])
-        time.sleep(0.5)
         try:
             p = run_torbed(["capture", str(out), "-i", net.cli_if, "--netns", net.cli, "--filter",
                             f"server port {PORT}", "--circuit-by", "flow", "--source", "test",
@@ -80,5 +86,8 @@ def test_capture_keeps_sizes_directions_and_gaps(tmp_path):
     down = [p.t for p in pk if p.direction == DOWN]
     gaps = [b - a for a, b in zip(down, down[1:])]
     print("captured gaps (s):", [round(g, 4) for g in gaps], "expected", GAPS)
+    # A gap is never shorter than the server's sleep; a loaded machine can only lengthen it,
+    # so the upper bound is loose (what it must still show: the gaps' sizes, in order).
     for got, want in zip(gaps, GAPS):
-        assert want <= got < want + 0.015
+        assert want <= got < want + 0.1, (gaps, GAPS)
+    assert gaps[2] > gaps[1] > gaps[0], gaps

@@ -24,7 +24,7 @@ from tests.integration.helpers import checked_build, only_run_dir, run_torbed, w
 from torbed import bench_circswitch
 from torbed.variants import load_variant
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)

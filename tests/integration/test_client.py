@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -99,7 +100,10 @@ def test_cellstats_bw_and_metrics_at_a_congested_middle(tmp_path):
     bw = records(rep / "relay_bw.jsonl")
     assert {b["relay"] for b in bw} == {"guard0", "middle0", "exit0"}
     mid = [b for b in bw if b["relay"] == "middle0"]
-    assert all(0.3 < b["interval_s"] < 0.8 for b in mid[1:])
+    # 500 ms samples (tor's BW events, two per second): each one's interval is real and the
+    # typical one is the configured 0.5 s; a loaded machine may delay a single sample.
+    intervals = [b["interval_s"] for b in mid[1:]]
+    assert all(0 < x < 3 for x in intervals) and 0.4 < statistics.median(intervals) < 0.6, intervals
     # traffic/written counts bytes handed to the kernel, whose socket buffers absorb bursts (a
     # 10 s window measured 2.55 Mbit/s here), so only a loose bound on the run's average...
     late = mid[20:]

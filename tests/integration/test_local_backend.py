@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -140,8 +139,10 @@ def test_a_held_first_round_at_small_size(tmp_path):
     assert [t for t in records(rep / "transfers.jsonl") if t["status"] == "ok"]
 
 
+@pytest.mark.experiment
 def test_htb_link_rate_within_10_percent(tmp_path):
-    """Plain TCP between two node namespaces through a shaped link: rate within 10%."""
+    """Plain TCP between two node namespaces through a shaped link: rate within 10% (an
+    accuracy figure: CI asserts the rate as a ceiling in test_fetch_through_fixed_path_and_bulk_rate)."""
     data = small_scenario("it-rate", **{"links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})
     s = scenario.parse(data, "it-rate")
     plan = network.plan(s, "kist")
@@ -193,33 +194,6 @@ def test_no_route_out(tmp_path):
         assert "default" not in routes
     finally:
         topo.destroy()
-
-
-def test_sigint_stops_everything_and_keeps_records(tmp_path):
-    data = small_scenario("it-sigint", **{"measure.duration": "5m",
-                                           "clients.web.workload.repeat": 1000})
-    path = write_scenario(tmp_path, data)
-    out = tmp_path / "runs"
-    proc = start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / "torbed.log")
-    try:
-        run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
-        transfers = run / "kist" / "rep-0" / "transfers.jsonl"
-        wait_for(lambda: len(records(transfers)) >= 3, 180, "three transfers")
-        assert namespaces(run), "the run's namespaces should exist while it runs"
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (tmp_path / "torbed.log").read_text()
-    assert rc == 130, log
-    assert "interrupted" in log
-    assert not namespaces(run), "namespaces left behind"
-    assert not processes_mentioning(str(run)), "processes left behind"
-    meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
-    assert meta["status"] == "interrupted"
-    assert len(records(transfers)) >= 3
-    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
 
 
 def test_sigkill_then_clean_removes_everything(tmp_path):

@@ -25,7 +25,7 @@ from tests.integration.helpers import checked_build, only_run_dir, run_torbed, w
 from torbed import bench_torchestra
 from torbed.variants import load_variant
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 # The patch's notice lines (connthreads.c).
 THREADS_RUNNING = re.compile(r"RelayConnectionThreads: (\d+) connection threads running")
@@ -106,18 +106,32 @@ def _window_rates(recs: list[dict], window_s: float) -> list[float]:
 
 def test_rate_limited_middle_carries_no_more_than_its_limit(tmp_path):
     """A middle with BandwidthRate = BandwidthBurst = 1 MB/s (scenario ``bandwidth:``) on
-    100 Mbit links, two bulk downloads through it: once the stock build (arm kist), once
-    mtrelay-2 (its connection threads own the guard and exit connections). In both arms
-    the middle's written bytes per 10 s window stay within the limit (+10%: the first
-    window includes the 1 MB burst, a bucket may briefly go below zero) and the clients
-    received no more than the limit allows over the run; the mtrelay middle is also not
-    starved by the limit (at least 60% of it, and of the stock middle's rate). Run with the
-    patch before enforcement (README A.8), the mtrelay middle of this network carried
-    320-400 MB in 46-47 s (7-9 MB/s) and this test failed: the limit is what binds."""
+    100 Mbit links, mtrelay-2 (its connection threads own the guard and exit connections), two
+    bulk downloads through it: the middle's written bytes per 10 s window stay within the
+    limit (+10%: the first window includes the 1 MB burst, a bucket may briefly go below zero)
+    and the clients received no more than the limit allows over the run. Run with the patch
+    before enforcement (README A.8), the mtrelay middle of this network carried 320-400 MB in
+    46-47 s (7-9 MB/s) and this test failed: the limit is what binds. (Whether the limit also
+    starves it, against the stock build: the experiment below.)"""
+    _rate_limited_run(tmp_path, ["mtrelay-2"])
+
+
+@pytest.mark.experiment
+def test_rate_limited_mtrelay_is_not_starved_against_stock(tmp_path):
+    """The same network, stock build (arm kist) and mtrelay-2: both within the limit, and the
+    mtrelay middle is not starved by it (at least 60% of it, and of the stock middle's rate)."""
+    seen, limit = _rate_limited_run(tmp_path, ["kist", "mtrelay-2"])
+    assert seen["mtrelay-2"]["median_10s_Bps"] >= 0.6 * limit, seen
+    assert seen["mtrelay-2"]["median_10s_Bps"] >= 0.6 * seen["kist"]["median_10s_Bps"], seen
+
+
+def _rate_limited_run(tmp_path, arms: list[str]) -> tuple[dict, int]:
+    """The network of the rate-limit tests, one repetition per arm: per arm what the clients
+    received and the middle's 10 s window rates; every limit check of both tests applied."""
     from torbed.units import parse_rate
 
     data = bench_torchestra.scenario("it-mtrelay-ratelimit", "40s", variant="kist", surge=0, light=0, bulk=2)
-    data["variants"] = ["kist", "mtrelay-2"]
+    data["variants"] = arms
     relays = data["network"]["relays"]
     relays["guard"]["variant"] = relays["exit"]["variant"] = "kist"
     relays["middle"]["bandwidth"] = "1MB/s"
@@ -129,7 +143,7 @@ def test_rate_limited_middle_carries_no_more_than_its_limit(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = only_run_dir(out)
     seen = {}
-    for arm in ("kist", "mtrelay-2"):
+    for arm in arms:
         rep = run / arm / "rep-0"
         assert f"BandwidthRate {limit} bytes" in (rep / "torrc" / "middle0.torrc").read_text()
         meta = json.loads((rep / "meta.json").read_text())
@@ -149,6 +163,8 @@ def test_rate_limited_middle_carries_no_more_than_its_limit(tmp_path):
         seen[arm].update(max_10s_Bps=round(max(rates)), median_10s_Bps=round(sorted(rates)[len(rates) // 2]))
         print(arm, json.dumps(seen[arm]))
         assert max(rates) <= 1.10 * limit, (arm, seen[arm])
+    if "mtrelay-2" not in arms:
+        return seen, limit
     middle = (run / "mtrelay-2" / "rep-0" / "logs" / "middle0.log").read_text(errors="replace")
     # The cell bytes the connection threads wrote, by their own count, over the middle's
     # whole life (bootstrap included: a lenient bound).
@@ -159,5 +175,4 @@ def test_rate_limited_middle_carries_no_more_than_its_limit(tmp_path):
     written = sum(int(m.group(4)) for m in STOPPED.finditer(middle))
     assert 0 < written <= limit * life.total_seconds() + limit, (written, life)
     assert sorted(m.group(1) for m in FIRST_CONN.finditer(middle)) == ["0", "1"]
-    assert seen["mtrelay-2"]["median_10s_Bps"] >= 0.6 * limit, seen
-    assert seen["mtrelay-2"]["median_10s_Bps"] >= 0.6 * seen["kist"]["median_10s_Bps"], seen
+    return seen, limit

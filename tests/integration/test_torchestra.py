@@ -18,7 +18,7 @@ from tests.integration.helpers import checked_build, only_run_dir, run_torbed, w
 from torbed import bench_torchestra
 from torbed.variants import load_variant
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)
