@@ -206,7 +206,7 @@ def test_sigterm_interrupts_tears_down_and_records(tmp_path, sentinel_handlers):
     _assert_handlers_back(sentinel_handlers)
 
 
-def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path):
+def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path, sentinel_handlers):
     def swallow(rep):
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -219,6 +219,7 @@ def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path):
     run_dir = next(d for d in (tmp_path / "runs").iterdir() if not d.is_symlink())
     assert _meta(run_dir, "kist", 0)["status"] == "interrupted"
     assert [c for c in b.calls if c[0] == "measure"] == [], "rep.status() noticed the signal before measuring"
+    _assert_handlers_back(sentinel_handlers)
 
 
 def test_preflight_failure_creates_nothing(tmp_path):
