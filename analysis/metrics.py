@@ -118,8 +118,9 @@ METRICS: dict[str, MetricInfo] = {
 
 DEFINITIONS: list[tuple[str, str]] = [(m.title, m.definition) for m in METRICS.values()] + [
     ("Error rate", "Transfers with status other than 'ok' (timeout or error) divided by all "
-     "transfers after the warm-up, with counts per error cause (error.cause; 'timeout' for "
-     "timeouts without a cause). Errored transfers are excluded from the time metrics."),
+     "transfers after the warm-up, with counts per error cause (error.cause, e.g. 'stall' for "
+     "a stream silent for the workload's stallout; 'timeout' for timeouts without a cause). "
+     "Errored transfers are excluded from the time metrics."),
     ("Warm-up", "Transfers flagged warmup=true (started inside the scenario's warm-up window) "
      "are excluded from every statistic and from the onionperf export."),
 ]

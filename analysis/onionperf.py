@@ -63,7 +63,7 @@ VERSION = "3.1"
 # torbed error.cause -> tgen stream error code.
 ERROR_CODES = {
     "circuit_failed": "PROXY", "stream_detached": "PROXY", "socks_error": "PROXY",
-    "timeout": "TIMEOUT", "checksum_mismatch": "CHECKSUM", "http_error": "HEADER",
+    "timeout": "TIMEOUT", "stall": "STALLOUT", "checksum_mismatch": "CHECKSUM", "http_error": "HEADER",
     "connection_error": "READ",
 }
 

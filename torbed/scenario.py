@@ -186,6 +186,14 @@ class _Transfer(Strict):
     file: str = Field(..., description="File name from the server group's files")
     concurrency: int = Field(1, ge=1, le=64, description="Parallel transfers per client")
     timeout: Duration | None = Field(None, description="Per-transfer timeout (default: by size, as tornettools)")
+    stallout: Duration = Field(
+        "15s", description="A transfer whose stream receives no byte for this long (counted from the request, "
+                           "then from each read) ends as an error with cause 'stall', and its circuit is closed. "
+                           "15 s is tgen's built-in stallout (the tool whose timeouts 'timeout' follows): a live "
+                           "circuit delivers cells far more often than that, even through a congested link, "
+                           "while a stream whose relay vanished without END or DESTROY would otherwise wait out "
+                           "the whole timeout (minutes for bulk files). No effect when not shorter than "
+                           "'timeout'")
 
 
 class BulkWorkload(_Transfer):
@@ -493,6 +501,11 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             if len(cg.path) < 2:
                 warnings.append(f"clients.{c}.path: a one-hop path; tor builds one-hop circuits only to exits")
         wl = cg.workload
+        if not isinstance(wl, ReplayWorkload):
+            for name in ("timeout", "stallout"):
+                d = getattr(wl, name)
+                if d is not None and d.seconds <= 0:
+                    problems.append((f"clients.{c}.workload.{name}", "must be longer than 0s"))
         server = wl.server
         if server is None:
             if len(servers) != 1:

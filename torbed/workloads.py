@@ -46,7 +46,8 @@ def _transfer(wl, t: Target, **_) -> dict:
             "repeat": getattr(wl, "repeat", None),
             "pause_s": wl.pause.seconds if wl.kind == "fetch" else 0.0,
             "think": think_config(getattr(wl, "think", None)),
-            "timeout_s": wl.timeout.seconds if wl.timeout else constants.transfer_timeout(entry["size"])}
+            "timeout_s": wl.timeout.seconds if wl.timeout else constants.transfer_timeout(entry["size"]),
+            "stallout_s": wl.stallout.seconds}
 
 
 def _replay(wl, t: Target, *, trace: Path, flows: list[str], period_s: float, offset_s: float,

@@ -144,7 +144,46 @@ def test_teardown_errors_are_recorded_not_fatal(tmp_path):
     assert m["status"] == "ok" and m["teardown_errors"] == ["OSError: device busy"]
 
 
-def test_sigterm_interrupts_tears_down_and_records(tmp_path):
+@pytest.fixture
+def sentinel_handlers():
+    """Known SIGTERM/SIGINT handlers of the caller (torbed's CLI, a test runner...), installed
+    before the run: the engine must put exactly these back, whatever the run's outcome."""
+    def on_term(signum, frame):  # pragma: no cover - must never be called
+        raise AssertionError("the caller's SIGTERM handler ran during the run")
+
+    def on_int(signum, frame):  # pragma: no cover - must never be called
+        raise AssertionError("the caller's SIGINT handler ran during the run")
+
+    mine = {signal.SIGTERM: on_term, signal.SIGINT: on_int}
+    before = {sg: signal.signal(sg, h) for sg, h in mine.items()}
+    try:
+        yield mine
+    finally:
+        for sg, h in before.items():
+            signal.signal(sg, h)
+
+
+def _assert_handlers_back(mine):
+    for sg, h in mine.items():
+        assert signal.getsignal(sg) is h, f"{sg.name}: {signal.getsignal(sg)!r} instead of the caller's handler"
+
+
+def test_the_callers_signal_handlers_are_back_after_a_run(tmp_path, sentinel_handlers):
+    seen = {}
+
+    def look(rep):
+        seen.update({sg: signal.getsignal(sg) for sg in sentinel_handlers})
+
+    sc = _scenario(repetitions=1)
+    first = engine.run_order(list(sc.variants), sc.repetitions, sc.seed)[0]
+    _run(tmp_path, Scripted({(*first, "measure"): look}), sc)
+    # The engine's own handlers were in place while it ran...
+    assert seen and all(seen[sg] is not h for sg, h in sentinel_handlers.items()), seen
+    # ...and the caller's are back afterwards.
+    _assert_handlers_back(sentinel_handlers)
+
+
+def test_sigterm_interrupts_tears_down_and_records(tmp_path, sentinel_handlers):
     def signal_self(rep):
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -164,10 +203,10 @@ def test_sigterm_interrupts_tears_down_and_records(tmp_path):
     assert later and not any((run_dir / v / f"rep-{k}").exists() for v, k in later), \
         "no repetition starts after an interrupt"
     assert info["status"] == "interrupted"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    _assert_handlers_back(sentinel_handlers)
 
 
-def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path):
+def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path, sentinel_handlers):
     def swallow(rep):
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -180,6 +219,7 @@ def test_an_interrupt_swallowed_by_a_broad_except_still_stops_the_run(tmp_path):
     run_dir = next(d for d in (tmp_path / "runs").iterdir() if not d.is_symlink())
     assert _meta(run_dir, "kist", 0)["status"] == "interrupted"
     assert [c for c in b.calls if c[0] == "measure"] == [], "rep.status() noticed the signal before measuring"
+    _assert_handlers_back(sentinel_handlers)
 
 
 def test_preflight_failure_creates_nothing(tmp_path):

@@ -8,7 +8,6 @@ Python; the test process only scrapes and parses."""
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 
 import pytest
@@ -19,7 +18,7 @@ from torbed import constants, load, network, prometheus
 from torbed.client.metrics import TIME_BUCKETS
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import select, sys, time
     from locust.stats import RequestStats
     from torbed.client.metrics import TIME_BUCKETS
     from torbed.load import metrics
@@ -37,16 +36,40 @@ CHILD = textwrap.dedent("""
     for _ in range(2):
         r.stats.log_request("GET", "bulk", 4500, 1048576)
     print(metrics.serve(r, "kist", "127.0.0.1", 0, TIME_BUCKETS), flush=True)
-    time.sleep(60)
+    # Commands on stdin, one a line: "log NAME N MS BYTES" logs N more requests into the same
+    # statistics object the exporter reads, then answers "logged". select() (patched by
+    # gevent, like time.sleep) lets the exporter serve while this waits.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if not select.select([sys.stdin], [], [], 0.2)[0]:
+            continue
+        line = sys.stdin.readline()
+        if not line:
+            break
+        _, name, n, ms, size = line.split()
+        for _ in range(int(n)):
+            r.stats.log_request("GET", name, int(ms), int(size))
+        print("logged", flush=True)
 """)
+
+
+class Exporter:
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+
+    def log(self, name: str, n: int, ms: int, size: int) -> None:
+        """Log ``n`` requests into the running exporter's Locust statistics."""
+        self.proc.stdin.write(f"log {name} {n} {ms} {size}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "logged"
 
 
 @pytest.fixture()
 def exporter():
-    p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(p.stdout.readline())
-        yield f"http://127.0.0.1:{port}/metrics"
+        yield Exporter(p, f"http://127.0.0.1:{port}/metrics")
     finally:
         p.kill()
         p.wait()
@@ -64,7 +87,7 @@ def value(samples: dict, metric: str, **labels) -> float:
 
 
 def test_exporter_serves_locust_statistics(exporter):
-    s = scrape(exporter)
+    s = scrape(exporter.url)
     web, bulk = {"name": "web", "method": "GET"}, {"name": "bulk", "method": "GET"}
     assert value(s, "torbed_load_users") == 6
     assert value(s, "torbed_load_requests_total", **web) == 30
@@ -87,11 +110,21 @@ def test_exporter_serves_locust_statistics(exporter):
 
 
 def test_exporter_reads_the_statistics_at_every_scrape(exporter):
-    # The counters are the live statistics, not a copy taken at start: a second scrape of
-    # a process whose statistics did not change sees the same values, and both exist.
-    a, b = scrape(exporter), (time.sleep(0.1), scrape(exporter))[1]
-    key = ("torbed_load_requests_total", tuple(sorted({"variant": "kist", "name": "web", "method": "GET"}.items())))
-    assert a[key] == b[key] == 30
+    # The counters are the live statistics, not a copy taken at start: requests logged
+    # between two scrapes show in the second, including a request name first seen then.
+    web = {"name": "web", "method": "GET"}
+    a = scrape(exporter.url)
+    assert value(a, "torbed_load_requests_total", **web) == 30
+    exporter.log("web", 7, 2000, 1000)
+    exporter.log("late", 3, 50, 10)
+    b = scrape(exporter.url)
+    assert value(b, "torbed_load_requests_total", **web) == 37
+    assert value(b, "torbed_load_received_bytes_total", **web) == 29 * 51200 + 7 * 1000
+    assert value(b, "torbed_load_response_time_seconds_bucket", le="0.25", **web) == 30
+    assert value(b, "torbed_load_response_time_seconds_bucket", le="+Inf", **web) == 37   # 2 s: above 0.25
+    assert value(b, "torbed_load_requests_total", name="late", method="GET") == 3
+    assert ("torbed_load_requests_total", tuple(sorted({"variant": "kist", "name": "late", "method": "GET"}.items()))) \
+        not in a
 
 
 def test_locust_master_is_a_scrape_target_on_its_private_address():

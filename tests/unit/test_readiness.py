@@ -37,6 +37,7 @@ def test_driver_config_schedule_and_path():
                               manifest={"small": {"size": 300_000, "sha256": "ab"}})
     entry = workloads.workload_entry(wl, target)
     assert entry["pause_s"] == 1.0 and entry["repeat"] == 5 and entry["size"] == 300_000 and entry["port"] == 80
+    assert entry["stallout_s"] == 15.0   # the scenario's default reaches the driver
     cfg = workloads.driver_config(s, p, client="web0", group="web", variant="kist", rep=2, fingerprints=fprs,
                                   control={"socket": "/x"}, socks_port=9050, output="/o", workload=entry, t_work=100.0)
     assert cfg["seed"] == s.seed + 2
@@ -46,4 +47,9 @@ def test_driver_config_schedule_and_path():
                                     workloads.Target("www0", "10.0.0.9", {"http": 80},
                                                      {"bulk": {"size": 5 << 20, "sha256": "cd"}}))
     assert bulk["pause_s"] == 0.0 and bulk["repeat"] is None and bulk["timeout_s"] > 0
+    data = copy.deepcopy(BASE)
+    data["clients"]["bulk"]["workload"]["stallout"] = "2500ms"
+    short = scenario.parse(data, "t.yaml").clients["bulk"].workload
+    assert workloads.workload_entry(short, workloads.Target("www0", "10.0.0.9", {"http": 80},
+                                                            {"bulk": {"size": 5 << 20, "sha256": "cd"}}))["stallout_s"] == 2.5
     assert workloads.WORKLOADS["fetch"].describe(wl) == "fetch 'small' x5"

@@ -8,10 +8,12 @@ NEWRESOLVE and DETACHED handled), runs the workload and appends one JSON line pe
 (schema: docs/records.md), flushed as written.
 
 Failures are measurement outcomes, not crashes: a circuit that cannot be extended, a
-detached stream, a SOCKS error, a timeout or a checksum mismatch become records with a typed
-``error.cause`` and the workload goes on until its end time. After a timeout the circuit is
-closed and the next transfer builds a new one (a circuit whose relay vanished unannounced
-would otherwise time out every later transfer).
+detached stream, a SOCKS error, a timeout, a stall or a checksum mismatch become records with
+a typed ``error.cause`` and the workload goes on until its end time. A stall is tgen's
+"stallout": no byte received for the workload's ``stallout_s`` after the request or the last
+read (cause ``stall``; the error also records ``silent_s``). After a timeout or a stall the
+circuit is closed and the next transfer builds a new one (a circuit whose relay vanished
+unannounced would otherwise time out every later transfer).
 
 Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
 registered in ``WORKLOADS`` (``bulk``, ``fetch``, and ``replay`` from torbed.replay.client,
@@ -43,6 +45,9 @@ from ..records import RecordWriter
 from .metrics import DriverMetrics, NullMetrics
 
 RECV = 1 << 16
+# How long one recv() waits before the loop checks the deadline, the stall clock and the
+# circuit/stream events again (shortened when a stall is due sooner).
+RECV_WAIT = 1.0
 # Body byte counts whose arrival time a transfer records (``progress``), besides each tenth of
 # the file: the sizes tgen/onionperf report, including the ones tornettools computes goodput
 # from (500 KiB -> 1 MiB, 4 -> 5 MiB, 9 -> 10 MiB).
@@ -67,10 +72,14 @@ def think_config(think) -> dict | None:
 
 
 class TransferError(Exception):
-    def __init__(self, cause: str, detail: str):
+    """A transfer's typed failure: ``cause`` and ``detail`` become the record's ``error``,
+    with any ``fields`` beside them (a stall's ``silent_s``)."""
+
+    def __init__(self, cause: str, detail: str, **fields):
         super().__init__(f"{cause}: {detail}")
         self.cause = cause
         self.detail = detail
+        self.fields = fields
 
 
 @dataclass
@@ -236,7 +245,7 @@ class Driver:
             return self.circuits[key]
 
     def _retire(self, circ: Circuit) -> None:
-        """A transfer timed out on ``circ``: build a new circuit for the next one. A relay
+        """A transfer timed out or stalled on ``circ``: build a new circuit for the next one. A relay
         that went away without the client hearing of it (no DESTROY reached it, e.g. a relay
         restarted under a stream carrying data) leaves a circuit that looks open and carries
         nothing; reusing it would time every later transfer out."""
@@ -284,7 +293,7 @@ class Driver:
             except OSError as e:
                 raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
             rec["t_socks"] = time.time()
-            sock.settimeout(1.0)
+            sock.settimeout(RECV_WAIT)
             sock.sendall(f"GET /{wl['file']} HTTP/1.1\r\nHost: {wl['address']}\r\nConnection: close\r\n\r\n".encode())
             rec["t_request"] = time.time()
             self._receive(sock, rec, deadline, state)
@@ -299,9 +308,9 @@ class Driver:
                 rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
             else:
                 rec["status"] = "timeout" if e.cause == "timeout" else "error"
-                if e.cause == "timeout" and circ is not None:
+                if e.cause in ("timeout", "stall") and circ is not None:
                     self._retire(circ)
-            rec["error"] = {"cause": e.cause, "detail": e.detail}
+            rec["error"] = {"cause": e.cause, "detail": e.detail, **e.fields}
         finally:
             if sock is not None:
                 sock.close()
@@ -331,18 +340,36 @@ class Driver:
                     return port, ev, state
 
     def _receive(self, sock: socket.socket, rec: dict, deadline: float, state: dict) -> None:
+        """Read the HTTP response of a request just sent on ``sock`` (whose timeout is
+        RECV_WAIT) into ``rec``. Raises TransferError: ``timeout`` at ``deadline``, ``stall``
+        when no byte (header or body) arrived for the workload's ``stallout_s`` since the
+        request or the previous read (no ``stallout_s``: no stall check)."""
         wl = self.cfg["workload"]
+        stallout = wl.get("stallout_s")
         header = b""
         body_hash = hashlib.sha256()
         body = 0
         in_body = False
         marks = progress_marks(wl["size"])
         rec["progress"] = []
+        last_read = time.time()     # the stall clock: the request was just sent
+        wait = RECV_WAIT
         while True:
             if state.get("error"):
                 raise TransferError(*state["error"])
-            if time.time() > deadline:
+            now = time.time()
+            if now > deadline:
                 raise TransferError("timeout", f"after {rec['bytes']} of {wl['size']} bytes")
+            silent = now - last_read
+            if stallout is not None:
+                if silent >= stallout:
+                    raise TransferError("stall", f"no byte for {silent:.1f} s (stallout {stallout:g} s) after "
+                                                 f"{rec['bytes']} of {wl['size']} body bytes",
+                                        silent_s=round(silent, 3))
+                if stallout - silent < wait:
+                    # Wake up when the stall is due, not up to RECV_WAIT later.
+                    wait = max(0.01, stallout - silent)
+                    sock.settimeout(wait)
             try:
                 data = sock.recv(RECV)
             except socket.timeout:
@@ -352,6 +379,10 @@ class Driver:
             if not data:
                 break
             now = time.time()
+            last_read = now
+            if wait != RECV_WAIT:
+                wait = RECV_WAIT
+                sock.settimeout(wait)
             if rec["t_first_byte"] is None:
                 rec["t_first_byte"] = now
             if not in_body:

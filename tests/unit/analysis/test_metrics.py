@@ -46,6 +46,7 @@ def tiny(tmp_path):
         tr(ttlb=100.0, warmup=True, circuit_id="4", build=9.0),
         tr(status="timeout", cause="timeout", circuit_id="7", build=0.9),
         tr(status="error", cause=None, circuit_id="8", build=0.9),
+        tr(status="error", cause="stall", circuit_id="9", build=0.9),   # the driver's stallout
     ])
     jsonl(da / "cellstats.jsonl", [
         cell(106.0, 1, 100, 1000), cell(107.0, 1, 300, 6000),   # circuit A: 400 cells, waits 10 and 20 ms
@@ -65,16 +66,21 @@ def test_transfer_metrics_exclude_warmup_and_errors(tiny):
     assert list(m.pooled("b")) == [0.5, 1.5]
     assert m.title == "Time to last byte, web: small (50 KiB)"
     cb = ex.metrics["circuit_build_s"]
-    assert sorted(cb.pooled("a")) == [0.5, 0.7]          # circuit 5 counted once; 4 warm-up; 7, 8 failed
+    assert sorted(cb.pooled("a")) == [0.5, 0.7]          # circuit 5 counted once; 4 warm-up; 7, 8, 9 failed
 
 
 def test_error_rate(tiny):
     e = metrics.error_rates(load_run(tiny))
-    assert e["a"]["transfers"] == 5 and e["a"]["errors"] == 2
-    assert e["a"]["rate"] == pytest.approx(0.4)
-    assert e["a"]["causes"] == {"error": 1, "timeout": 1}
-    assert e["a"]["by_group"]["web:small"] == {"transfers": 5, "errors": 2, "rate": 0.4}
+    assert e["a"]["transfers"] == 6 and e["a"]["errors"] == 3
+    assert e["a"]["rate"] == pytest.approx(0.5)
+    assert e["a"]["causes"] == {"error": 1, "stall": 1, "timeout": 1}
+    assert e["a"]["by_group"]["web:small"] == {"transfers": 6, "errors": 3, "rate": 0.5}
     assert e["b"]["rate"] == 0.0
+    # The report's error table names the stall among the causes.
+    _, _, s = analyse(tiny)
+    from torbed.analysis.render import blocks
+    table = next(b for b in blocks(s, []) if b[0] == "table" and "by cause" in b[1])
+    assert [row for row in table[2] if row[0] == "a"] == [["a", "6", "3", "50.00%", "error: 1, stall: 1, timeout: 1"]]
 
 
 def test_cell_wait_by_hand(tiny):
