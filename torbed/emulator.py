@@ -48,13 +48,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import constants, netns
+from . import constants, netns, resources
 from .network import LinkSpec, Plan
 from .supervise import Supervisor, tail
 from .errors import RunFailed
 
-CRATE_DIR = constants.REPO_ROOT / "torbed" / "linkemu"
-BUILT_BINARY = CRATE_DIR / "target" / "release" / "linkemu"
+CRATE_DIR = resources.path("torbed/linkemu")
+# An installed copy builds into the cache, not into its site-packages.
+TARGET_DIR = CRATE_DIR / "target" if resources.CHECKOUT else constants.CACHE_DIR / "linkemu"
+BUILT_BINARY = TARGET_DIR / "release" / "linkemu"
 NETNS_DIR = Path("/run/netns")       # where `ip netns` keeps namespace handles
 REALTIME_PRIORITY = 10               # SCHED_FIFO; above every normal task, below kernel threads
 CONTROL_NODE = "control"             # the control plane's port in the table (never shaped)
@@ -108,7 +110,8 @@ def ensure_binary(console=None) -> Path:
         raise EmulatorError("linkemu is not built and cargo is not on PATH: install Rust (https://rustup.rs) "
                             f"and run `cargo build --release --locked --manifest-path {CRATE_DIR}/Cargo.toml`, "
                             "or set TORBED_LINKEMU to a prebuilt linkemu")
-    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE_DIR / "Cargo.toml")]
+    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE_DIR / "Cargo.toml"),
+           "--target-dir", str(TARGET_DIR)]
     if console is not None:
         console.log(f"building linkemu: {' '.join(cmd[1:])}")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, constants
+from . import __version__, constants, resources
 from .variants import VariantError, list_families, load_variant
 from .errors import InputError, RunFailed
 
-REPO = constants.REPO_ROOT
+REPO = resources.ROOT
 IMAGES = ("dirauth", "client", "locust", "relay", "prometheus", "nightly")
 # The images that compile tor (they share the tor stages).
 TOR_IMAGES = ("dirauth", "client", "relay")

@@ -8,10 +8,10 @@ import tomllib
 
 import pytest
 
-from torbed import __version__, constants, images
+from torbed import __version__, constants, images, resources
 from torbed.variants import list_families, load_variant
 
-REPO = constants.REPO_ROOT
+REPO = resources.checkout("tests/images")
 DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.TOR_IMAGES}
 
 

@@ -43,7 +43,7 @@ from ..k8s import bringup
 from ..errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
 from ..scenario import Scenario
 
-CHART = constants.REPO_ROOT / "charts" / "torbed"
+CHART = chart.CHART_DIR
 POLL_S = 1.0
 INSTALL_POLL_S = 2.0
 # The Chaos Mesh kinds the backend creates at fault times (k8s_faults) and sweeps at uninstall;
