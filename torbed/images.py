@@ -211,6 +211,10 @@ def _inspect(docker: str, ref: str) -> tuple[str, int] | None:
 def build(images: list[Image], verbose: bool = False, console=None) -> list[Result]:
     """Build ``images`` (from ``plan``) in order; stop at the first failure."""
     say = console.print if console else print
+    try:
+        resources.checkout("building images")   # Dockerfiles, hack/ and the package sources
+    except resources.ResourceError as e:
+        raise ImageInputError(str(e)) from e
     docker = ensure_engine()
     bases = {arch: ensure_base(arch, docker) for arch in sorted({i.arch for i in images})}
     ca = _ca_bundle()
