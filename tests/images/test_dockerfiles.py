@@ -140,3 +140,11 @@ def test_plan_rejects_bad_input():
         images.plan(None, families=["nope"])
     with pytest.raises(images.ImageInputError, match="kind"):
         images.plan(None, kinds=["relay", "bridge"])
+
+
+def test_client_installs_the_staged_wheel():
+    # The same package `pip install .` gives (data files included), not a copy of the sources.
+    text = DOCKERFILES["client"].read_text()
+    assert "COPY .stage/client/ /src/wheel/" in text and "--no-deps /src/wheel/torbed-*.whl" in text
+    assert "COPY torbed/" not in text
+    assert ".stage" not in (REPO / ".dockerignore").read_text().split()
