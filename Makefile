@@ -17,8 +17,9 @@ $(STAMP)/deps: hack/install-deps.sh
 	@mkdir -p $(STAMP) && touch $@
 
 venv: $(BIN)/.installed
+# Outside the checkout, `pip install .` installs torbed with its chart, variants and scenarios (torbed/resources.py).
 # hack/constraints.txt pins every Python dependency (the client image uses it too).
-$(BIN)/.installed: pyproject.toml hack/constraints.txt
+$(BIN)/.installed: pyproject.toml setup.py hack/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c hack/constraints.txt -e ".[test]"
@@ -80,8 +81,9 @@ images-test: images  ## tests/images against the built images
 bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost, mtrelay throughput); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
 
-# Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Under 2 h here,
-# resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
+# Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Hours: it prints its
+# estimate for the chosen settings first (`$(BIN)/python -m torbed.analysis.reproduce --dry-run`
+# prints only that); resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
 # only (REPRODUCE_ONLY=name,... to choose), runs in runs/reproduce-quick/, document labelled so.
 # REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
 reproduce: setup  ## run the papers' experiments torbed has variants for; writes docs/reproduction.md

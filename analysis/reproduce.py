@@ -36,10 +36,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import resources
 from . import stats
 from .report import report as make_report
 
-REPO = Path(__file__).resolve().parents[1]
+# Scenarios come from torbed's data (a checkout or the installed copy); the document and the
+# runs go into the checkout, or the current directory in an installed copy.
+REPO = resources.ROOT
+OUT_ROOT = resources.CHECKOUT or Path(".")
 # Measured here: a run's first network takes ~100 s (keys), later repetitions ~10 s to come up
 # and ~10 s to tear down; the warm-up is inside measure.duration.
 FIRST_BRINGUP_S, PER_REP_OVERHEAD_S = 90.0, 20.0
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", default=os.environ.get("REPRODUCE_DURATION", "180s"),
                     help="measured duration per repetition")
     ap.add_argument("--runs", default=None, help="where the runs live (default runs/reproduce[-quick])")
-    ap.add_argument("--doc", default=str(REPO / "docs" / "reproduction.md"), help="the document written")
+    ap.add_argument("--doc", default=str(OUT_ROOT / "docs" / "reproduction.md"), help="the document written")
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     args = ap.parse_args(argv)
     only = args.only or [x for x in os.environ.get("REPRODUCE_ONLY", "").split(",") if x]
@@ -403,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         print(f"reproduce: --reps {args.reps}: must be at least 1", file=sys.stderr)
         return 2
-    runs_root = Path(args.runs or (REPO / "runs" / ("reproduce-quick" if args.quick else "reproduce")))
+    runs_root = Path(args.runs or (OUT_ROOT / "runs" / ("reproduce-quick" if args.quick else "reproduce")))
     chosen = [e for e in EXPERIMENTS if not only or e.name in only]
     from ..units import parse_duration
     dur_s = parse_duration(args.duration)
@@ -470,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     doc = Path(args.doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(_markdown(out_rows, settings, {k: (str(v.relative_to(REPO)) if v and v.is_relative_to(REPO)
+    doc.write_text(_markdown(out_rows, settings, {k: (str(v.relative_to(OUT_ROOT)) if v and v.is_relative_to(OUT_ROOT)
                                                        else (str(v) if v else None)) for k, v in run_dirs.items()}))
     (runs_root / "reproduction.json").parent.mkdir(parents=True, exist_ok=True)
     (runs_root / "reproduction.json").write_text(json.dumps(

@@ -34,7 +34,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import constants
+from . import constants, resources
 from .scenario import load
 from .supervise import run_torbed
 
@@ -66,7 +66,7 @@ def one_run(scenario: Path, out: Path, soak: float, env: dict | None = None) -> 
     variant = load(scenario).variants[0]
     t_cmd = time.time()
     p = run_torbed(["run", str(scenario), "--variant", variant, "--duration", f"{int(soak)}s",
-                    "--out", str(out)], cwd=constants.REPO_ROOT, env=env)
+                    "--out", str(out)], cwd=resources.ROOT, env=env)
     name = load(scenario).name
     runs = sorted(d for d in out.glob(f"{name}-2*") if d.is_dir() and not d.is_symlink()
                   and (d / "run.json").exists() and d.stat().st_ctime >= t_cmd - 1)

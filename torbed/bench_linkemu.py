@@ -233,9 +233,9 @@ class Bench:
         return prefix + [sys.executable, "-m", "torbed.bench_linkemu", "probe", kind, *args]
 
     def _env(self) -> dict:
-        from . import constants
+        from . import resources
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(constants.REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = str(resources.package_parent()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
     def probe(self, node, kind: str, *args: str, rt: bool = False, timeout: float = 300) -> dict:
@@ -437,8 +437,8 @@ class Bench:
 
 
 def git_commit() -> str | None:
-    from . import constants
-    p = subprocess.run(["git", "-C", str(constants.REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    from . import resources
+    p = subprocess.run(["git", "-C", str(resources.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return p.stdout.strip() or None
 
 

@@ -32,7 +32,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from . import constants
+from . import resources
 from .supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -62,7 +62,7 @@ def one_level(users: int, workers: int, duration_s: int, out: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "load.yaml"
         path.write_text(yaml.safe_dump(scenario(users, workers, duration_s)))
-        p = run_torbed(["run", str(path), "--out", str(out)], cwd=constants.REPO_ROOT)
+        p = run_torbed(["run", str(path), "--out", str(out)], cwd=resources.ROOT)
     run = out / f"bench-load-{users}-latest"
     rep = run.resolve() / "kist" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text()) if (rep / "meta.json").exists() else {}

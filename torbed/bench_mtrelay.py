@@ -38,11 +38,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from . import constants
+from . import constants, resources
 from .supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
-SCENARIO = constants.REPO_ROOT / "scenarios" / "engler-goldberg-2021-throughput.yaml"
+SCENARIO = constants.SCENARIOS_DIR / "engler-goldberg-2021-throughput.yaml"
 TARGET = "target0"
 PAPER = "paper (3 threads vs vanilla): 4.3x on the Intel server, 3.1x on the Raspberry Pi"
 # .../<run>/<variant>/rep-<k>/torrc/target0.torrc on a tor command line.
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, ThreadSampler(out) as sampler:
         path = Path(tmp) / f"{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
-        p = run_torbed(["run", str(path), "--out", str(out)], cwd=constants.REPO_ROOT)
+        p = run_torbed(["run", str(path), "--out", str(out)], cwd=resources.ROOT)
     run_dir = (out / f"{data['name']}-latest").resolve()
     if not run_dir.is_dir():
         console.print(f"[red]mtrelay: the run failed[/red] (exit {p.returncode}): {p.stderr[-1500:]}")

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
+from . import resources
 from .supervise import run_torbed
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = resources.ROOT
 
 # The patch's notice lines (images/relay/variants/torchestra/README.md, A.3).
 EXIT_MOVE = re.compile(r"Torchestra: exit moves circuit \d+ (light|heavy)->(light|heavy)")

@@ -29,11 +29,11 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field
 
-from . import constants, torrc
+from . import constants, resources, torrc
 from .scenario import Scenario, Strict
 from .variants import _read_family, list_families
 
-CHART_DIR = constants.REPO_ROOT / "charts" / "torbed"
+CHART_DIR = resources.path("charts/torbed")
 
 # MetricsPort is bound to the pod address; pods are addressed from a private range we do
 # not know in advance (the cluster's pod CIDR), and the NetworkPolicy admits only the release.
@@ -185,7 +185,7 @@ def inline_traces(scenario: Scenario) -> dict[str, str]:
     replay traces that the client image does not ship (it ships replay/traces/). Raises
     ValueError naming the traces when they exceed INLINE_TRACES_MAX_BYTES."""
     import base64
-    shipped = (constants.REPO_ROOT / "replay" / "traces").resolve()
+    shipped = resources.path("replay/traces").resolve()
     out: dict[str, bytes] = {}
     for c, cg in scenario.clients.items():
         if cg.workload.kind != "replay":
@@ -270,7 +270,7 @@ def generated_files() -> dict[str, str]:
     # `helm install torbed charts/torbed` with no values deploys the quickstart.
     out["files/default-scenario.yaml"] = (f"# {GENERATED_NOTE}\n# A copy of scenarios/quickstart.yaml: what the "
                                           "chart deploys when its values name no scenario.\n"
-                                          + (constants.REPO_ROOT / "scenarios" / "quickstart.yaml").read_text())
+                                          + (constants.SCENARIOS_DIR / "quickstart.yaml").read_text())
     from . import dashboards
     out.update(dashboards.generated_files())
     return out

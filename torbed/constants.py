@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import resources
+
 API_VERSION = "torbed/v1"
 
-# Repository layout (the package lives in <repo>/torbed).
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Installed copies (the client image) have no repository around them: TORBED_VARIANTS_DIR.
-VARIANTS_DIR = Path(os.environ.get("TORBED_VARIANTS_DIR", REPO_ROOT / "images" / "relay" / "variants"))
-BUILD_SCRIPT = REPO_ROOT / "images" / "relay" / "build-tor.sh"
-SCENARIOS_DIR = REPO_ROOT / "scenarios"
+# Data files (chart, variants, scenarios, ...): torbed.resources finds them in a checkout or
+# in the installed package. TORBED_VARIANTS_DIR points at other variant folders (the client
+# image's copy).
+VARIANTS_DIR = Path(os.environ.get("TORBED_VARIANTS_DIR") or resources.path("images/relay/variants"))
+BUILD_SCRIPT = resources.path("images/relay/build-tor.sh")
+SCENARIOS_DIR = resources.path("scenarios")
 # Where pods look up replay traces by file name (the client image: traces shipped in it,
 # and a ConfigMap of user traces mounted first); empty outside the image.
 TRACE_DIRS = [Path(d) for d in os.environ.get("TORBED_TRACE_DIRS", "").split(os.pathsep) if d]

@@ -49,14 +49,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import constants, netns
+from . import constants, netns, resources
 from .network import LinkSpec, Plan
 from .supervise import Supervisor, tail
 from .errors import RunFailed
 
-CRATE_DIR = constants.REPO_ROOT / "torbed" / "linkemu"
-# Built outside the source tree, so a fresh clone (CI) reuses it: cargo's build directory is
-# shared, the binary is kept under a key of the crate's sources and the compiler.
+CRATE_DIR = resources.path("torbed/linkemu")
+# Built outside the source tree (a checkout's or an installed copy's), so a fresh clone (CI)
+# reuses it: cargo's build directory is shared, the binary is kept under a key of the crate's
+# sources and the compiler.
 BUILD_ROOT = constants.CACHE_DIR / "linkemu"
 CARGO_TARGET_DIR = BUILD_ROOT / "target"
 NETNS_DIR = Path("/run/netns")       # where `ip netns` keeps namespace handles
@@ -130,11 +131,11 @@ def ensure_binary(console=None) -> Path:
         raise EmulatorError("linkemu is not built and cargo is not on PATH: install Rust (https://rustup.rs) "
                             f"and run `cargo build --release --locked --manifest-path {CRATE_DIR}/Cargo.toml`, "
                             "or set TORBED_LINKEMU to a prebuilt linkemu")
-    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE_DIR / "Cargo.toml")]
+    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE_DIR / "Cargo.toml"),
+           "--target-dir", str(CARGO_TARGET_DIR)]
     if console is not None:
         console.log(f"building linkemu: {' '.join(cmd[1:])}")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CARGO_TARGET_DIR": str(CARGO_TARGET_DIR)})
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise EmulatorError(f"building linkemu failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
     dest = built_binary()

@@ -28,17 +28,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform as _platform
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, constants
+from . import __version__, constants, resources
 from .variants import VariantError, list_families, load_variant
 from .errors import InputError, RunFailed
 
-REPO = constants.REPO_ROOT
+REPO = resources.ROOT
 IMAGES = ("dirauth", "client", "locust", "relay", "prometheus", "nightly")
 # The images that compile tor (they share the tor stages).
 TOR_IMAGES = ("dirauth", "client", "relay")
@@ -190,6 +191,18 @@ def _stage_helm() -> None:
         dest.chmod(0o755)
 
 
+def _stage_wheel() -> None:
+    """torbed's wheel, built from this checkout as `pip install .` builds it, into the build
+    context: the client image installs it (no source tree in the image)."""
+    dest = STAGE / "client"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(REPO)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageError(f"pip wheel --no-deps {REPO} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
 def _ca_bundle() -> str | None:
     # For PyPI behind a TLS-inspecting proxy: the bundle this machine's pip trusts.
     for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
@@ -211,6 +224,10 @@ def _inspect(docker: str, ref: str) -> tuple[str, int] | None:
 def build(images: list[Image], verbose: bool = False, console=None) -> list[Result]:
     """Build ``images`` (from ``plan``) in order; stop at the first failure."""
     say = console.print if console else print
+    try:
+        resources.checkout("building images")   # Dockerfiles, hack/ and the package sources
+    except resources.ResourceError as e:
+        raise ImageInputError(str(e)) from e
     docker = ensure_engine()
     bases = {arch: ensure_base(arch, docker) for arch in sorted({i.arch for i in images})}
     ca = _ca_bundle()
@@ -228,6 +245,8 @@ def build(images: list[Image], verbose: bool = False, console=None) -> list[Resu
             cmd += ["--build-arg", f"{k}={v}"]
         if img.kind == "nightly":
             _stage_helm()
+        if img.kind == "client":
+            _stage_wheel()
         if img.kind in ("client", "locust", "nightly") and ca:
             cmd += ["--secret", f"id=ca-certificates,src={ca}"]
         cmd.append(".")

@@ -24,7 +24,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
                       ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from . import constants, safeload, units
+from . import constants, resources, safeload, units
 from .variants import VariantError, load_variant
 from .errors import InputError
 
@@ -391,19 +391,19 @@ class Scenario(Strict):
 
     def trace_path(self, trace: str) -> Path:
         """Where a replay workload's trace file is: absolute, else next to the scenario
-        file, else in the repository; failing those, a file of that name in a
+        file, else in torbed's data (torbed.resources: the repository or the installed copy); failing those, a file of that name in a
         TORBED_TRACE_DIRS directory (pods: no repository there). The first that exists;
-        the repository's path otherwise."""
+        the path in torbed's data otherwise."""
         p = Path(trace)
         if p.is_absolute() and p.exists():
             return p
-        for base in (() if p.is_absolute() else (self._base_dir, constants.REPO_ROOT)):
+        for base in (() if p.is_absolute() else (self._base_dir, resources.ROOT)):
             if base is not None and (Path(base) / p).exists():
                 return (Path(base) / p).resolve()
         for d in constants.TRACE_DIRS:
             if (d / p.name).is_file():
                 return d / p.name
-        return p if p.is_absolute() else constants.REPO_ROOT / p
+        return p if p.is_absolute() else resources.ROOT / p
 
 
 def _loc(loc: tuple) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from . import constants
+from . import resources
 
 # glibc malloc settings for tor, by environment variable: (torbed override, default).
 # Neither changes what tor does, only how freed memory goes back to the kernel; see tor_env.
@@ -58,7 +58,7 @@ def tor_env(overrides: dict | None = None) -> dict:
 
 def child_env() -> dict:
     env = dict(os.environ)
-    root = str(constants.REPO_ROOT)
+    root = str(resources.package_parent())
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -8,10 +8,10 @@ import tomllib
 
 import pytest
 
-from torbed import __version__, constants, images
+from torbed import __version__, constants, images, resources
 from torbed.variants import list_families, load_variant
 
-REPO = constants.REPO_ROOT
+REPO = resources.checkout("tests/images")
 DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.TOR_IMAGES}
 
 
@@ -140,3 +140,11 @@ def test_plan_rejects_bad_input():
         images.plan(None, families=["nope"])
     with pytest.raises(images.ImageInputError, match="kind"):
         images.plan(None, kinds=["relay", "bridge"])
+
+
+def test_client_installs_the_staged_wheel():
+    # The same package `pip install .` gives (data files included), not a copy of the sources.
+    text = DOCKERFILES["client"].read_text()
+    assert "COPY .stage/client/ /src/wheel/" in text and "--no-deps /src/wheel/torbed-*.whl" in text
+    assert "COPY torbed/" not in text
+    assert ".stage" not in (REPO / ".dockerignore").read_text().split()

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from torbed import __version__, constants, images
+from torbed import __version__, constants, images, resources
 from torbed.variants import list_families
 
 pytestmark = pytest.mark.images
@@ -178,7 +178,7 @@ def test_locust_image_runs_the_pinned_locust_beside_torbed(docker, built):
     """The load pods' image: Locust at hack/constraints.txt's pin in /opt/locust (read-only
     root, as in the pods), torbed's pod program and torbed-node from the client image."""
     import re
-    pin = re.search(r"^locust==(\S+)", (constants.REPO_ROOT / "hack" / "constraints.txt").read_text(), re.M).group(1)
+    pin = re.search(r"^locust==(\S+)", (resources.checkout("tests/images") / "hack" / "constraints.txt").read_text(), re.M).group(1)
     proc = run(docker, built["locust"], "/opt/locust/bin/locust", "--version", args=tuple(READ_ONLY))
     assert proc.returncode == 0 and f"locust {pin} " in proc.stdout, proc.stdout + proc.stderr
     # requests' SOCKS support (socks5h through the load node's tor) in Locust's venv.

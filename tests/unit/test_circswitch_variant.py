@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from torbed import bench_circswitch, constants
+from torbed.chart import CHART_DIR
 from torbed.variants import VariantError, load_variant
 from tests.unit.patchtext import c_format
 
@@ -50,7 +51,7 @@ def test_every_torrc_option_exists_in_the_patch():
 
 
 def test_chart_renders_the_family():
-    chart = yaml.safe_load((constants.REPO_ROOT / "charts/torbed/files/variants.yaml").read_text())
+    chart = yaml.safe_load((CHART_DIR / "files" / "variants.yaml").read_text())
     fam = chart["families"]["circswitch"]
     assert fam["patched"] is True
     assert [p["name"] for p in fam["parameters"]][0] == "beta"

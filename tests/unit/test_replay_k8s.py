@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gzip
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,8 +16,8 @@ from torbed import chart, constants
 from torbed.k8s.replayserver import traces_for
 from torbed.scenario import parse
 
-GOPAL = constants.REPO_ROOT / "scenarios" / "gopal-heninger-2012-exp2.yaml"
-TWO_FLOWS = constants.REPO_ROOT / "tests" / "data" / "replay" / "two-flows.trace.jsonl"
+GOPAL = constants.SCENARIOS_DIR / "gopal-heninger-2012-exp2.yaml"
+TWO_FLOWS = Path(__file__).resolve().parents[1] / "data" / "replay" / "two-flows.trace.jsonl"
 
 
 def _gopal(tmp_path, **traces):

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from .. import constants, safeload, units
+from .. import resources, safeload, units
 from ..scenario import Duration, Percent, ScenarioError, Strict, _loc, _message
 from .. import scenario as scenario_mod
 
@@ -106,7 +106,7 @@ class NightlySpec(Strict):
         here = (self._base_dir / p).resolve()
         if here.exists():
             return here
-        shipped = (constants.REPO_ROOT / p).resolve()
+        shipped = (resources.ROOT / p).resolve()
         return shipped if shipped.exists() else here
 
     _base_dir: Path = Path(".")
