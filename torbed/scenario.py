@@ -24,7 +24,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
                       ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from . import constants, safeload, units
+from . import constants, safeload, torrc_policy, units
 from .variants import VariantError, load_variant
 from .errors import InputError
 
@@ -90,7 +90,8 @@ class RelayGroup(Strict):
     exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
-    torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment)")
+    torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
+                                       "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(
         "native", description="qemu: run this group's tor under qemu-user emulation (qemu-x86_64, no AES "
                               "instructions): every thread much slower, a slow CPU like a Raspberry Pi's, so the "
@@ -474,6 +475,9 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
     if s.network.authorities < 3:
         warnings.append(f"network.authorities: {s.network.authorities} authorities; 3 or more are recommended "
                         "(a consensus needs a majority; 1 gives no redundancy)")
+    for g, rg in relays.items():
+        problems += [(f"network.relays.{g}.torrc", msg)
+                     for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None)]
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))
