@@ -86,6 +86,55 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $problems = append $problems (printf "variant: '%s' is not one of the scenario's variants (%s)" $v.variant (join ", " $v.variants)) -}}
 {{- end -}}
 
+{{- /* Relay groups' extra torrc lines: read as torbed.torrc_policy reads them (one line at a
+time, a backslash at the end continuing it), each option judged by files/torrc-policy.yaml. */ -}}
+{{- $policy := (.Files.Get "files/torrc-policy.yaml") | fromYaml -}}
+{{- range $g, $rg := $relays -}}
+{{- $field := printf "network.relays.%s.torrc" $g -}}
+{{- $text := toString ($rg.torrc | default "") -}}
+{{- if regexMatch $policy.badChars $text -}}
+{{- $problems = append $problems (printf "%s: a control character or white space other than spaces, tabs and newlines is not allowed (torrc lines take printable characters, spaces and tabs)" $field) -}}
+{{- else -}}
+{{- $lines := splitList "\n" (trim $text) -}}
+{{- $continued := false -}}
+{{- range $i, $raw := $lines -}}
+{{- $line := trim $raw -}}
+{{- $last := eq (add1 $i) (len $lines) -}}
+{{- $where := printf "%s: line %d: '%s'" $field (add1 $i) $line -}}
+{{- if $continued -}}
+{{- if contains "#" $line }}{{ $problems = append $problems (printf "%s: a comment inside a continued line (tor would read the lines after it as part of the value); remove it" $where) }}{{ end -}}
+{{- $continued = hasSuffix "\\" $line -}}
+{{- if and $continued $last }}{{ $problems = append $problems (printf "%s: the last line ends with a backslash (it continues onto nothing)" $where) }}{{ end -}}
+{{- else if and $line (not (hasPrefix "#" $line)) -}}
+{{- $key := regexFind "^[^ \t#]*" $line -}}
+{{- $value := trim (first (splitList "#" (trimPrefix $key $line))) -}}
+{{- $continued = hasSuffix "\\" $line -}}
+{{- if and $continued (contains "#" $line) -}}
+{{- $problems = append $problems (printf "%s: a comment on a continued line (tor would end the line at the comment); remove it" $where) -}}
+{{- else if and $continued $last -}}
+{{- $problems = append $problems (printf "%s: the last line ends with a backslash (it continues onto nothing)" $where) -}}
+{{- else if hasPrefix "%" $key -}}
+{{- $problems = append $problems (printf "%s: %s" $where $policy.include) -}}
+{{- else if not (regexMatch $policy.nameRe $key) -}}
+{{- $problems = append $problems (printf "%s: '%s' is not an option name (letters, digits and _, after an optional + or /)" $where $key) -}}
+{{- else if hasPrefix "\"" $value -}}
+{{- $problems = append $problems (printf "%s: quoted values are not accepted (no option on the allow-list needs one)" $where) -}}
+{{- else -}}
+{{- $name := trimPrefix "/" (trimPrefix "+" $key) -}}
+{{- $opt := index $policy.options (lower $name) -}}
+{{- if not $opt -}}
+{{- $problems = append $problems (printf "%s: unknown option '%s' (tor %s has no option of that name; write names in full)" $where $name $policy.tor) -}}
+{{- else if $opt.refused -}}
+{{- $problems = append $problems (printf "%s: %s: %s" $where $opt.name $opt.refused) -}}
+{{- else if and $rg.bandwidth (has $opt.name (list "BandwidthRate" "BandwidthBurst")) -}}
+{{- $problems = append $problems (printf "%s: %s: this group's 'bandwidth' sets it; use one or the other" $where $opt.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Exits and paths. */ -}}
 {{- $exits := list -}}
 {{- range $g, $rg := $relays }}{{ if $rg.exit }}{{ $exits = append $exits $g }}{{ end }}{{ end -}}
