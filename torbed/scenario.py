@@ -54,7 +54,8 @@ Size = _checker(units.Size, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$")
 Rate = _checker(units.Rate,
                 r"^[0-9]+(\.[0-9]+)?\s*(bit|kbit|mbit|gbit|B/s|KB/s|MB/s|GB/s|KiB/s|MiB/s|GiB/s)$")
 Duration = _checker(units.Duration, r"^[0-9]+(\.[0-9]+)?\s*(us|ms|s|m|h)$")
-Percent = _checker(units.Percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
+# 0% to 100% (units.parse_percent refuses more), spelt so the chart's schema refuses it too.
+Percent = _checker(units.Percent, r"^(0*100(\.0+)?|0*[0-9]{1,2}(\.[0-9]+)?)\s*%$")
 
 GROUP_NAME_RE = r"^[a-z][a-z0-9]{0,11}$"
 GroupName = Annotated[str, Field(pattern=GROUP_NAME_RE)]
@@ -98,10 +99,35 @@ class RelayGroup(Strict):
                               "relay's CPU binds before the rest of the network does; local backend only")
 
 
+# The testbed's address range: inside one of RFC 1918's, /24 or larger. torbed's check below
+# names what is wrong; the same rule as a pattern is what the chart's schema checks (the host
+# bits, which a pattern cannot check, _validate.tpl checks).
+PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+SMALLEST_PREFIX = 24
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+
+
+def _subnet_pattern() -> str:
+    def prefixes(lo: int) -> str:
+        return "(" + "|".join(str(n) for n in range(lo, SMALLEST_PREFIX + 1)) + ")"
+    alternatives = []
+    for net in map(ipaddress.IPv4Network, PRIVATE_RANGES):
+        octets = str(net.network_address).split(".")
+        fixed, rest = net.prefixlen // 8, net.prefixlen % 8
+        parts = octets[:fixed]
+        if rest:
+            lo = int(octets[fixed])
+            parts.append("(" + "|".join(str(n) for n in range(lo, lo + 2 ** (8 - rest))) + ")")
+        parts += [_OCTET] * (4 - len(parts))
+        alternatives.append(r"\.".join(parts) + "/" + prefixes(net.prefixlen))
+    return "^(" + "|".join(alternatives) + ")$"
+
+
 class Network(Strict):
     authorities: int = Field(3, ge=1, le=9, description="Directory authorities (3 or more recommended)")
     relays: dict[GroupName, RelayGroup] = Field(..., min_length=1, description="Relay groups by name")
-    subnet: str = Field(constants.DEFAULT_SUBNET, description="Private IPv4 range of the testbed (RFC 1918)")
+    subnet: str = Field(constants.DEFAULT_SUBNET, json_schema_extra={"pattern": _subnet_pattern()},
+                        description="Private IPv4 range of the testbed (RFC 1918), /24 or larger")
     consensus_params: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")], int] = Field(
         default_factory=dict,
         description="Consensus parameters the authorities vote (e.g. cc_alg: 0 for fixed SENDME windows)")
@@ -467,9 +493,12 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
 
     # Network.
     try:
+        if not re.fullmatch(r"[0-9.]+/(0|[1-9][0-9]?)", s.network.subnet):
+            raise ValueError(f"'{s.network.subnet}': write it as ADDRESS/PREFIX, e.g. {constants.DEFAULT_SUBNET}")
         net = ipaddress.IPv4Network(s.network.subnet, strict=True)
-        if not net.is_private or net.prefixlen > 24:
-            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918) range of /24 or larger"))
+        if not any(net.subnet_of(ipaddress.IPv4Network(r)) for r in PRIVATE_RANGES) or net.prefixlen > SMALLEST_PREFIX:
+            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
+                             f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger"))
     except ValueError as e:
         problems.append(("network.subnet", f"not an IPv4 network: {e}"))
     if s.network.authorities < 3:
@@ -541,7 +570,10 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                 problems.append((f"links.pairs[{i}].between[{j}]",
                                  f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
         key = frozenset(pair.between)
-        if key in pairs_seen:
+        if len(key) == 1:
+            problems.append((f"links.pairs[{i}].between", f"{pair.between} names one group twice; links.default "
+                             "shapes the links within a group"))
+        elif key in pairs_seen:
             problems.append((f"links.pairs[{i}].between", f"{pair.between} is listed twice"))
         pairs_seen.add(key)
         if all(getattr(pair, f) is None for f in ("rate", "delay", "jitter", "jitter_distribution", "loss",

@@ -12,10 +12,11 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $reserved := list "authority" "auth" "switch" "collector" "load" "locust" -}}
 {{- $families := ((.Files.Get "files/variants.yaml") | fromYaml).families -}}
 
-{{- /* Group names share one namespace. */ -}}
+{{- /* Group names share one namespace (checked in torbed's order: relays, servers, clients). */ -}}
 {{- $seen := dict -}}
-{{- range $kind, $groups := dict "network.relays" $relays "servers" $servers "clients" $clients -}}
-{{- range $g, $_ := $groups -}}
+{{- range $pair := list (list "network.relays" $relays) (list "servers" $servers) (list "clients" $clients) -}}
+{{- $kind := index $pair 0 -}}
+{{- range $g, $_ := index $pair 1 -}}
 {{- if has $g $reserved }}{{ $problems = append $problems (printf "%s.%s: '%s' is reserved (reserved: %s)" $kind $g $g (join ", " (sortAlpha $reserved))) }}{{ end -}}
 {{- if hasKey $seen $g }}{{ $problems = append $problems (printf "%s.%s: group name '%s' is also used in %s; names must be unique" $kind $g $g (index $seen $g)) }}{{ end -}}
 {{- $_ := set $seen $g $kind -}}
@@ -44,6 +45,16 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 {{- if gt (int ($ld.workers | default 1)) (int ($ld.users | default 10)) }}{{ $problems = append $problems (printf "load.workers: %v workers for %v users: some would run no user" ($ld.workers | default 1) ($ld.users | default 10)) }}{{ end -}}
+{{- with $ld.mix -}}
+{{- $weights := 0.0 -}}
+{{- range $name, $r := . -}}
+{{- $weights = addf $weights (float64 ($r.weight | default 0)) -}}
+{{- if and $r.think (eq ($r.think.distribution | default "exponential") "uniform") (or (not $r.think.min) (not $r.think.max)) -}}
+{{- $problems = append $problems (printf "load.mix.%s.think: a uniform distribution needs 'min' and 'max'" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if le $weights 0.0 }}{{ $problems = append $problems "load.mix: every weight is 0: the users would send nothing" }}{{ end -}}
+{{- end -}}
 {{- $end := float64 (include "torbed.seconds" (($v.measure | default dict).duration | default "5m")) -}}
 {{- $start := float64 (include "torbed.seconds" ($ld.start | default "0s")) -}}
 {{- if ge $start $end }}{{ $problems = append $problems (printf "load.start: %s is not before the end of the workload" ($ld.start | default "0s")) }}{{ end -}}
@@ -84,6 +95,16 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- if and $v.variant (not (has $v.variant $v.variants)) -}}
 {{- $problems = append $problems (printf "variant: '%s' is not one of the scenario's variants (%s)" $v.variant (join ", " $v.variants)) -}}
+{{- end -}}
+
+{{- /* Network: the schema's pattern holds the subnet to RFC 1918 and /24 or larger; the host bits here. */ -}}
+{{- with ($v.network | default dict).subnet -}}
+{{- $parts := regexSplit "[./]" . -1 -}}
+{{- $addr := 0 -}}
+{{- range $i := until 4 }}{{ $addr = add (mul $addr 256) (atoi (index $parts $i)) }}{{ end -}}
+{{- $block := 1 -}}
+{{- range until (sub 32 (atoi (index $parts 4)) | int) }}{{ $block = mul $block 2 }}{{ end -}}
+{{- if ne (mod $addr $block) 0 }}{{ $problems = append $problems (printf "network.subnet: not an IPv4 network: %s has host bits set" .) }}{{ end -}}
 {{- end -}}
 
 {{- /* Relay groups' extra torrc lines: read as torbed.torrc_policy reads them (one line at a
@@ -161,6 +182,8 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- $problems = append $problems (printf "clients.%s.workload.server: '%s' is not a server group (servers: %s)" $c $server (join ", " (keys $servers | sortAlpha))) -}}
 {{- else if eq $wl.kind "replay" -}}
 {{- if not (index $servers $server).replay }}{{ $problems = append $problems (printf "clients.%s.workload.server: server '%s' has no replay server (add 'replay: {}' to it)" $c $server) }}{{ end -}}
+{{- else if not (index $servers $server).files -}}
+{{- $problems = append $problems (printf "clients.%s.workload.server: server '%s' has no files to download" $c $server) -}}
 {{- else if not (hasKey ((index $servers $server).files | default dict) $wl.file) -}}
 {{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys ((index $servers $server).files | default dict) | sortAlpha))) -}}
 {{- end -}}
@@ -200,7 +223,8 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- if not (has $g $linkGroups) }}{{ $problems = append $problems (printf "links.pairs[%d].between[%d]: '%s' is not a group (groups: %s)" $i $j $g (join ", " ($linkGroups | sortAlpha))) }}{{ end -}}
 {{- end -}}
 {{- $key := join "|" ($pair.between | sortAlpha) -}}
-{{- if hasKey $pairsSeen $key }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v is listed twice" $i $pair.between) }}{{ end -}}
+{{- if eq (len (uniq $pair.between)) 1 }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v names one group twice; links.default shapes the links within a group" $i $pair.between) }}
+{{- else if hasKey $pairsSeen $key }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v is listed twice" $i $pair.between) }}{{ end -}}
 {{- $_ := set $pairsSeen $key true -}}
 {{- if not (or $pair.rate $pair.delay $pair.jitter $pair.jitter_distribution $pair.loss $pair.loss_burst $pair.queue) -}}
 {{- $problems = append $problems (printf "links.pairs[%d]: an override sets none of rate, delay, jitter, loss, queue" $i) -}}
@@ -208,12 +232,25 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- if and $pair.jitter (not $pair.delay) }}{{ $problems = append $problems (printf "links.pairs[%d].jitter: jitter needs a delay" $i) }}{{ end -}}
 {{- end -}}
 {{- if and $linkDefault.jitter (not $linkDefault.delay) }}{{ $problems = append $problems "links.default.jitter: jitter needs a delay" }}{{ end -}}
+{{- $links := list (list "links.default" $linkDefault) -}}
+{{- range $i, $pair := ($v.links | default dict).pairs | default list }}{{ $links = append $links (list (printf "links.pairs[%d]" $i) $pair) }}{{ end -}}
+{{- range $i, $f := $v.faults | default list }}{{ if eq $f.kind "link" }}{{ $links = append $links (list (printf "faults[%d]" $i) $f) }}{{ end }}{{ end -}}
+{{- range $x := $links -}}
+{{- $where := index $x 0 -}}{{- $l := index $x 1 -}}
+{{- if and $l.jitter $l.delay (gt (float64 (include "torbed.seconds" $l.jitter)) (float64 (include "torbed.seconds" $l.delay))) -}}
+{{- $problems = append $problems (printf "%s.jitter: jitter larger than the delay would reorder packets" $where) -}}
+{{- end -}}
+{{- if and $l.rate (lt (int64 (include "torbed.bits" $l.rate)) 8000) -}}
+{{- $problems = append $problems (printf "%s.rate: %s is below 8kbit; tor cannot work that slowly" $where $l.rate) -}}
+{{- end -}}
+{{- end -}}
 
 {{- /* Measurement. */ -}}
 {{- $m := $v.measure | default dict -}}
 {{- $duration := float64 (include "torbed.seconds" ($m.duration | default "5m")) -}}
 {{- $warmup := float64 (include "torbed.seconds" ($m.warmup | default "30s")) -}}
 {{- if le $duration 0.0 }}{{ $problems = append $problems "measure.duration: must be longer than 0s" }}{{ end -}}
+{{- if lt (float64 (include "torbed.seconds" ($m.bw_interval | default "500ms"))) 0.1 }}{{ $problems = append $problems "measure.bw_interval: must be at least 100ms" }}{{ end -}}
 {{- if ge $warmup $duration }}{{ $problems = append $problems (printf "measure.warmup: warmup %s is not shorter than duration %s" ($m.warmup | default "30s") ($m.duration | default "5m")) }}{{ end -}}
 
 {{- /* Placement and faults name groups (faults may also name nodes like 'middle0'). */ -}}
@@ -249,6 +286,9 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- $count := (index $relays $base).count | default 1 -}}
 {{- if ge (atoi (trimPrefix $base $f.target)) (int $count) }}{{ $problems = append $problems (printf "faults[%d].target: '%s': group '%s' has %d node(s)" $i $f.target $base (int $count)) }}{{ end -}}
 {{- end -}}
+{{- end -}}
+{{- if and (eq $f.kind "cpu") $f.cpu (lt (float64 (regexReplaceAll "\\s*%$" (toString $f.cpu) "")) 1.0) -}}
+{{- $problems = append $problems (printf "faults[%d].cpu: %s is below 1%% of a core (the kernel's smallest useful quota)" $i $f.cpu) -}}
 {{- end -}}
 {{- if ge (float64 (include "torbed.seconds" $f.at)) $duration }}{{ $problems = append $problems (printf "faults[%d].at: %s is after the end of the workload (%s)" $i $f.at ($m.duration | default "5m")) }}{{ end -}}
 {{- end -}}
