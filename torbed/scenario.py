@@ -505,8 +505,20 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         warnings.append(f"network.authorities: {s.network.authorities} authorities; 3 or more are recommended "
                         "(a consensus needs a majority; 1 gives no redundancy)")
     for g, rg in relays.items():
+        # A patched tor's own options are accepted when every variant the group runs has them.
+        families = set()
+        for name in [rg.variant] if rg.variant is not None else s.variants:
+            try:
+                families.add(load_variant(name, variants_dir).family)
+            except VariantError:
+                pass       # reported above
+        extra = None
+        for fam in families:
+            opts = torrc_policy.variant_options(fam, variants_dir)
+            extra = opts if extra is None else {k: v for k, v in extra.items() if k in opts}
         problems += [(f"network.relays.{g}.torrc", msg)
-                     for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None)]
+                     for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
+                                                      variant_options=extra)]
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))

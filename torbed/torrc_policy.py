@@ -9,6 +9,8 @@ against tor's own option list (data/tor-<version>-options.txt, from ``tor
   defences, directory timing) is accepted;
 - an option torbed sets itself, or one that names host paths, ports, addresses, control
   interfaces, identity, users or processes, is refused with the reason (``refusal``);
+- an option a group's patched tor adds (named in its variant's torrc fragment, e.g.
+  ``CircSwitch``) is accepted when every variant the group runs has it;
 - any other option tor knows is refused as not on the allow-list; a name tor does not know
   is refused as unknown (tor would refuse it too, but only once the network starts; it
   would also take an abbreviation like ``DataDir`` for ``DataDirectory``, so names must be
@@ -26,7 +28,8 @@ torbed writes (``extra_lines``), so the checks see what tor will see.
 
 Public API:
 
-- ``problems(text, bandwidth_set=False) -> list[str]``  one message per refused line
+- ``problems(text, bandwidth_set=False, variant_options=None) -> list[str]``  one message per refused line
+- ``variant_options(family) -> dict[str, str]``  options a variant family's patched tor adds
 - ``extra_lines(text) -> list[str]``  the lines torbed appends to a relay's torrc
 - ``tor_options() -> dict[str, str]``  tor's options by lower-case name
 - ``ALLOWED``: {option: what it tunes}, the documented allow-list
@@ -212,6 +215,18 @@ def refusal(name: str) -> str | None:
     return None if name in ALLOWED else NOT_ALLOWED
 
 
+def variant_options(family: str, variants_dir: Path = constants.VARIANTS_DIR) -> dict[str, str]:
+    """Options named in a variant family's torrc fragment that stock tor lacks (its patches
+    add them), by lower-case name."""
+    from .variants import _read_family
+    out = {}
+    for line in _read_family(family, variants_dir)["torrc"].splitlines():
+        m = re.match(r"\s*([A-Za-z0-9_]+)", line)
+        if m and m.group(1).lower() not in tor_options():
+            out[m.group(1).lower()] = m.group(1)
+    return out
+
+
 def extra_lines(text: str) -> list[str]:
     """The lines torbed appends to a relay's torrc for a group's ``torrc:`` (each stripped)."""
     return [ln.strip() for ln in text.strip().splitlines()]
@@ -228,9 +243,10 @@ def _unknown(key: str) -> str:
     return msg + (f"; did you mean {known[close[0]]}?" if close else "")
 
 
-def problems(text: str, bandwidth_set: bool = False) -> list[str]:
+def problems(text: str, bandwidth_set: bool = False, variant_options: dict[str, str] | None = None) -> list[str]:
     """One message per refused line of a group's extra torrc ("line N: 'LINE': why").
-    ``bandwidth_set``: the group sets ``bandwidth`` (then BandwidthRate/Burst are its)."""
+    ``bandwidth_set``: the group sets ``bandwidth`` (then BandwidthRate/Burst are its).
+    ``variant_options``: options every variant the group runs adds (``variant_options``)."""
     bad = _BAD_CHARS.search(text)
     if bad:
         return [f"character U+{ord(bad.group()):04X} is not allowed (torrc lines take printable characters, "
@@ -268,7 +284,10 @@ def problems(text: str, bandwidth_set: bool = False) -> list[str]:
         if value.startswith('"'):
             out.append(f"{where}: quoted values are not accepted (no option on the allow-list needs one)")
             continue
-        name = tor_options().get(key.lstrip("+/").lower())
+        low = key.lstrip("+/").lower()
+        if low in (variant_options or {}):
+            continue
+        name = tor_options().get(low)
         if name is None:
             out.append(f"{where}: {_unknown(key.lstrip('+/'))}")
             continue
@@ -293,7 +312,8 @@ def policy_file(note: str) -> str:
     for low, name in sorted(tor_options().items()):
         why = refusal(name)
         options[low] = {"name": name, "refused": why or ""}
+    from .variants import list_families
     data = {"tor": constants.TOR_VERSION, "badChars": _go_class(), "nameRe": NAME_RE, "include": INCLUDE,
-            "options": options}
+            "options": options, "variantOptions": {f: variant_options(f) for f in list_families()}}
     return (f"# {note}\n# torbed.torrc_policy: how templates/_validate.tpl checks network.relays.<group>.torrc.\n"
             + yaml.safe_dump(data, sort_keys=True, width=1000))

@@ -60,6 +60,11 @@ EXTRA = [
     ("torrc-bandwidth-twice", {"network.relays.middle.bandwidth": "1MB/s",
                                "network.relays.middle.torrc": "BandwidthRate 2 MB"},
      "network.relays.middle.torrc", "'bandwidth' sets it"),
+    ("torrc-patched-option-stock-variant", {"network.relays.middle.torrc": "CircSwitch 0"},
+     "network.relays.middle.torrc", "unknown option 'CircSwitch'"),
+    ("torrc-patched-option-not-every-variant", {"variants": ["circswitch", "kist"],
+                                                "network.relays.middle.torrc": "CircSwitch 0"},
+     "network.relays.middle.torrc", "unknown option 'CircSwitch'"),
     # Links that name one group twice.
     ("link-pair-listed-twice", {"links.pairs": [{"between": ["guard", "middle"], "rate": "1mbit"},
                                                 {"between": ["middle", "guard"], "rate": "2mbit"}]},
@@ -104,6 +109,20 @@ def test_table_covers_the_unit_corpus_and_the_new_cases():
 
 def test_base_passes_both(tools, tmp_path, capsys):
     f = write_case(tmp_path, {})
+    assert cli.main(["validate", f]) == 0, capsys.readouterr()
+    p = run(tools, tools["helm"], "template", "t", str(CHART), "-f", f)
+    assert p.returncode == 0, show(p, limit=1500)
+
+
+@pytest.mark.parametrize("changes", [
+    pytest.param({"network.relays.middle.torrc": "schedulers KIST\n+KISTSchedRunInterval 2 msec  # c\n"
+                                                 "ConstrainedSockets 1\\\n  \nDoSConnectionEnabled 0"}, id="allowed"),
+    pytest.param({"variants": ["circswitch"], "network.relays.middle.torrc": "CircSwitch 0"}, id="patched-option"),
+    pytest.param({"network.relays.middle.variant": "mtrelay-2", "network.relays.middle.torrc": "RelayConnectionThreads 4"},
+                 id="patched-option-group-variant"),
+])
+def test_both_accept(tools, tmp_path, capsys, changes):
+    f = write_case(tmp_path, changes)
     assert cli.main(["validate", f]) == 0, capsys.readouterr()
     p = run(tools, tools["helm"], "template", "t", str(CHART), "-f", f)
     assert p.returncode == 0, show(p, limit=1500)

@@ -143,3 +143,19 @@ def test_lines_written_are_the_lines_checked():
     assert torrc_policy.extra_lines("  Schedulers KIST  \n\n\tConstrainedSockets 1\n") == \
         ["Schedulers KIST", "", "ConstrainedSockets 1"]
     assert torrc.torrc_policy.extra_lines is torrc_policy.extra_lines
+
+
+def test_a_patched_tors_options_need_every_variant_of_the_group_to_have_them():
+    """CircSwitch exists only in the circswitch variant's tor (tests/integration turn it off per group)."""
+    data = copy.deepcopy(BASE)
+    data["variants"] = ["circswitch"]
+    data["network"]["relays"]["middle"]["torrc"] = "CircSwitch 0"
+    scenario.parse(copy.deepcopy(data), "s.yaml")
+    data["variants"] = ["circswitch", "kist"]
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.parse(copy.deepcopy(data), "s.yaml")
+    assert "unknown option 'CircSwitch'" in str(err.value)
+    data["network"]["relays"]["middle"]["variant"] = "circswitch"
+    scenario.parse(data, "s.yaml")
+    assert "relayconnectionthreads" in torrc_policy.variant_options("mtrelay")
+    assert torrc_policy.variant_options("kist") == {}

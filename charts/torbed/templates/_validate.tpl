@@ -143,7 +143,14 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- else -}}
 {{- $name := trimPrefix "/" (trimPrefix "+" $key) -}}
 {{- $opt := index $policy.options (lower $name) -}}
-{{- if not $opt -}}
+{{- /* A patched tor's own options: accepted when every variant the group runs has them. */ -}}
+{{- $groupVariants := ternary (list $rg.variant) ($v.variants | default list) (not (empty $rg.variant)) -}}
+{{- $byVariant := gt (len $groupVariants) 0 -}}
+{{- range $vn := $groupVariants -}}
+{{- if not (hasKey (index $policy.variantOptions (include "torbed.family" $vn) | default dict) (lower $name)) }}{{ $byVariant = false }}{{ end -}}
+{{- end -}}
+{{- if $byVariant -}}
+{{- else if not $opt -}}
 {{- $problems = append $problems (printf "%s: unknown option '%s' (tor %s has no option of that name; write names in full)" $where $name $policy.tor) -}}
 {{- else if $opt.refused -}}
 {{- $problems = append $problems (printf "%s: %s: %s" $where $opt.name $opt.refused) -}}
