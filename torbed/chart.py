@@ -2,7 +2,7 @@
 
 A scenario file is the chart's values file (``helm install NAME charts/torbed -f SCENARIO``),
 so the chart's values are the scenario plus a few chart-only keys (``variant``, ``images``,
-...). Six generated things keep the chart and the local backend on one definition:
+...). Seven generated things keep the chart and the local backend on one definition:
 
 - ``values.schema.json``: the scenario's JSON Schema plus the chart keys (``values_schema()``),
   so ``helm install`` rejects a misspelled key or a bad unit string as ``torbed validate`` does;
@@ -15,7 +15,9 @@ so the chart's values are the scenario plus a few chart-only keys (``variant``, 
 - ``files/default-scenario.yaml``: scenarios/quickstart.yaml, deployed when the values name
   no scenario (``helm install torbed charts/torbed``);
 - ``files/torrc-policy.yaml``: every tor option with torbed's verdict on it as a relay group's
-  extra torrc line (``torbed.torrc_policy``), which templates/_validate.tpl applies.
+  extra torrc line (``torbed.torrc_policy``), which templates/_validate.tpl applies;
+- ``files/network.yaml``: the default subnet and the first node's host number, so
+  _validate.tpl checks that a subnet holds every node as ``network.plan`` lays them out.
 
 Public API: ``ChartValues`` (the chart-only keys), ``values_schema() -> dict``,
 ``inline_traces(scenario) -> dict`` (replayTraces.inline for traces the image lacks),
@@ -274,6 +276,9 @@ def generated_files() -> dict[str, str]:
                                           "chart deploys when its values name no scenario.\n"
                                           + (constants.REPO_ROOT / "scenarios" / "quickstart.yaml").read_text())
     out["files/torrc-policy.yaml"] = torrc_policy.policy_file(GENERATED_NOTE)
+    # What _validate.tpl needs to know that a subnet holds every node (network.plan's layout).
+    out["files/network.yaml"] = f"# {GENERATED_NOTE}\n" + yaml.safe_dump(
+        {"defaultSubnet": constants.DEFAULT_SUBNET, "firstNodeHost": constants.FIRST_NODE_HOST}, sort_keys=True)
     from . import dashboards
     out.update(dashboards.generated_files())
     return out

@@ -499,6 +499,12 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         if not any(net.subnet_of(ipaddress.IPv4Network(r)) for r in PRIVATE_RANGES) or net.prefixlen > SMALLEST_PREFIX:
             problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
                              f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger"))
+        else:
+            # Nodes take consecutive addresses from .FIRST_NODE_HOST up (network.plan).
+            nodes, room = sum(group_sizes(s).values()), net.num_addresses - 1 - constants.FIRST_NODE_HOST
+            if nodes > room:
+                problems.append(("network.subnet", f"'{s.network.subnet}' has room for {room} nodes (addresses "
+                                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}: use a larger range"))
     except ValueError as e:
         problems.append(("network.subnet", f"not an IPv4 network: {e}"))
     if s.network.authorities < 3:
@@ -582,10 +588,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                 problems.append((f"links.pairs[{i}].between[{j}]",
                                  f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
         key = frozenset(pair.between)
-        if len(key) == 1:
-            problems.append((f"links.pairs[{i}].between", f"{pair.between} names one group twice; links.default "
-                             "shapes the links within a group"))
-        elif key in pairs_seen:
+        if key in pairs_seen:
             problems.append((f"links.pairs[{i}].between", f"{pair.between} is listed twice"))
         pairs_seen.add(key)
         if all(getattr(pair, f) is None for f in ("rate", "delay", "jitter", "jitter_distribution", "loss",

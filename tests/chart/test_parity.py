@@ -1,8 +1,9 @@
 """The two front doors refuse the same scenarios: every invalid scenario of one table is refused
 by `torbed validate` (exit 2, the field named) and by `helm template -f SCENARIO` of the chart
 (non-zero, the field named). The table is the scenario unit tests' INVALID corpus plus cases
-that once passed the chart: out-of-range rates and percentages, address ranges, refused
-torrc lines, links naming one group twice.
+that once passed the chart: out-of-range rates and percentages, address ranges and their
+size, refused torrc lines, link faults naming one group (or a group and its node) twice, link
+pairs listed twice.
 """
 
 import re
@@ -65,7 +66,13 @@ EXTRA = [
     ("torrc-patched-option-not-every-variant", {"variants": ["circswitch", "kist"],
                                                 "network.relays.middle.torrc": "CircSwitch 0"},
      "network.relays.middle.torrc", "unknown option 'CircSwitch'"),
-    # Links that name one group twice.
+    # Links that name one group (or node) twice. (links.pairs [g, g] is valid: the links within g.)
+    ("fault-between-group-and-its-node", {"faults": [{"at": "10s", "kind": "link", "between": ["middle", "middle0"],
+                                                      "delay": "10ms"}]}, "faults[0].between", "share node(s)"),
+    ("fault-between-authority-twice", {"faults": [{"at": "10s", "kind": "link", "between": ["authority", "auth1"],
+                                                   "loss": "1%"}]}, "faults[0].between", "share node(s)"),
+    ("subnet-just-too-small", {"network.subnet": "192.168.4.0/24", "clients.bulk.count": 238},
+     "network.subnet", "has room for 245 nodes"),
     ("link-pair-listed-twice", {"links.pairs": [{"between": ["guard", "middle"], "rate": "1mbit"},
                                                 {"between": ["middle", "guard"], "rate": "2mbit"}]},
      "links.pairs[1].between", "listed twice"),
@@ -118,6 +125,8 @@ def test_base_passes_both(tools, tmp_path, capsys):
     pytest.param({"network.relays.middle.torrc": "schedulers KIST\n+KISTSchedRunInterval 2 msec  # c\n"
                                                  "ConstrainedSockets 1\\\n  \nDoSConnectionEnabled 0"}, id="allowed"),
     pytest.param({"variants": ["circswitch"], "network.relays.middle.torrc": "CircSwitch 0"}, id="patched-option"),
+    pytest.param({"network.subnet": "192.168.4.0/24", "clients.bulk.count": 237}, id="subnet-just-large-enough"),
+    pytest.param({"links.pairs.0.between": ["guard", "guard"]}, id="link-pair-within-one-group"),
     pytest.param({"network.relays.middle.variant": "mtrelay-2", "network.relays.middle.torrc": "RelayConnectionThreads 4"},
                  id="patched-option-group-variant"),
 ])

@@ -149,8 +149,10 @@ INVALID = [
     ("load-bad-mix-name", {"load": {"mix": {"Web Pages": {"weight": 1, "size": "1KiB"}}}}, "load.mix.Web Pages",
      "does not match"),
     # Address ranges, links, extra torrc lines (tests/chart/test_parity.py runs these through helm too).
-    ("link-same-group-twice", {"links.pairs.0.between": ["guard", "guard"]}, "links.pairs[0].between",
-     "names one group twice"),
+    ("subnet-too-small-for-the-nodes", {"network.subnet": "10.77.0.0/24", "network.relays.middle.count": 300},
+     "network.subnet", "has room for 245 nodes"),
+    ("fault-between-one-group-twice", {"faults": [{"at": "10s", "kind": "link", "between": ["middle", "middle"],
+                                                   "delay": "10ms"}]}, "faults[0].between", "share node(s)"),
     ("subnet-loopback", {"network.subnet": "127.0.0.0/16"}, "network.subnet", "RFC 1918"),
     ("subnet-not-cidr", {"network.subnet": "10.77.0.0"}, "network.subnet", "ADDRESS/PREFIX"),
     ("torrc-datadirectory", {"network.relays.middle.torrc": "DataDirectory /etc"}, "network.relays.middle.torrc",
@@ -364,3 +366,12 @@ def test_percent_schema_pattern_agrees_with_the_parser(loss):
     except scenario.ScenarioError:
         valid = False
     assert bool(re.search(pattern, loss)) == valid
+
+
+def test_subnet_room_is_what_the_plan_needs():
+    """The check's arithmetic is network.plan's: 245 nodes fit a /24, 246 do not."""
+    from torbed import network
+    fits = scenario.parse(patched({"network.subnet": "192.168.4.0/24", "clients.bulk.count": 237}))
+    assert len(network.plan(fits, "kist").nodes) == 245
+    with pytest.raises(scenario.ScenarioError, match="has room for 245 nodes"):
+        scenario.parse(patched({"network.subnet": "192.168.4.0/24", "clients.bulk.count": 238}))

@@ -107,6 +107,18 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- if ne (mod $addr $block) 0 }}{{ $problems = append $problems (printf "network.subnet: not an IPv4 network: %s has host bits set" .) }}{{ end -}}
 {{- end -}}
 
+{{- /* ... and holds every node: they take consecutive addresses from .firstNodeHost up (network.plan). */ -}}
+{{- $subnet := ($v.network | default dict).subnet | default (($.Files.Get "files/network.yaml") | fromYaml).defaultSubnet -}}
+{{- $nodes := int (include "torbed.authorityCount" .) -}}
+{{- range $_, $x := $relays }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- range $_, $x := $servers }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- range $_, $x := $clients }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- if include "torbed.load" . }}{{ $nodes = add $nodes (int (include "torbed.loadWorkers" .)) 1 }}{{ end -}}
+{{- $size := 1 -}}
+{{- range until (sub 32 (atoi (last (splitList "/" $subnet))) | int) }}{{ $size = mul $size 2 }}{{ end -}}
+{{- $room := sub (sub $size 1) (($.Files.Get "files/network.yaml") | fromYaml).firstNodeHost -}}
+{{- if gt $nodes $room }}{{ $problems = append $problems (printf "network.subnet: '%s' has room for %d nodes; the scenario has %d: use a larger range" $subnet $room $nodes) }}{{ end -}}
+
 {{- /* Relay groups' extra torrc lines: read as torbed.torrc_policy reads them (one line at a
 time, a backslash at the end continuing it), each option judged by files/torrc-policy.yaml. */ -}}
 {{- $policy := (.Files.Get "files/torrc-policy.yaml") | fromYaml -}}
@@ -230,8 +242,7 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- if not (has $g $linkGroups) }}{{ $problems = append $problems (printf "links.pairs[%d].between[%d]: '%s' is not a group (groups: %s)" $i $j $g (join ", " ($linkGroups | sortAlpha))) }}{{ end -}}
 {{- end -}}
 {{- $key := join "|" ($pair.between | sortAlpha) -}}
-{{- if eq (len (uniq $pair.between)) 1 }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v names one group twice; links.default shapes the links within a group" $i $pair.between) }}
-{{- else if hasKey $pairsSeen $key }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v is listed twice" $i $pair.between) }}{{ end -}}
+{{- if hasKey $pairsSeen $key }}{{ $problems = append $problems (printf "links.pairs[%d].between: %v is listed twice" $i $pair.between) }}{{ end -}}
 {{- $_ := set $pairsSeen $key true -}}
 {{- if not (or $pair.rate $pair.delay $pair.jitter $pair.jitter_distribution $pair.loss $pair.loss_burst $pair.queue) -}}
 {{- $problems = append $problems (printf "links.pairs[%d]: an override sets none of rate, delay, jitter, loss, queue" $i) -}}
@@ -275,6 +286,13 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- $sides := dict -}}
 {{- if $f.target }}{{ $_ := set $sides "target" $f.target }}{{ end -}}
 {{- range $j, $x := $f.between | default list }}{{ $_ := set $sides (printf "between[%d]" $j) $x }}{{ end -}}
+{{- if eq (len ($f.between | default list)) 2 -}}
+{{- $a := ternary "auth" (index $f.between 0) (eq (index $f.between 0) "authority") -}}
+{{- $b := ternary "auth" (index $f.between 1) (eq (index $f.between 1) "authority") -}}
+{{- if or (eq $a $b) (and (hasKey $counts $a) (eq (regexReplaceAll "[0-9]+$" $b "") $a)) (and (hasKey $counts $b) (eq (regexReplaceAll "[0-9]+$" $a "") $b)) -}}
+{{- $problems = append $problems (printf "faults[%d].between: %v: the two sides share node(s)" $i $f.between) -}}
+{{- end -}}
+{{- end -}}
 {{- range $field, $name := $sides -}}
 {{- $n := ternary "auth" $name (eq $name "authority") -}}
 {{- $base := regexReplaceAll "[0-9]+$" $n "" -}}
