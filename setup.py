@@ -55,8 +55,9 @@ class BuildWithData(build_py):
 setup(
     package_dir={"torbed": "torbed", **MAPPED},
     packages=packages(),
-    # The trace-capture scenario (hack/capture-traces.sh) beside its scripts.
-    package_data={"torbed.replay.capture": ["*.yaml"]},
+    # The trace-capture scenario (hack/capture-traces.sh) beside its scripts; tor's option list
+    # (torbed.torrc_policy), so installed copies (the client image) check torrc lines too.
+    package_data={"torbed.replay.capture": ["*.yaml"], "torbed": ["data/*.txt"]},
     # Not MANIFEST.in's files as package data too: linkemu's crate and replay/traces lie inside
     # package folders but ship once, under torbed/_data.
     include_package_data=False,

@@ -2,7 +2,7 @@
 
 A scenario file is the chart's values file (``helm install NAME charts/torbed -f SCENARIO``),
 so the chart's values are the scenario plus a few chart-only keys (``variant``, ``images``,
-...). Five generated things keep the chart and the local backend on one definition:
+...). Seven generated things keep the chart and the local backend on one definition:
 
 - ``values.schema.json``: the scenario's JSON Schema plus the chart keys (``values_schema()``),
   so ``helm install`` rejects a misspelled key or a bad unit string as ``torbed validate`` does;
@@ -13,7 +13,11 @@ so the chart's values are the scenario plus a few chart-only keys (``variant``, 
 - ``files/scenario-keys.yaml``: the scenario's top-level keys, the part of the values the
   chart hands its pods as the scenario;
 - ``files/default-scenario.yaml``: scenarios/quickstart.yaml, deployed when the values name
-  no scenario (``helm install torbed charts/torbed``).
+  no scenario (``helm install torbed charts/torbed``);
+- ``files/torrc-policy.yaml``: every tor option with torbed's verdict on it as a relay group's
+  extra torrc line (``torbed.torrc_policy``), which templates/_validate.tpl applies;
+- ``files/network.yaml``: the default subnet and the first node's host number, so
+  _validate.tpl checks that a subnet holds every node as ``network.plan`` lays them out.
 
 Public API: ``ChartValues`` (the chart-only keys), ``values_schema() -> dict``,
 ``inline_traces(scenario) -> dict`` (replayTraces.inline for traces the image lacks),
@@ -29,7 +33,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field
 
-from . import constants, resources, torrc
+from . import constants, resources, torrc, torrc_policy
 from .scenario import Scenario, Strict
 from .variants import _read_family, list_families
 
@@ -271,6 +275,10 @@ def generated_files() -> dict[str, str]:
     out["files/default-scenario.yaml"] = (f"# {GENERATED_NOTE}\n# A copy of scenarios/quickstart.yaml: what the "
                                           "chart deploys when its values name no scenario.\n"
                                           + (constants.SCENARIOS_DIR / "quickstart.yaml").read_text())
+    out["files/torrc-policy.yaml"] = torrc_policy.policy_file(GENERATED_NOTE)
+    # What _validate.tpl needs to know that a subnet holds every node (network.plan's layout).
+    out["files/network.yaml"] = f"# {GENERATED_NOTE}\n" + yaml.safe_dump(
+        {"defaultSubnet": constants.DEFAULT_SUBNET, "firstNodeHost": constants.FIRST_NODE_HOST}, sort_keys=True)
     from . import dashboards
     out.update(dashboards.generated_files())
     return out

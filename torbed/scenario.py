@@ -24,7 +24,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
                       ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from . import constants, resources, safeload, units
+from . import constants, resources, safeload, torrc_policy, units
 from .variants import VariantError, load_variant
 from .errors import InputError
 
@@ -54,7 +54,8 @@ Size = _checker(units.Size, r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|KiB|MiB|GiB)$")
 Rate = _checker(units.Rate,
                 r"^[0-9]+(\.[0-9]+)?\s*(bit|kbit|mbit|gbit|B/s|KB/s|MB/s|GB/s|KiB/s|MiB/s|GiB/s)$")
 Duration = _checker(units.Duration, r"^[0-9]+(\.[0-9]+)?\s*(us|ms|s|m|h)$")
-Percent = _checker(units.Percent, r"^[0-9]+(\.[0-9]+)?\s*%$")
+# 0% to 100% (units.parse_percent refuses more), spelt so the chart's schema refuses it too.
+Percent = _checker(units.Percent, r"^(0*100(\.0+)?|0*[0-9]{1,2}(\.[0-9]+)?)\s*%$")
 
 GROUP_NAME_RE = r"^[a-z][a-z0-9]{0,11}$"
 GroupName = Annotated[str, Field(pattern=GROUP_NAME_RE)]
@@ -90,17 +91,43 @@ class RelayGroup(Strict):
     exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
-    torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment)")
+    torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
+                                       "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(
         "native", description="qemu: run this group's tor under qemu-user emulation (qemu-x86_64, no AES "
                               "instructions): every thread much slower, a slow CPU like a Raspberry Pi's, so the "
                               "relay's CPU binds before the rest of the network does; local backend only")
 
 
+# The testbed's address range: inside one of RFC 1918's, /24 or larger. torbed's check below
+# names what is wrong; the same rule as a pattern is what the chart's schema checks (the host
+# bits, which a pattern cannot check, _validate.tpl checks).
+PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+SMALLEST_PREFIX = 24
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+
+
+def _subnet_pattern() -> str:
+    def prefixes(lo: int) -> str:
+        return "(" + "|".join(str(n) for n in range(lo, SMALLEST_PREFIX + 1)) + ")"
+    alternatives = []
+    for net in map(ipaddress.IPv4Network, PRIVATE_RANGES):
+        octets = str(net.network_address).split(".")
+        fixed, rest = net.prefixlen // 8, net.prefixlen % 8
+        parts = octets[:fixed]
+        if rest:
+            lo = int(octets[fixed])
+            parts.append("(" + "|".join(str(n) for n in range(lo, lo + 2 ** (8 - rest))) + ")")
+        parts += [_OCTET] * (4 - len(parts))
+        alternatives.append(r"\.".join(parts) + "/" + prefixes(net.prefixlen))
+    return "^(" + "|".join(alternatives) + ")$"
+
+
 class Network(Strict):
     authorities: int = Field(3, ge=1, le=9, description="Directory authorities (3 or more recommended)")
     relays: dict[GroupName, RelayGroup] = Field(..., min_length=1, description="Relay groups by name")
-    subnet: str = Field(constants.DEFAULT_SUBNET, description="Private IPv4 range of the testbed (RFC 1918)")
+    subnet: str = Field(constants.DEFAULT_SUBNET, json_schema_extra={"pattern": _subnet_pattern()},
+                        description="Private IPv4 range of the testbed (RFC 1918), /24 or larger")
     consensus_params: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")], int] = Field(
         default_factory=dict,
         description="Consensus parameters the authorities vote (e.g. cc_alg: 0 for fixed SENDME windows)")
@@ -474,14 +501,38 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
 
     # Network.
     try:
+        if not re.fullmatch(r"[0-9.]+/(0|[1-9][0-9]?)", s.network.subnet):
+            raise ValueError(f"'{s.network.subnet}': write it as ADDRESS/PREFIX, e.g. {constants.DEFAULT_SUBNET}")
         net = ipaddress.IPv4Network(s.network.subnet, strict=True)
-        if not net.is_private or net.prefixlen > 24:
-            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918) range of /24 or larger"))
+        if not any(net.subnet_of(ipaddress.IPv4Network(r)) for r in PRIVATE_RANGES) or net.prefixlen > SMALLEST_PREFIX:
+            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
+                             f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger"))
+        else:
+            # Nodes take consecutive addresses from .FIRST_NODE_HOST up (network.plan).
+            nodes, room = sum(group_sizes(s).values()), net.num_addresses - 1 - constants.FIRST_NODE_HOST
+            if nodes > room:
+                problems.append(("network.subnet", f"'{s.network.subnet}' has room for {room} nodes (addresses "
+                                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}: use a larger range"))
     except ValueError as e:
         problems.append(("network.subnet", f"not an IPv4 network: {e}"))
     if s.network.authorities < 3:
         warnings.append(f"network.authorities: {s.network.authorities} authorities; 3 or more are recommended "
                         "(a consensus needs a majority; 1 gives no redundancy)")
+    for g, rg in relays.items():
+        # A patched tor's own options are accepted when every variant the group runs has them.
+        families = set()
+        for name in [rg.variant] if rg.variant is not None else s.variants:
+            try:
+                families.add(load_variant(name, variants_dir).family)
+            except VariantError:
+                pass       # reported above
+        extra = None
+        for fam in families:
+            opts = torrc_policy.variant_options(fam, variants_dir)
+            extra = opts if extra is None else {k: v for k, v in extra.items() if k in opts}
+        problems += [(f"network.relays.{g}.torrc", msg)
+                     for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
+                                                      variant_options=extra)]
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))

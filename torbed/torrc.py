@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import constants
+from . import constants, torrc_policy
 from .keys import AuthorityKeys
 from .network import Node, Plan
 from .variants import Variant
@@ -251,5 +251,6 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
             lines.append(f"BandwidthBurst {bytes_per_s} bytes")
         if group.torrc.strip():
             lines.append(f"# Extra lines of relay group '{node.group}' (scenario)")
-            lines += [ln.strip() for ln in group.torrc.strip().splitlines()]
+            # Checked line by line when the scenario was validated (torrc_policy), as written here.
+            lines += torrc_policy.extra_lines(group.torrc)
     return "\n".join(lines) + "\n"

@@ -224,14 +224,15 @@ def test_sigkill_then_clean_removes_everything(tmp_path):
 
 
 def test_node_that_fails_to_start_gives_clear_error(tmp_path):
-    data = small_scenario("it-badnode", **{"network.relays.middle": {"torrc": "NoSuchTorOption 1"}})
+    # An allowed option with a value tor refuses: validation passes, the node fails at start.
+    data = small_scenario("it-badnode", **{"network.relays.middle": {"torrc": "Schedulers NoSuchScheduler"}})
     path = write_scenario(tmp_path, data)
     out = tmp_path / "runs"
     p = run_torbed(["run", str(path), "--out", str(out), "--system-tor"], timeout=180)
     text = p.stdout + p.stderr
     assert p.returncode == 1, text
     assert "middle0" in text and "exited with status" in text
-    assert "NoSuchTorOption" in text, "the error should show the node's last log lines"
+    assert "NoSuchScheduler" in text, "the error should show the node's last log lines"
     meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "failed" and "middle0" in meta["error"]
     assert not namespaces(only_run_dir(out))

@@ -151,6 +151,15 @@ INVALID = [
      "load.mix.web.think", "needs 'min' and 'max'"),
     ("load-bad-mix-name", {"load": {"mix": {"Web Pages": {"weight": 1, "size": "1KiB"}}}}, "load.mix.Web Pages",
      "does not match"),
+    # Address ranges, links, extra torrc lines (tests/chart/test_parity.py runs these through helm too).
+    ("subnet-too-small-for-the-nodes", {"network.subnet": "10.77.0.0/24", "network.relays.middle.count": 300},
+     "network.subnet", "has room for 245 nodes"),
+    ("fault-between-one-group-twice", {"faults": [{"at": "10s", "kind": "link", "between": ["middle", "middle"],
+                                                   "delay": "10ms"}]}, "faults[0].between", "share node(s)"),
+    ("subnet-loopback", {"network.subnet": "127.0.0.0/16"}, "network.subnet", "RFC 1918"),
+    ("subnet-not-cidr", {"network.subnet": "10.77.0.0"}, "network.subnet", "ADDRESS/PREFIX"),
+    ("torrc-datadirectory", {"network.relays.middle.torrc": "DataDirectory /etc"}, "network.relays.middle.torrc",
+     "names a host path"),
     ("load-group-name-reserved", {"clients.load": {"workload": {"kind": "bulk", "file": "bulk"}}}, "clients.load",
      "reserved"),
 ]
@@ -331,3 +340,41 @@ def test_load_groups_can_be_shaped():
     assert s.links.pairs[0].between == ["load", "guard"]
     with pytest.raises(scenario.ScenarioError, match="links.pairs\\[0\\].between\\[0\\]: 'load' is not a group"):
         scenario.parse(patched({"links.pairs": [{"between": ["load", "guard"], "rate": "2mbit"}]}), "l.yaml")
+
+
+@pytest.mark.parametrize("subnet", ["10.77.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "172.31.255.0/24", "192.168.0.0/16",
+                                    "192.168.7.0/24", "10.0.0.0/25", "10.0.0.0/7", "172.32.0.0/16", "192.169.0.0/16",
+                                    "8.8.0.0/16", "127.0.0.0/16", "10.300.0.0/16", "010.0.0.0/8", "10.0.0.0/08",
+                                    "10.77.0.0", "10.77.0.0/255.255.0.0"])
+def test_subnet_schema_pattern_agrees_with_the_check(subnet):
+    """The chart's schema (a pattern) and torbed's check accept the same subnets (host bits
+    aside: a pattern cannot see them; _validate.tpl checks those)."""
+    import re
+    pattern = scenario.json_schema()["$defs"]["Network"]["properties"]["subnet"]["pattern"]
+    try:
+        scenario.parse(patched({"network.subnet": subnet}), "s.yaml")
+        valid = True
+    except scenario.ScenarioError:
+        valid = False
+    assert bool(re.search(pattern, subnet)) == valid
+
+
+@pytest.mark.parametrize("loss", ["0%", "0.5%", "100%", "100.0%", "099%", "100.5%", "101%", "250%", "1000%"])
+def test_percent_schema_pattern_agrees_with_the_parser(loss):
+    import re
+    pattern = scenario.json_schema()["$defs"]["Link"]["properties"]["loss"]["anyOf"][0]["pattern"]
+    try:
+        scenario.parse(patched({"links.default.loss": loss}), "s.yaml")
+        valid = True
+    except scenario.ScenarioError:
+        valid = False
+    assert bool(re.search(pattern, loss)) == valid
+
+
+def test_subnet_room_is_what_the_plan_needs():
+    """The check's arithmetic is network.plan's: 245 nodes fit a /24, 246 do not."""
+    from torbed import network
+    fits = scenario.parse(patched({"network.subnet": "192.168.4.0/24", "clients.bulk.count": 237}))
+    assert len(network.plan(fits, "kist").nodes) == 245
+    with pytest.raises(scenario.ScenarioError, match="has room for 245 nodes"):
+        scenario.parse(patched({"network.subnet": "192.168.4.0/24", "clients.bulk.count": 238}))

@@ -12,10 +12,11 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $reserved := list "authority" "auth" "switch" "collector" "load" "locust" -}}
 {{- $families := ((.Files.Get "files/variants.yaml") | fromYaml).families -}}
 
-{{- /* Group names share one namespace. */ -}}
+{{- /* Group names share one namespace (checked in torbed's order: relays, servers, clients). */ -}}
 {{- $seen := dict -}}
-{{- range $kind, $groups := dict "network.relays" $relays "servers" $servers "clients" $clients -}}
-{{- range $g, $_ := $groups -}}
+{{- range $pair := list (list "network.relays" $relays) (list "servers" $servers) (list "clients" $clients) -}}
+{{- $kind := index $pair 0 -}}
+{{- range $g, $_ := index $pair 1 -}}
 {{- if has $g $reserved }}{{ $problems = append $problems (printf "%s.%s: '%s' is reserved (reserved: %s)" $kind $g $g (join ", " (sortAlpha $reserved))) }}{{ end -}}
 {{- if hasKey $seen $g }}{{ $problems = append $problems (printf "%s.%s: group name '%s' is also used in %s; names must be unique" $kind $g $g (index $seen $g)) }}{{ end -}}
 {{- $_ := set $seen $g $kind -}}
@@ -44,6 +45,16 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 {{- if gt (int ($ld.workers | default 1)) (int ($ld.users | default 10)) }}{{ $problems = append $problems (printf "load.workers: %v workers for %v users: some would run no user" ($ld.workers | default 1) ($ld.users | default 10)) }}{{ end -}}
+{{- with $ld.mix -}}
+{{- $weights := 0.0 -}}
+{{- range $name, $r := . -}}
+{{- $weights = addf $weights (float64 ($r.weight | default 0)) -}}
+{{- if and $r.think (eq ($r.think.distribution | default "exponential") "uniform") (or (not $r.think.min) (not $r.think.max)) -}}
+{{- $problems = append $problems (printf "load.mix.%s.think: a uniform distribution needs 'min' and 'max'" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if le $weights 0.0 }}{{ $problems = append $problems "load.mix: every weight is 0: the users would send nothing" }}{{ end -}}
+{{- end -}}
 {{- $end := float64 (include "torbed.seconds" (($v.measure | default dict).duration | default "5m")) -}}
 {{- $start := float64 (include "torbed.seconds" ($ld.start | default "0s")) -}}
 {{- if ge $start $end }}{{ $problems = append $problems (printf "load.start: %s is not before the end of the workload" ($ld.start | default "0s")) }}{{ end -}}
@@ -86,6 +97,84 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $problems = append $problems (printf "variant: '%s' is not one of the scenario's variants (%s)" $v.variant (join ", " $v.variants)) -}}
 {{- end -}}
 
+{{- /* Network: the schema's pattern holds the subnet to RFC 1918 and /24 or larger; the host bits here. */ -}}
+{{- with ($v.network | default dict).subnet -}}
+{{- $parts := regexSplit "[./]" . -1 -}}
+{{- $addr := 0 -}}
+{{- range $i := until 4 }}{{ $addr = add (mul $addr 256) (atoi (index $parts $i)) }}{{ end -}}
+{{- $block := 1 -}}
+{{- range until (sub 32 (atoi (index $parts 4)) | int) }}{{ $block = mul $block 2 }}{{ end -}}
+{{- if ne (mod $addr $block) 0 }}{{ $problems = append $problems (printf "network.subnet: not an IPv4 network: %s has host bits set" .) }}{{ end -}}
+{{- end -}}
+
+{{- /* ... and holds every node: they take consecutive addresses from .firstNodeHost up (network.plan). */ -}}
+{{- $subnet := ($v.network | default dict).subnet | default (($.Files.Get "files/network.yaml") | fromYaml).defaultSubnet -}}
+{{- $nodes := int (include "torbed.authorityCount" .) -}}
+{{- range $_, $x := $relays }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- range $_, $x := $servers }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- range $_, $x := $clients }}{{ $nodes = add $nodes ($x.count | default 1) }}{{ end -}}
+{{- if include "torbed.load" . }}{{ $nodes = add $nodes (int (include "torbed.loadWorkers" .)) 1 }}{{ end -}}
+{{- $size := 1 -}}
+{{- range until (sub 32 (atoi (last (splitList "/" $subnet))) | int) }}{{ $size = mul $size 2 }}{{ end -}}
+{{- $room := sub (sub $size 1) (($.Files.Get "files/network.yaml") | fromYaml).firstNodeHost -}}
+{{- if gt $nodes $room }}{{ $problems = append $problems (printf "network.subnet: '%s' has room for %d nodes; the scenario has %d: use a larger range" $subnet $room $nodes) }}{{ end -}}
+
+{{- /* Relay groups' extra torrc lines: read as torbed.torrc_policy reads them (one line at a
+time, a backslash at the end continuing it), each option judged by files/torrc-policy.yaml. */ -}}
+{{- $policy := (.Files.Get "files/torrc-policy.yaml") | fromYaml -}}
+{{- range $g, $rg := $relays -}}
+{{- $field := printf "network.relays.%s.torrc" $g -}}
+{{- $text := toString ($rg.torrc | default "") -}}
+{{- if regexMatch $policy.badChars $text -}}
+{{- $problems = append $problems (printf "%s: a control character or white space other than spaces, tabs and newlines is not allowed (torrc lines take printable characters, spaces and tabs)" $field) -}}
+{{- else -}}
+{{- $lines := splitList "\n" (trim $text) -}}
+{{- $continued := false -}}
+{{- range $i, $raw := $lines -}}
+{{- $line := trim $raw -}}
+{{- $last := eq (add1 $i) (len $lines) -}}
+{{- $where := printf "%s: line %d: '%s'" $field (add1 $i) $line -}}
+{{- if $continued -}}
+{{- if contains "#" $line }}{{ $problems = append $problems (printf "%s: a comment inside a continued line (tor would read the lines after it as part of the value); remove it" $where) }}{{ end -}}
+{{- $continued = hasSuffix "\\" $line -}}
+{{- if and $continued $last }}{{ $problems = append $problems (printf "%s: the last line ends with a backslash (it continues onto nothing)" $where) }}{{ end -}}
+{{- else if and $line (not (hasPrefix "#" $line)) -}}
+{{- $key := regexFind "^[^ \t#]*" $line -}}
+{{- $value := trim (first (splitList "#" (trimPrefix $key $line))) -}}
+{{- $continued = hasSuffix "\\" $line -}}
+{{- if and $continued (contains "#" $line) -}}
+{{- $problems = append $problems (printf "%s: a comment on a continued line (tor would end the line at the comment); remove it" $where) -}}
+{{- else if and $continued $last -}}
+{{- $problems = append $problems (printf "%s: the last line ends with a backslash (it continues onto nothing)" $where) -}}
+{{- else if hasPrefix "%" $key -}}
+{{- $problems = append $problems (printf "%s: %s" $where $policy.include) -}}
+{{- else if not (regexMatch $policy.nameRe $key) -}}
+{{- $problems = append $problems (printf "%s: '%s' is not an option name (letters, digits and _, after an optional + or /)" $where $key) -}}
+{{- else if hasPrefix "\"" $value -}}
+{{- $problems = append $problems (printf "%s: quoted values are not accepted (no option on the allow-list needs one)" $where) -}}
+{{- else -}}
+{{- $name := trimPrefix "/" (trimPrefix "+" $key) -}}
+{{- $opt := index $policy.options (lower $name) -}}
+{{- /* A patched tor's own options: accepted when every variant the group runs has them. */ -}}
+{{- $groupVariants := ternary (list $rg.variant) ($v.variants | default list) (not (empty $rg.variant)) -}}
+{{- $byVariant := gt (len $groupVariants) 0 -}}
+{{- range $vn := $groupVariants -}}
+{{- if not (hasKey (index $policy.variantOptions (include "torbed.family" $vn) | default dict) (lower $name)) }}{{ $byVariant = false }}{{ end -}}
+{{- end -}}
+{{- if $byVariant -}}
+{{- else if not $opt -}}
+{{- $problems = append $problems (printf "%s: unknown option '%s' (tor %s has no option of that name; write names in full)" $where $name $policy.tor) -}}
+{{- else if $opt.refused -}}
+{{- $problems = append $problems (printf "%s: %s: %s" $where $opt.name $opt.refused) -}}
+{{- else if and $rg.bandwidth (has $opt.name (list "BandwidthRate" "BandwidthBurst")) -}}
+{{- $problems = append $problems (printf "%s: %s: this group's 'bandwidth' sets it; use one or the other" $where $opt.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Exits and paths. */ -}}
 {{- $exits := list -}}
 {{- range $g, $rg := $relays }}{{ if $rg.exit }}{{ $exits = append $exits $g }}{{ end }}{{ end -}}
@@ -112,6 +201,8 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $problems = append $problems (printf "clients.%s.workload.server: '%s' is not a server group (servers: %s)" $c $server (join ", " (keys $servers | sortAlpha))) -}}
 {{- else if eq $wl.kind "replay" -}}
 {{- if not (index $servers $server).replay }}{{ $problems = append $problems (printf "clients.%s.workload.server: server '%s' has no replay server (add 'replay: {}' to it)" $c $server) }}{{ end -}}
+{{- else if not (index $servers $server).files -}}
+{{- $problems = append $problems (printf "clients.%s.workload.server: server '%s' has no files to download" $c $server) -}}
 {{- else if not (hasKey ((index $servers $server).files | default dict) $wl.file) -}}
 {{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys ((index $servers $server).files | default dict) | sortAlpha))) -}}
 {{- end -}}
@@ -159,12 +250,25 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- if and $pair.jitter (not $pair.delay) }}{{ $problems = append $problems (printf "links.pairs[%d].jitter: jitter needs a delay" $i) }}{{ end -}}
 {{- end -}}
 {{- if and $linkDefault.jitter (not $linkDefault.delay) }}{{ $problems = append $problems "links.default.jitter: jitter needs a delay" }}{{ end -}}
+{{- $links := list (list "links.default" $linkDefault) -}}
+{{- range $i, $pair := ($v.links | default dict).pairs | default list }}{{ $links = append $links (list (printf "links.pairs[%d]" $i) $pair) }}{{ end -}}
+{{- range $i, $f := $v.faults | default list }}{{ if eq $f.kind "link" }}{{ $links = append $links (list (printf "faults[%d]" $i) $f) }}{{ end }}{{ end -}}
+{{- range $x := $links -}}
+{{- $where := index $x 0 -}}{{- $l := index $x 1 -}}
+{{- if and $l.jitter $l.delay (gt (float64 (include "torbed.seconds" $l.jitter)) (float64 (include "torbed.seconds" $l.delay))) -}}
+{{- $problems = append $problems (printf "%s.jitter: jitter larger than the delay would reorder packets" $where) -}}
+{{- end -}}
+{{- if and $l.rate (lt (int64 (include "torbed.bits" $l.rate)) 8000) -}}
+{{- $problems = append $problems (printf "%s.rate: %s is below 8kbit; tor cannot work that slowly" $where $l.rate) -}}
+{{- end -}}
+{{- end -}}
 
 {{- /* Measurement. */ -}}
 {{- $m := $v.measure | default dict -}}
 {{- $duration := float64 (include "torbed.seconds" ($m.duration | default "5m")) -}}
 {{- $warmup := float64 (include "torbed.seconds" ($m.warmup | default "30s")) -}}
 {{- if le $duration 0.0 }}{{ $problems = append $problems "measure.duration: must be longer than 0s" }}{{ end -}}
+{{- if lt (float64 (include "torbed.seconds" ($m.bw_interval | default "500ms"))) 0.1 }}{{ $problems = append $problems "measure.bw_interval: must be at least 100ms" }}{{ end -}}
 {{- if ge $warmup $duration }}{{ $problems = append $problems (printf "measure.warmup: warmup %s is not shorter than duration %s" ($m.warmup | default "30s") ($m.duration | default "5m")) }}{{ end -}}
 
 {{- /* Placement and faults name groups (faults may also name nodes like 'middle0'). */ -}}
@@ -182,6 +286,13 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $sides := dict -}}
 {{- if $f.target }}{{ $_ := set $sides "target" $f.target }}{{ end -}}
 {{- range $j, $x := $f.between | default list }}{{ $_ := set $sides (printf "between[%d]" $j) $x }}{{ end -}}
+{{- if eq (len ($f.between | default list)) 2 -}}
+{{- $a := ternary "auth" (index $f.between 0) (eq (index $f.between 0) "authority") -}}
+{{- $b := ternary "auth" (index $f.between 1) (eq (index $f.between 1) "authority") -}}
+{{- if or (eq $a $b) (and (hasKey $counts $a) (eq (regexReplaceAll "[0-9]+$" $b "") $a)) (and (hasKey $counts $b) (eq (regexReplaceAll "[0-9]+$" $a "") $b)) -}}
+{{- $problems = append $problems (printf "faults[%d].between: %v: the two sides share node(s)" $i $f.between) -}}
+{{- end -}}
+{{- end -}}
 {{- range $field, $name := $sides -}}
 {{- $n := ternary "auth" $name (eq $name "authority") -}}
 {{- $base := regexReplaceAll "[0-9]+$" $n "" -}}
@@ -200,6 +311,9 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $count := (index $relays $base).count | default 1 -}}
 {{- if ge (atoi (trimPrefix $base $f.target)) (int $count) }}{{ $problems = append $problems (printf "faults[%d].target: '%s': group '%s' has %d node(s)" $i $f.target $base (int $count)) }}{{ end -}}
 {{- end -}}
+{{- end -}}
+{{- if and (eq $f.kind "cpu") $f.cpu (lt (float64 (regexReplaceAll "\\s*%$" (toString $f.cpu) "")) 1.0) -}}
+{{- $problems = append $problems (printf "faults[%d].cpu: %s is below 1%% of a core (the kernel's smallest useful quota)" $i $f.cpu) -}}
 {{- end -}}
 {{- if ge (float64 (include "torbed.seconds" $f.at)) $duration }}{{ $problems = append $problems (printf "faults[%d].at: %s is after the end of the workload (%s)" $i $f.at ($m.duration | default "5m")) }}{{ end -}}
 {{- end -}}
