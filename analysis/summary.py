@@ -57,7 +57,8 @@ from . import metrics as metrics_mod
 from .load import Run
 from .metrics import Extracted
 
-SCHEMA = 2     # 2: per-repetition inference, Holm, power; pooled tests descriptive
+SCHEMA = 3     # 2: per-repetition inference, Holm, power; pooled tests descriptive
+               # 3: paired test on intact blocks, TOST equivalence, per-comparison plan
 SIGNIFICANT_DIGITS = 6
 
 
@@ -127,6 +128,16 @@ def _hardware(run: Run) -> dict:
     return out
 
 
+def invalid_reps(run: Run, variants) -> dict[int, str]:
+    """{rep: why} for the repetitions whose status is not ok in any of ``variants``: such a
+    block is not paired (what it recorded still counts in the unpaired test)."""
+    out: dict[int, str] = {}
+    for r in run.reps:
+        if r.variant in variants and r.status != "ok":
+            out.setdefault(r.index, f"{r.status} in {r.variant}")
+    return out
+
+
 def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
     entry = {"metric": m.metric, "title": m.title, "label": m.label, "unit": m.unit, **m.params,
              "variants": {}}
@@ -166,7 +177,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 # dependent); the decision is "inference".
                 **tests, "pooled_tests": "descriptive",
                 "inference": inference.compare_arms(m, baseline, m, v, scale=scale,
-                                                    rng=stats.rng_for(run.seed, "perm", m.id, v))}
+                                                    rng=stats.rng_for(run.seed, "perm", m.id, v), same_run=True,
+                                                    invalid=invalid_reps(run, (baseline, v)))}
             if m.clock_bounds is not None:
                 d["vs_baseline"].update(_clock_comparison(m, v, baseline, d.get("mean"), base_desc.get("mean")))
         entry["variants"][v] = d
@@ -192,6 +204,16 @@ def _inference_summary(run: Run, extracted: Extracted, entries: dict, baseline: 
         "headline": [inference.headline_line(entries[it["id"]]["title"], it["variant"], baseline, it["inference"])
                      for it in sig],
         "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+        "paired_tests": sum(1 for it in items if it["inference"]["status"] == "tested"
+                            and it["inference"].get("test") == "paired"),
+        "welch_tests": sum(1 for it in items if it["inference"]["status"] == "tested"
+                           and it["inference"].get("test") == "welch"),
+        "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
+        # Outcome comparisons that could not be tested: their descriptive change, labelled.
+        "descriptive": [line for it in items
+                        if it["inference"]["in_family"] and it["inference"]["status"] == "not enough repetitions"
+                        and (line := inference.descriptive_line(entries[it["id"]]["title"], it["variant"], baseline,
+                                                                it["inference"]))],
     }
 
 
@@ -223,9 +245,12 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
             "bootstrap_resamples": resamples, "ci_level": stats.CI_LEVEL,
             "bootstrap_seed": run.seed,
             "quantile_method": "linear (numpy default; Hyndman & Fan type 7)",
-            "tests": "inferential: Welch t on per-repetition summaries (log scale), Holm over the "
-                     "family of outcome metrics x variants; descriptive only: two-sided two-sample "
-                     "Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats) on pooled samples",
+            "tests": "inferential: paired t on per-block log ratios where the repetitions form intact "
+                     "blocks, else Welch t on per-repetition summaries (log scale); Holm over the "
+                     "family of outcome metrics x variants; TOST equivalence within the margin; descriptive "
+                     "only: two-sided two-sample Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats) on "
+                     "pooled samples",
+            "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
             "alpha": stats.ALPHA, "min_reps_per_arm": stats.MIN_REPS, "power": stats.POWER,
             "target_change_pct": stats.TARGET_EFFECT_PCT, "correction": "holm",
             "family_metrics": list(inference.FAMILY_METRICS),
