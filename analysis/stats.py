@@ -458,7 +458,7 @@ def compare_paired(values, baseline, scale: str | None = None, level: float = CI
     if n < MIN_REPS:
         return {"status": "not enough repetitions", **base, "reason": not_enough_reason(n, n)}
     mean, sd = float(d.mean()), float(d.std(ddof=1))
-    if not sd > 0:
+    if not sd > 1e-12 * max(1.0, abs(mean)):     # rounding of equal log ratios is not variance
         return {"status": "no variance", **base, "reason": "every block gave the same difference",
                 "change_pct": _pct_from(mean, scale, y), "change_ci95": None, "paired_t": None, "df": None,
                 "pvalue": None, "sd_diff": sd, "permutation_pvalue": None, "permutation_min_pvalue": None,
