@@ -346,9 +346,11 @@ def _variant_available(name: str) -> bool:
 
 def _run(exp: Experiment, exp_dir: Path, reps: int, duration: str) -> Path | None:
     exp_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "torbed.cli", "run", str(REPO / exp.scenario),
+    # Never niced: at a lower priority the run would measure whatever else the machine does.
+    # `torbed run` itself reads the host's load first, warns if busy and records it in run.json.
+    cmd = [sys.executable, "-m", "torbed.cli", "run", str(REPO / exp.scenario),
            "--repetitions", str(reps), "--duration", duration, "--out", str(exp_dir)]
-    print(f"reproduce: {exp.name}: {' '.join(cmd[3:])}", flush=True)
+    print(f"reproduce: {exp.name}: {' '.join(cmd[1:])}", flush=True)
     rc = subprocess.call(cmd)
     done = _finished_run(exp_dir, reps, duration)
     if done is None:

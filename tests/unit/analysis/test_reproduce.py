@@ -152,3 +152,14 @@ def test_rough_size_needs_the_ratio_interval_within_a_factor_two():
     # +5% [+3%, +7%] (90%) vs -50%: ours / paper's from 2.06 to 2.14, all beyond 2 -> differs.
     ev = reproduce.evaluate(row, _fake_summary(+5.0, [+2.0, +8.0], {**eq, "ci90": [+3.0, +7.0]}))
     assert ev["size"].startswith("differs") and not ev["ok"]
+
+
+def test_runs_are_never_niced(tmp_path, monkeypatch):
+    """A niced run measures whatever else the machine does: neither the runner nor the Makefile nices."""
+    calls = []
+    monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
+    reproduce._run(reproduce.EXPERIMENTS[0], tmp_path / "exp", 3, "90s")
+    assert calls and calls[0][0] == reproduce.sys.executable and "nice" not in calls[0]
+    make = (Path(reproduce.REPO) / "Makefile").read_text()
+    recipe = make[make.index("\nreproduce:"):].split("\n\n")[0]
+    assert "nice" not in recipe
