@@ -76,8 +76,22 @@ def _run_table(s: dict) -> tuple:
             ("Host", host_s), ("tor version", r.get("tor_version") or "not recorded"),
             ("torbed version", r.get("torbed_version") or "not recorded"),
             ("Started / finished", f"{r.get('started') or '?'} / {r.get('finished') or 'not finished'}"),
-            ("Run status (run.json)", r.get("status") or "not recorded")]
+            ("Run status (run.json)", r.get("status") or "not recorded"),
+            ("Host load before the run", _host_load(r.get("host_load")))]
     return ("table", ["", ""], [[k, DASH if v is None else str(v)] for k, v in rows])
+
+
+def _host_load(h) -> str:
+    """run.json's host_load (torbed/hostload.py) in a sentence."""
+    if not isinstance(h, dict):
+        return "not recorded"
+    la = h.get("loadavg") or [None]
+    text = (f"load average {la[0]} on {h.get('cpus')} CPU(s); {100 * (h.get('busy_fraction') or 0):.0f}% of "
+            f"the CPU busy with other processes over {h.get('interval_s')} s")
+    if h.get("busy"):
+        top = ", ".join(f"{p['name']} ({100 * p['cpu_cores']:.0f}% of a CPU)" for p in h.get("top") or [])
+        text = "BUSY: " + text + (f"; top: {top}" if top else "")
+    return text
 
 
 def _family_table(s: dict, metric: str) -> tuple | None:

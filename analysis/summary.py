@@ -108,7 +108,9 @@ def _run_facts(run: Run) -> dict:
             "repetitions": run.repetitions, "backend": i.get("backend"), "shaper": i.get("shaper"),
             "torbed_version": i.get("torbed_version"), "tor_version": i.get("tor_version"),
             "host": host, "started": i.get("started"), "finished": i.get("finished"),
-            "status": i.get("status"), "hardware": _hardware(run)}
+            "status": i.get("status"), "hardware": _hardware(run),
+            # torbed run's reading of the machine's load before it started (torbed/hostload.py).
+            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {})}
 
 
 def _hardware(run: Run) -> dict:

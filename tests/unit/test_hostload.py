@@ -160,3 +160,20 @@ def test_run_warns_and_records_the_reading(monkeypatch, capsys, tmp_path):
         commands.cmd_run(cli.build_parser().parse_args(["run", quickstart(), "--out", str(tmp_path)]))
     assert "warning" in capsys.readouterr().err
     assert seen["host_load"]["busy"] and seen["host_load"]["top"][0]["name"] == "make"
+
+
+def test_report_shows_the_recorded_host_load(tmp_path):
+    import json
+    import shutil
+    from torbed.analysis import render
+    from torbed.analysis.report import analyse
+    golden = Path(__file__).resolve().parents[1] / "data" / "golden-run"
+    run = tmp_path / "golden-run"
+    shutil.copytree(golden, run, ignore=shutil.ignore_patterns("report"))
+    info = json.loads((run / "run.json").read_text())
+    info["host_load"] = hostload.judge(dict(BUSY))
+    (run / "run.json").write_text(json.dumps(info))
+    _, _, s = analyse(run)
+    assert s["run"]["host_load"]["busy"]
+    text = render.to_markdown(render.blocks(s, []), tmp_path)
+    assert "BUSY: load average 3.0 on 2 CPU(s)" in text and "make (180% of a CPU)" in text
