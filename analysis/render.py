@@ -195,8 +195,9 @@ def _inference_table(s: dict, metric: str) -> tuple | None:
         return None
     unit = entries[0]["unit"]
     headers = ["subject", "variant", "reps", "per-rep statistic", "estimate [95% CI]", "Δ [95% CI]",
-               "test (why)", "p", "Holm p", "verdict", "n for 80% power: observed / ±target",
-               "95% CI ± at this n"]
+               "test (why)", "p", "Holm p", "verdict",
+               f"n for {s['settings'].get('power', 0.8):.0%} power: observed / ±"
+               f"{s['settings'].get('target_change_pct', 10):.0f}%", "95% CI ± at this n"]
     rows = []
     for e in entries:
         subject = e["title"].split(", ", 1)[1] if ", " in e["title"] else e["title"]
