@@ -9,8 +9,11 @@ decides what they are applied to. docs/statistics.md explains the choices.
   cell (sum of waits / cells) for circuit-queue wait, the mean for per-cell delay (the
   papers' "average delay per cell"). The p90 and the mean (or median) are kept as secondary
   per-repetition summaries.
-- Arms are compared with ``stats.compare_reps`` (Welch on log summaries) on the primary
-  statistic. The multiple-comparison family is every tested (metric, variant) pair of an
+- Arms are compared on the primary statistic. Repetition k of every variant of one run is
+  a block (same seed, paths, schedule: engine.run_order); where the blocks are intact
+  (``block_check``) the test is ``stats.compare_paired`` (paired t on per-block log ratios),
+  else ``stats.compare_reps`` (Welch on log summaries); ``test`` / ``test_reason`` record it.
+  Every result carries a TOST equivalence test and a ``plan`` (blocks needed, CI width). The multiple-comparison family is every tested (metric, variant) pair of an
   outcome metric (``FAMILY_METRICS``); Holm's adjustment controls the family-wise error rate
   at ``stats.ALPHA``; the headline lists only pairs whose adjusted p is below it.
   Time-from-stream-start variants of TTFB/TTLB and the replay scheduling error are secondary
@@ -23,7 +26,14 @@ Public API:
 - ``PRIMARY``, ``SECONDARY``, ``FAMILY_METRICS``, ``primary_stat(metric)``, ``in_family(metric)``
 - ``rep_summaries(m, variant) -> {rep: {"n", "median", "p90", "mean", ["wait_per_cell"]}}``
 - ``rep_values(m, variant, stat) -> list[float]``  one value per repetition with data
-- ``compare_arms(m_a, var_a, m_b, var_b, rng) -> dict``  inference of B (or the variant) vs A
+- ``rep_values_by_rep(m, variant, stat) -> {rep: float}``
+- ``block_check(new, base, same_run, invalid=None) -> (intact, reason)``
+- ``test_arms(new, base, paired, scale, rng, margin_pct) -> dict``
+- ``comparison_plan(new, base, paired, scale, observed_pct) -> dict``,
+  ``descriptive_change(new, base) -> float | None``
+- ``compare_arms(m_a, var_a, m_b, var_b, rng, same_run=False, invalid=None) -> dict``
+  inference of B (or the variant) vs A
+- ``design_text(inf)``, ``descriptive_line(title, variant, baseline, inf)``
 - ``apply_holm(items) -> list[dict]``  sets ``pvalue_holm`` and ``significant`` in place
 - ``headline_line(item) -> str``
 - ``METHOD_TEXT``: the sentences the reports print about the methods

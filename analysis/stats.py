@@ -31,8 +31,17 @@ Public API:
 
 Inference across repetitions (docs/statistics.md; the KS / MWU above are descriptive only):
 
-- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``
-- ``compare_reps(values, baseline, scale=None) -> dict``  Welch on (log) per-repetition summaries
+- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``, ``EQUIVALENCE_MARGIN_PCT``,
+  ``SIZE_AGREEMENT_FACTOR``
+- ``compare_paired(values, baseline, scale=None, margin_pct=None) -> dict``  paired t on
+  per-block (log) differences, where repetition k of both arms is one block
+- ``compare_reps(values, baseline, scale=None, margin_pct=None) -> dict``  Welch on (log)
+  per-repetition summaries (blocks broken, or two runs)
+- ``signflip_pvalue(d, rng=None) -> (p, smallest attainable p)``
+- ``equivalence(d, se, df, scale, ref_mean=None, margin_pct=None) -> dict | None``  TOST
+- ``ratio_within_factor(ci_log, target_pct, factor=2) -> "inside" | "outside" | "overlaps"``
+- ``power_paired(delta, sd_diff, n)``, ``blocks_needed(delta, sd, paired=True)``,
+  ``ci_halfwidth(sd, n, paired=True)``, ``plan(sd, df, n_now, scale, observed_pct, ...) -> dict``
 - ``permutation_pvalue(x, y, rng=None) -> (p, smallest attainable p)``
 - ``holm(pvalues) -> adjusted``
 - ``arm_estimate(values, scale) -> {"n", "estimate", "ci95"}``, ``choose_scale(*arms)``
