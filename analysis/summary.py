@@ -5,7 +5,7 @@ written, so the file is byte-identical for the same run directory and library ve
 
 Layout (every metric id maps to one entry; ``variants`` has every variant of the run):
 
-    {"schema": 2, "run": {...run.json facts...}, "baseline": "<variant>",
+    {"schema": 3, "run": {...run.json facts, ["host_load"]...}, "baseline": "<variant>",
      "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
      "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
                       "files", "notes"}],
@@ -19,15 +19,20 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
                                        "mwu_pvalue", "pooled_tests": "descriptive",
-                                       "inference": {stats.compare_reps keys, "statistic",
-                                                     "in_family", "pvalue_holm", "significant",
-                                                     "secondary"},
+                                       "inference": {stats.compare_paired or compare_reps
+                                                     keys ("test": "paired" | "welch",
+                                                     "equivalence": TOST), "test_reason",
+                                                     "statistic", "in_family", "pvalue_holm",
+                                                     "significant", "change_pct_descriptive",
+                                                     "plan": stats.plan, "secondary"},
                                        ["mean_diff_ms", "mean_diff_clock_bound_ms",
                                         "mean_diff_within_clock"] (per-cell delays)}
                                        (not for the baseline itself)},
          "power": {stats.power_analysis keys}}},
      "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
-                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
+                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}],
+                   "paired_tests", "welch_tests", "equivalence_margin_pct",
+                   "descriptive": [text: untested outcome comparisons' descriptive change]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
      ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]],
      ["by_hardware": {"hardware", "client_groups", "comparisons", "relay_throughput_Bps", "note"}]}
