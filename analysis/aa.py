@@ -93,7 +93,8 @@ def _test_split(ex: metrics.Extracted, variant: str, arm_a: list[int], arm_b: li
         new, base = blocks(arm_b), blocks(arm_a)
         paired, why = inference.block_check(new, base, same_run=len(arm_a) == len(arm_b))
         res = inference.test_arms(new, base, paired, scale, rng, None)
-        res["test_reason"] = why
+        res["test_reason"] = ("A/A blocks: the i-th repetitions of A and B in run order (neighbours in the "
+                              "primary split), so paired" if paired else why)
         res["statistic"] = prim
         res["in_family"] = inference.in_family(m.metric)
         welch = stats.compare_reps(vals(arm_b), vals(arm_a), scale=scale, rng=rng)
