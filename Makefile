@@ -86,8 +86,10 @@ bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load
 # prints only that); resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
 # only (REPRODUCE_ONLY=name,... to choose), runs in runs/reproduce-quick/, document labelled so.
 # REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
+# Not niced: a measurement must never run at a lower priority than other load (it would
+# measure that load); `torbed run` warns when the machine is busy (torbed/hostload.py).
 reproduce: setup  ## run the papers' experiments torbed has variants for; writes docs/reproduction.md
-	nice -n 10 $(BIN)/python -m torbed.analysis.reproduce
+	$(BIN)/python -m torbed.analysis.reproduce
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean

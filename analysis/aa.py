@@ -69,6 +69,11 @@ def _splits(reps: list[int], rng: np.random.Generator) -> list[tuple[list[int], 
 
 def _test_split(ex: metrics.Extracted, variant: str, arm_a: list[int], arm_b: list[int],
                 rng: np.random.Generator) -> list[dict]:
+    """Every metric of one split, tested as the report tests: the i-th repetition of arm A
+    (in run order) and the i-th of arm B form block i - in the interleaved primary split
+    neighbours in run order, as repetition k of two variants are - and the paired test is
+    used where those blocks are intact, Welch where not (``inference.block_check``). The
+    Welch test of the same split is kept beside it (``welch``) for comparison."""
     rows = []
     for mid, m in ex.metrics.items():
         prim = inference.primary_stat(m.metric)
@@ -77,16 +82,24 @@ def _test_split(ex: metrics.Extracted, variant: str, arm_a: list[int], arm_b: li
         def vals(arm):
             return [summ[k][prim] for k in arm if k in summ and summ[k].get(prim) is not None]
 
+        def blocks(arm):
+            return {i: summ[k][prim] for i, k in enumerate(arm) if k in summ and summ[k].get(prim) is not None}
+
         def pooled(arm):
             parts = [m.values[variant][k] for k in arm if k in m.values.get(variant, {})]
             return np.concatenate(parts) if parts else np.array([])
 
-        res = stats.compare_reps(vals(arm_b), vals(arm_a), scale=stats.choose_scale(vals(arm_a) + vals(arm_b)),
-                                 rng=rng)
+        scale = stats.choose_scale(vals(arm_a) + vals(arm_b))
+        new, base = blocks(arm_b), blocks(arm_a)
+        paired, why = inference.block_check(new, base, same_run=len(arm_a) == len(arm_b))
+        res = inference.test_arms(new, base, paired, scale, rng, None)
+        res["test_reason"] = ("A/A blocks: the i-th repetitions of A and B in run order (neighbours in the "
+                              "primary split), so paired" if paired else why)
         res["statistic"] = prim
         res["in_family"] = inference.in_family(m.metric)
+        welch = stats.compare_reps(vals(arm_b), vals(arm_a), scale=scale, rng=rng)
         pt = stats.two_sample_tests(pooled(arm_b), pooled(arm_a)) or {}
-        rows.append({"id": mid, "title": m.title, "inference": res,
+        rows.append({"id": mid, "title": m.title, "inference": res, "welch_pvalue": welch.get("pvalue"),
                      "ks_pvalue": pt.get("ks_pvalue"), "mwu_pvalue": pt.get("mwu_pvalue")})
     inference.apply_holm(rows)
     return rows
@@ -130,6 +143,13 @@ def aa_analyse(run_dir: str | Path, variant: str | None = None) -> dict:
             # Per test: how often a single comparison's unadjusted p < alpha (nominal: alpha).
             "per_test": rate([row["inference"]["pvalue"] < a for row in tested]),
             "per_test_n": len(tested),
+            "per_test_paired": rate([row["inference"]["pvalue"] < a for row in tested
+                                     if row["inference"]["test"] == "paired"]),
+            "per_test_paired_n": sum(1 for row in tested if row["inference"]["test"] == "paired"),
+            # The unpaired Welch test on the same splits (what the report used before blocks were paired).
+            "per_test_welch": rate([row["welch_pvalue"] < a for rows in per_split for row in rows
+                                    if row["welch_pvalue"] is not None]),
+            "per_test_welch_n": sum(1 for rows in per_split for row in rows if row["welch_pvalue"] is not None),
             # Per report: how often the headline (Holm) shows anything (nominal: <= alpha).
             "family": rate([any(r["inference"]["significant"] for r in rows) for rows in fam_splits]),
             "family_n": len(fam_splits),
@@ -138,6 +158,7 @@ def aa_analyse(run_dir: str | Path, variant: str | None = None) -> dict:
         },
         "primary": [{"metric": row["id"], "title": row["title"], "status": row["inference"]["status"],
                      "statistic": row["inference"]["statistic"], "in_family": row["inference"]["in_family"],
+                     "test": row["inference"]["test"], "welch_pvalue": row["welch_pvalue"],
                      "n_a": row["inference"]["n_baseline"], "n_b": row["inference"]["n"],
                      "change_pct": row["inference"].get("change_pct"), "pvalue": row["inference"].get("pvalue"),
                      "pvalue_holm": row["inference"].get("pvalue_holm"),
@@ -160,7 +181,8 @@ def markdown(r: dict) -> str:
     bl: list[tuple] = [("h", 1, f"torbed aa: {r['scenario']}, variant {r['variant']}")]
     bl.append(("p", f"A/A calibration of {r['run']}: the {len(r['repetitions'])} repetitions of variant "
                     f"{r['variant']} split into two arms that differ only by chance, compared with the report's "
-                    f"own tests (per-repetition summaries, Welch, Holm). Primary split: A = repetitions "
+                    f"own tests (per-repetition summaries; the paired test on blocks - the i-th repetition of A with "
+                    f"the i-th of B - where intact, else Welch; Holm). Primary split: A = repetitions "
                     f"{r['primary_split']['A']}, B = {r['primary_split']['B']}. Rates are averaged over "
                     f"{r['splits']} balanced split(s) of the same repetitions (not independent replications)."))
     if not r["enough_repetitions"]:
@@ -169,6 +191,10 @@ def markdown(r: dict) -> str:
     bl.append(("table", ["", "false-positive rate", "nominal", "based on"], [
         ["report's test, per comparison (unadjusted p < α)", pct(rt["per_test"]), f"{r['alpha']:.0%}",
          f"{rt['per_test_n']} comparisons"],
+        ["  of which paired tests", pct(rt["per_test_paired"]), f"{r['alpha']:.0%}",
+         f"{rt['per_test_paired_n']} comparisons"],
+        ["unpaired Welch on the same splits", pct(rt["per_test_welch"]), f"{r['alpha']:.0%}",
+         f"{rt['per_test_welch_n']} comparisons"],
         ["report's headline (any Holm-significant result)", pct(rt["family"]), f"≤ {r['alpha']:.0%}",
          f"{rt['family_n']} splits"],
         ["pooled KS (descriptive, not a test)", pct(rt["pooled_ks"]), f"{r['alpha']:.0%} if samples were independent",
@@ -182,10 +208,12 @@ def markdown(r: dict) -> str:
     if r["pooled_false_alarms"]:
         bl.append(("p", f"The pooled per-sample tests would have called {len(r['pooled_false_alarms'])} metric(s) "
                         f"different (p < {r['alpha']}): " + ", ".join(r["pooled_false_alarms"])))
-    bl.append(("table", ["metric", "reps A/B", "Δ B vs A", "p (Welch)", "Holm p", "pooled KS p", "pooled MWU p"],
+    bl.append(("table", ["metric", "reps A/B", "Δ B vs A", "test", "p", "Holm p", "p (Welch)", "pooled KS p",
+                         "pooled MWU p"],
                [[row["metric"] + ("" if row["in_family"] else " (secondary)"), f"{row['n_a']}/{row['n_b']}",
-                 fmt_pct(row["change_pct"]) if row["status"] == "tested" else row["status"],
-                 fmt_p(row["pvalue"]), fmt_p(row["pvalue_holm"]), fmt_p(row["ks_pvalue"]), fmt_p(row["mwu_pvalue"])]
+                 fmt_pct(row["change_pct"]) if row["status"] == "tested" else row["status"], row["test"],
+                 fmt_p(row["pvalue"]), fmt_p(row["pvalue_holm"]), fmt_p(row["welch_pvalue"]),
+                 fmt_p(row["ks_pvalue"]), fmt_p(row["mwu_pvalue"])]
                 for row in r["primary"]]))
     return to_markdown(bl, Path("."))
 

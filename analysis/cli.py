@@ -195,6 +195,10 @@ def cmd_aa(args) -> int:
     for col in ("test", "false-positive rate", "nominal", "based on"):
         t.add_column(col)
     t.add_row("report: per comparison", pct(rt["per_test"]), f"{r['alpha']:.0%}", f"{rt['per_test_n']} comparisons")
+    t.add_row("  of which paired", pct(rt["per_test_paired"]), f"{r['alpha']:.0%}",
+              f"{rt['per_test_paired_n']} comparisons")
+    t.add_row("unpaired Welch, same splits", pct(rt["per_test_welch"]), f"{r['alpha']:.0%}",
+              f"{rt['per_test_welch_n']} comparisons")
     t.add_row("report: headline (Holm)", pct(rt["family"]), f"<= {r['alpha']:.0%}", f"{rt['family_n']} splits")
     t.add_row("pooled KS (descriptive)", pct(rt["pooled_ks"]), "-", f"{rt['pooled_n']} comparisons")
     t.add_row("pooled MWU (descriptive)", pct(rt["pooled_mwu"]), "-", f"{rt['pooled_n']} comparisons")

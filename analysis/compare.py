@@ -96,6 +96,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
             "headline": [inference.headline_line(out_metrics[it["id"]]["title"], it["variant"] + " (B)", "A",
                                                  it["inference"]) for it in sig],
             "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+            "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
+            "descriptive": [line for it in items
+                            if it["inference"]["in_family"] and it["inference"]["status"] == "not enough repetitions"
+                            and (line := inference.descriptive_line(out_metrics[it["id"]]["title"],
+                                                                    it["variant"] + " (B)", "A", it["inference"]))],
             "methods": list(inference.METHOD_TEXT)},
         "errors": {v: {"rate_a": err_a[v]["rate"], "rate_b": err_b[v]["rate"],
                        "errors_a": err_a[v]["errors"], "errors_b": err_b[v]["errors"],
@@ -114,7 +119,9 @@ def rows(c: dict) -> list[list[str]]:
             tested = inf["status"] == "tested"
             out.append([f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str(inf["n_baseline"]), str(inf["n"]),
                         fmt_value(d["median_a"], u), fmt_value(d["median_b"], u),
-                        (fmt_pct(inf["change_pct"]) + " " + render._ci_pct(inf.get("change_ci95"))) if tested else DASH,
+                        (fmt_pct(inf["change_pct"]) + " " + render._ci_pct(inf.get("change_ci95"))) if tested else
+                        (f"{fmt_pct(inf['change_pct_descriptive'])} (descriptive)"
+                         if inf.get("change_pct_descriptive") is not None else DASH),
                         fmt_p(inf.get("pvalue")) if tested else DASH,
                         fmt_p(inf.get("pvalue_holm")) if inf.get("pvalue_holm") is not None else DASH,
                         render._verdict(inf), fmt_p(d["ks_pvalue"]), fmt_p(d["mwu_pvalue"])])
@@ -128,7 +135,9 @@ def _markdown(c: dict, out: Path) -> str:
                     + (" (different scenarios, compared with --force)" if c["forced"] else "") + ". "
                     "Inferential: one number per repetition (the metric's per-rep statistic), B's repetitions "
                     "against A's: Δ = % change from A to B with its 95% Welch interval, p = Welch t-test on log "
-                    "values, Holm p adjusted over the outcome metrics x variants. Descriptive only: medians of "
+                    "values (two runs share no blocks, so nothing is paired), Holm p adjusted over the outcome "
+                    "metrics x variants; a difference that is not significant is 'equivalent' only when TOST puts "
+                    "it within the margin, else inconclusive. Descriptive only: medians of "
                     "the pooled samples and pooled KS / Mann-Whitney U p-values (dependent samples treated as "
                     "independent: not tests). Warm-up excluded."))
     inf = c["inference"]
@@ -138,6 +147,9 @@ def _markdown(c: dict, out: Path) -> str:
     elif inf["family_size"] == 0:
         bl.append(("p", f"No inferential comparison: not enough repetitions (at least {inf['min_reps_per_arm']} "
                         f"per run with data are needed)."))
+        if inf.get("descriptive"):
+            bl.append(("p", "Descriptive changes (not tests, no p-value):"))
+            bl.append(("ul", list(inf["descriptive"])))
     else:
         bl.append(("p", f"No difference between A and B survives Holm's correction over {inf['family_size']} "
                         f"tests (family-wise error rate {inf['alpha']})."))

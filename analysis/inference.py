@@ -9,8 +9,11 @@ decides what they are applied to. docs/statistics.md explains the choices.
   cell (sum of waits / cells) for circuit-queue wait, the mean for per-cell delay (the
   papers' "average delay per cell"). The p90 and the mean (or median) are kept as secondary
   per-repetition summaries.
-- Arms are compared with ``stats.compare_reps`` (Welch on log summaries) on the primary
-  statistic. The multiple-comparison family is every tested (metric, variant) pair of an
+- Arms are compared on the primary statistic. Repetition k of every variant of one run is
+  a block (same seed, paths, schedule: engine.run_order); where the blocks are intact
+  (``block_check``) the test is ``stats.compare_paired`` (paired t on per-block log ratios),
+  else ``stats.compare_reps`` (Welch on log summaries); ``test`` / ``test_reason`` record it.
+  Every result carries a TOST equivalence test and a ``plan`` (blocks needed, CI width). The multiple-comparison family is every tested (metric, variant) pair of an
   outcome metric (``FAMILY_METRICS``); Holm's adjustment controls the family-wise error rate
   at ``stats.ALPHA``; the headline lists only pairs whose adjusted p is below it.
   Time-from-stream-start variants of TTFB/TTLB and the replay scheduling error are secondary
@@ -23,7 +26,14 @@ Public API:
 - ``PRIMARY``, ``SECONDARY``, ``FAMILY_METRICS``, ``primary_stat(metric)``, ``in_family(metric)``
 - ``rep_summaries(m, variant) -> {rep: {"n", "median", "p90", "mean", ["wait_per_cell"]}}``
 - ``rep_values(m, variant, stat) -> list[float]``  one value per repetition with data
-- ``compare_arms(m_a, var_a, m_b, var_b, rng) -> dict``  inference of B (or the variant) vs A
+- ``rep_values_by_rep(m, variant, stat) -> {rep: float}``
+- ``block_check(new, base, same_run, invalid=None) -> (intact, reason)``
+- ``test_arms(new, base, paired, scale, rng, margin_pct) -> dict``
+- ``comparison_plan(new, base, paired, scale, observed_pct) -> dict``,
+  ``descriptive_change(new, base) -> float | None``
+- ``compare_arms(m_a, var_a, m_b, var_b, rng, same_run=False, invalid=None) -> dict``
+  inference of B (or the variant) vs A
+- ``design_text(inf)``, ``descriptive_line(title, variant, baseline, inf)``
 - ``apply_holm(items) -> list[dict]``  sets ``pvalue_holm`` and ``significant`` in place
 - ``headline_line(item) -> str``
 - ``METHOD_TEXT``: the sentences the reports print about the methods
@@ -51,11 +61,26 @@ METHOD_TEXT = [
     "repetition), the ratio wait per cell (circuit-queue wait) or the mean (per-cell delay). "
     "Time series (queue wait, throughput) are summarised per repetition, so their autocorrelation "
     "stays inside the one number it produces.",
-    f"Inferential test: Welch's two-sample t-test on the log of the per-repetition summaries (linear "
-    f"scale when a summary is <= 0), variant vs baseline; the difference of log means is the log "
-    f"ratio of geometric means, reported as a % change with its {stats.CI_LEVEL:.0%} Welch "
-    f"confidence interval. The exact permutation p-value of the same difference is reported in "
-    f"summary.json as a distribution-free check (with 3 vs 3 repetitions it cannot go below 0.1).",
+    f"Inferential test, paired where the design is: the engine runs repetition k of every variant "
+    f"as one block (same seed, paths and schedule, run back to back in a seeded random order). "
+    f"Where both arms have a value for the same repetitions of one run and no repetition failed in "
+    f"either (intact blocks), the test is the paired t-test on the per-block log ratios "
+    f"d_k = log(variant_k / baseline_k): a one-sample t-test of mean(d) = 0 with n - 1 degrees of "
+    f"freedom, its {stats.CI_LEVEL:.0%} interval exp(mean(d) +- t sd(d) / sqrt(n)) - 1 reported as a % "
+    f"change; what a block shares (network state, the machine's load then) cancels in d_k. The exact "
+    f"sign-flip permutation p-value of the same mean is in summary.json as a distribution-free check "
+    f"(with 3 blocks it cannot go below 0.25). Where blocks are broken (a repetition missing or "
+    f"failed in one arm) or the arms come from two runs (`torbed compare`), Welch's two-sample t-test "
+    f"on the log of the per-repetition summaries, with its Welch interval and the exact permutation "
+    f"p-value as the check. The 'test' column and summary.json (`test`, `test_reason`) say which test "
+    f"each row used and why. Linear scale instead of log when a summary is <= 0.",
+    f"No change: a difference that is not significant is not evidence of no difference. A row is "
+    f"called equivalent only when the two one-sided tests (TOST, alpha {stats.ALPHA} each) reject a "
+    f"change beyond the margin of +-{stats.EQUIVALENCE_MARGIN_PCT:.0f}% on the ratio scale (variant / "
+    f"baseline within [{1 / (1 + stats.EQUIVALENCE_MARGIN_PCT / 100):.3f}, "
+    f"{1 + stats.EQUIVALENCE_MARGIN_PCT / 100:.2f}]), "
+    f"i.e. when the {1 - 2 * stats.ALPHA:.0%} interval lies inside the margin; otherwise it is "
+    f"inconclusive.",
     f"Not enough repetitions: fewer than {stats.MIN_REPS} repetitions with data in either arm -> no "
     f"p-value, the table says 'not enough repetitions'.",
     f"Multiple comparisons: Holm's step-down adjustment over the family of every tested (outcome "
@@ -73,7 +98,13 @@ METHOD_TEXT = [
     f"variants, each around its own mean), the smallest % change a two-sided t-test with this "
     f"design's repetitions detects with {stats.POWER:.0%} power at alpha {stats.ALPHA} and at "
     f"alpha / family size (what the most significant test must beat under Holm), and the "
-    f"repetitions per arm a {stats.TARGET_EFFECT_PCT:.0f}% change needs (noncentral t).",
+    f"repetitions per arm a {stats.TARGET_EFFECT_PCT:.0f}% change needs (noncentral t). Per "
+    f"comparison, from its own spread (the sd of the block log ratios when paired, else the two "
+    f"arms' pooled between-repetition sd): the blocks (repetitions per arm) a two-sided test at "
+    f"alpha {stats.ALPHA} needs for {stats.POWER:.0%} power against the observed change and against "
+    f"+-{stats.TARGET_EFFECT_PCT:.0f}%, and the +- half-width of the {stats.CI_LEVEL:.0%} interval at "
+    f"this run's n (summary.json `plan`). The spread of 3 blocks rests on 2 degrees of freedom: "
+    f"these numbers are rough.",
     "Median CI: cluster bootstrap over whole repetitions (resample repetitions with replacement, "
     "pool their samples, take the median; exact over all resamples up to 6 repetitions).",
 ]
@@ -106,25 +137,113 @@ def rep_summaries(m: MetricSamples, variant: str) -> dict[int, dict]:
 
 def rep_values(m: MetricSamples, variant: str, stat: str) -> list[float]:
     """The per-repetition values of ``stat`` for ``variant`` (repetitions without data left out)."""
-    return [d[stat] for d in rep_summaries(m, variant).values()
-            if d.get(stat) is not None and np.isfinite(d[stat])]
+    return list(rep_values_by_rep(m, variant, stat).values())
+
+
+def rep_values_by_rep(m: MetricSamples, variant: str, stat: str) -> dict[int, float]:
+    """{repetition index: value of ``stat``} for ``variant``'s repetitions with data."""
+    return {k: d[stat] for k, d in rep_summaries(m, variant).items()
+            if d.get(stat) is not None and np.isfinite(d[stat])}
+
+
+def block_check(new: dict, base: dict, same_run: bool, invalid: dict | None = None) -> tuple[bool, str]:
+    """Whether two arms' per-repetition values ({rep: value}) form intact blocks: one run,
+    the same repetition indices with a value in both arms, and none of them invalid
+    (``invalid``: {rep: why}, e.g. a repetition that failed in either arm). Returns
+    (intact, the reason in a sentence)."""
+    if not same_run:
+        return False, "two different runs: their repetitions share no blocks, so Welch across repetitions"
+    if not new or not base:
+        return False, "an arm has no repetition with data"
+    only_new, only_base = sorted(set(new) - set(base)), sorted(set(base) - set(new))
+    bad = sorted(k for k in set(new) | set(base) if invalid and k in invalid)
+    why = []
+    if only_base:
+        why.append(f"repetition(s) {', '.join(map(str, only_base))} have no value in the variant")
+    if only_new:
+        why.append(f"repetition(s) {', '.join(map(str, only_new))} have no value in the baseline")
+    for k in bad:
+        why.append(f"repetition {k} {invalid[k]}")
+    if why:
+        return False, "blocks broken (" + "; ".join(why) + "), so Welch across repetitions"
+    return True, (f"blocks intact: repetitions {', '.join(map(str, sorted(new)))} of both arms ran as blocks "
+                  f"(same seed, paths and schedule), so paired on the per-block log ratios")
+
+
+def test_arms(new: dict, base: dict, paired: bool, scale: str | None, rng, margin_pct) -> dict:
+    if paired:
+        ks = sorted(new)
+        return stats.compare_paired([new[k] for k in ks], [base[k] for k in ks], scale=scale, rng=rng,
+                                    margin_pct=margin_pct)
+    return stats.compare_reps(list(new.values()), list(base.values()), scale=scale, rng=rng, margin_pct=margin_pct)
+
+
+def comparison_plan(new: dict, base: dict, paired: bool, scale: str, observed_pct: float | None,
+                    target_pct: float = stats.TARGET_EFFECT_PCT) -> dict:
+    """stats.plan for one comparison from its own spread: the sd of the block differences
+    (paired) or the two arms' pooled between-repetition sd (unpaired)."""
+    if paired:
+        ks = sorted(k for k in new if k in base)
+        x = np.array([new[k] for k in ks], dtype=float)
+        y = np.array([base[k] for k in ks], dtype=float)
+        d = (np.log(x) - np.log(y)) if scale == "log" else x - y
+        sd = float(d.std(ddof=1)) if d.size >= 2 else None
+        df, n_now, ref = max(0, d.size - 1), int(d.size), float(y.mean()) if y.size else None
+    else:
+        xs = [np.log(np.asarray(list(a.values()), dtype=float)) if scale == "log"
+              else np.asarray(list(a.values()), dtype=float) for a in (new, base)]
+        if min(a.size for a in xs) >= 2:
+            sd, df = stats.pooled_sd(xs)
+        else:
+            sd, df = None, 0
+        n_now = min(len(new), len(base))
+        ref = float(np.mean(list(base.values()))) if base else None
+    return stats.plan(sd, df, n_now, scale, observed_pct, ref_mean=ref, paired=paired, target_pct=target_pct)
+
+
+def descriptive_change(new: dict, base: dict, scale: str | None = None) -> float | None:
+    """% change of the arms' centres of the per-repetition statistic (geometric means on the
+    log scale; with one repetition per arm simply the ratio of the two values - for most
+    metrics the ratio of medians). A description, available where no test is possible."""
+    if not new or not base:
+        return None
+    scale = scale or stats.choose_scale(list(new.values()), list(base.values()))
+    a = stats.arm_estimate(list(new.values()), scale)["estimate"]
+    b = stats.arm_estimate(list(base.values()), scale)["estimate"]
+    return stats.pct_change(a, b)
 
 
 def compare_arms(m_base: MetricSamples, base_variant: str, m_new: MetricSamples, new_variant: str,
-                 scale: str | None = None, rng: np.random.Generator | None = None) -> dict:
+                 scale: str | None = None, rng: np.random.Generator | None = None, same_run: bool = False,
+                 invalid: dict | None = None, margin_pct: float | None = None) -> dict:
     """The inference of (m_new, new_variant) against (m_base, base_variant) on the primary
-    statistic, plus the secondary statistics (``secondary``: stat -> compare_reps result)."""
+    statistic, plus the secondary statistics (``secondary``: stat -> result).
+
+    ``same_run``: both arms are variants of one run, so repetition k of each is a block
+    (engine.run_order); with intact blocks (``block_check``; ``invalid``: {rep: why} for
+    repetitions that must not be paired) the test is stats.compare_paired, else
+    stats.compare_reps (Welch). ``test`` and ``test_reason`` say which and why;
+    ``change_pct_descriptive`` is the change of the arms' centres (given even where nothing
+    can be tested); ``plan`` is stats.plan from the comparison's own spread."""
     prim = primary_stat(m_base.metric)
-    res = stats.compare_reps(rep_values(m_new, new_variant, prim), rep_values(m_base, base_variant, prim),
-                             scale=scale, rng=rng)
+    new, base = rep_values_by_rep(m_new, new_variant, prim), rep_values_by_rep(m_base, base_variant, prim)
+    paired, why = block_check(new, base, same_run, invalid)
+    res = test_arms(new, base, paired, scale, rng, margin_pct)
+    res["test_reason"] = why
     res["statistic"] = prim
     res["in_family"] = in_family(m_base.metric)
+    sc = res["scale"]
+    res["change_pct_descriptive"] = descriptive_change(new, base, sc)
+    res["plan"] = comparison_plan(new, base, paired, sc, res.get("change_pct") if res["status"] == "tested"
+                                  else res["change_pct_descriptive"])
     res["secondary"] = {}
     for st in SECONDARY:
         if st == prim:
             continue
-        r = stats.compare_reps(rep_values(m_new, new_variant, st), rep_values(m_base, base_variant, st), rng=rng)
-        res["secondary"][st] = {k: r.get(k) for k in ("status", "n", "n_baseline", "scale", "change_pct",
+        n2, b2 = rep_values_by_rep(m_new, new_variant, st), rep_values_by_rep(m_base, base_variant, st)
+        p2, _ = block_check(n2, b2, same_run, invalid)
+        r = test_arms(n2, b2, p2, None, rng, margin_pct)
+        res["secondary"][st] = {k: r.get(k) for k in ("status", "test", "n", "n_baseline", "scale", "change_pct",
                                                        "change_ci95", "pvalue")}
     return res
 
@@ -158,8 +277,25 @@ def apply_holm(items: list[dict]) -> list[dict]:
     return sorted(sig, key=lambda it: it["inference"]["pvalue_holm"])
 
 
+def design_text(inf: dict) -> str:
+    """"paired, 5 blocks" or "Welch, 3 vs 2 repetitions"."""
+    if inf.get("test") == "paired":
+        return f"paired, {inf['n']} blocks"
+    return f"Welch, {inf['n']} vs {inf['n_baseline']} repetitions"
+
+
 def headline_line(title: str, variant: str, baseline: str, inf: dict) -> str:
     lo, hi = inf.get("change_ci95") or (None, None)
     return (f"{title}: {variant} vs {baseline}: {STAT_NAMES.get(inf['statistic'], inf['statistic'])} "
             f"{inf['change_pct']:+.1f}% (95% CI {lo:+.1f}% to {hi:+.1f}%; Holm-adjusted p = "
-            f"{inf['pvalue_holm']:.3g}; {inf['n']} vs {inf['n_baseline']} repetitions)")
+            f"{inf['pvalue_holm']:.3g}; {design_text(inf)})")
+
+
+def descriptive_line(title: str, variant: str, baseline: str, inf: dict) -> str | None:
+    """A headline-like line for a comparison that could not be tested: the descriptive change
+    of the arms' per-repetition statistic, labelled as such; None without one."""
+    ch = inf.get("change_pct_descriptive")
+    if ch is None:
+        return None
+    return (f"{title}: {variant} vs {baseline}: {STAT_NAMES.get(inf['statistic'], inf['statistic'])} "
+            f"{ch:+.1f}% (descriptive, not tested: {inf['n']} vs {inf['n_baseline']} repetitions with data)")

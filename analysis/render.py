@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from .figures import Figure
+from .stats import ALPHA
 from .metrics import fmt_size
 
 FAMILIES = (
@@ -75,8 +76,22 @@ def _run_table(s: dict) -> tuple:
             ("Host", host_s), ("tor version", r.get("tor_version") or "not recorded"),
             ("torbed version", r.get("torbed_version") or "not recorded"),
             ("Started / finished", f"{r.get('started') or '?'} / {r.get('finished') or 'not finished'}"),
-            ("Run status (run.json)", r.get("status") or "not recorded")]
+            ("Run status (run.json)", r.get("status") or "not recorded"),
+            ("Host load before the run", _host_load(r.get("host_load")))]
     return ("table", ["", ""], [[k, DASH if v is None else str(v)] for k, v in rows])
+
+
+def _host_load(h) -> str:
+    """run.json's host_load (torbed/hostload.py) in a sentence."""
+    if not isinstance(h, dict):
+        return "not recorded"
+    la = h.get("loadavg") or [None]
+    text = (f"load average {la[0]} on {h.get('cpus')} CPU(s); {100 * (h.get('busy_fraction') or 0):.0f}% of "
+            f"the CPU busy with other processes over {h.get('interval_s')} s")
+    if h.get("busy"):
+        top = ", ".join(f"{p['name']} ({100 * p['cpu_cores']:.0f}% of a CPU)" for p in h.get("top") or [])
+        text = "BUSY: " + text + (f"; top: {top}" if top else "")
+    return text
 
 
 def _family_table(s: dict, metric: str) -> tuple | None:
@@ -125,11 +140,47 @@ VERDICT = {"not enough repetitions": "not enough repetitions", "no variance": "n
 
 
 def _verdict(inf: dict) -> str:
+    """The row's verdict. A non-significant difference is "no change" only where the
+    equivalence test (TOST) shows the change inside the margin; otherwise it is inconclusive:
+    a verdict that low power alone could win is no verdict."""
     if inf.get("status") != "tested":
         return VERDICT.get(inf.get("status"), str(inf.get("status")))
+    eq = inf.get("equivalence") or {}
+    margin = f"±{eq.get('margin_pct', 0):.0f}%"
+    if eq.get("equivalent"):
+        within = f"equivalent within {margin} (TOST p = {fmt_p(eq.get('pvalue'))})"
+    else:
+        within = f"inconclusive: not shown within {margin}"
     if not inf.get("in_family"):
-        return "secondary (not in the family)"
-    return "significant" if inf.get("significant") else "not significant"
+        p = inf.get("pvalue")
+        return "secondary (not in the family); " + (f"unadjusted p < {ALPHA}" if p is not None and p < ALPHA
+                                                     else within)
+    if inf.get("significant"):
+        return "significant" + ("; a small change, within " + margin if eq.get("equivalent") else "")
+    return "not significant; " + within
+
+
+def _test_cell(inf: dict) -> str:
+    """Which test the row used, and why (the block check's reason, shortened)."""
+    why = inf.get("test_reason") or ""
+    if inf.get("test") == "paired":
+        return f"paired, {inf.get('n')} blocks"
+    short = why.split(", so ")[0]
+    return f"Welch: {short}" if short else "Welch"
+
+
+def _plan_cells(inf: dict) -> tuple[str, str]:
+    """(n needed for 80% power: observed / stated minimum, the 95% CI's ± at this n)."""
+    pl = inf.get("plan") or {}
+    if pl.get("sd") is None or pl.get("note"):
+        return DASH, DASH
+
+    def n(x):
+        return str(x) if x else "> 1000"
+    obs = n(pl.get("n_for_observed")) if pl.get("observed_change_pct") is not None else DASH
+    hw = pl.get("ci95_halfwidth_pct_now")
+    unit = "blocks" if pl.get("basis") == "paired" else "reps/arm"
+    return f"{obs} / {n(pl.get('n_for_target'))} {unit}", DASH if hw is None else f"±{hw:.1f}%"
 
 
 def _ci_pct(ci) -> str:
@@ -144,7 +195,9 @@ def _inference_table(s: dict, metric: str) -> tuple | None:
         return None
     unit = entries[0]["unit"]
     headers = ["subject", "variant", "reps", "per-rep statistic", "estimate [95% CI]", "Δ [95% CI]",
-               "p (Welch)", "Holm p", "verdict"]
+               "test (why)", "p", "Holm p", "verdict",
+               f"n for {s['settings'].get('power', 0.8):.0%} power: observed / ±"
+               f"{s['settings'].get('target_change_pct', 10):.0f}%", "95% CI ± at this n"]
     rows = []
     for e in entries:
         subject = e["title"].split(", ", 1)[1] if ", " in e["title"] else e["title"]
@@ -159,15 +212,18 @@ def _inference_table(s: dict, metric: str) -> tuple | None:
             vb = d.get("vs_baseline")
             if not vb:
                 rows.append([subject, f"{v} (baseline)", str(rs.get("n", 0)), stat_s, est_s, "baseline",
-                             DASH, DASH, DASH])
+                             DASH, DASH, DASH, DASH, DASH, DASH])
                 continue
             inf = vb["inference"]
             tested = inf.get("status") == "tested"
-            rows.append([subject, v, str(rs.get("n", 0)), stat_s, est_s,
-                         (fmt_pct(inf.get("change_pct")) + " " + _ci_pct(inf.get("change_ci95"))) if tested else DASH,
+            descr = inf.get("change_pct_descriptive")
+            delta = ((fmt_pct(inf.get("change_pct")) + " " + _ci_pct(inf.get("change_ci95"))) if tested else
+                     f"{fmt_pct(descr)} (descriptive)" if descr is not None else DASH)
+            rows.append([subject, v, str(rs.get("n", 0)), stat_s, est_s, delta,
+                         _test_cell(inf) if tested else DASH,
                          fmt_p(inf.get("pvalue")) if tested else DASH,
                          fmt_p(inf.get("pvalue_holm")) if inf.get("pvalue_holm") is not None else DASH,
-                         _verdict(inf)])
+                         _verdict(inf), *_plan_cells(inf)])
     return ("table", headers, rows)
 
 
@@ -331,6 +387,9 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     elif inf["family_size"] == 0:
         b.append(("p", f"No inferential comparison: not enough repetitions (at least {inf['min_reps_per_arm']} "
                        f"per variant with data are needed). Differences below are descriptive only."))
+        if inf.get("descriptive"):
+            b.append(("p", "Descriptive changes (the arms' per-repetition statistic; not tests, no p-value):"))
+            b.append(("ul", list(inf["descriptive"])))
     else:
         b.append(("p", f"No difference survives Holm's correction over {inf['family_size']} tests "
                        f"(family-wise error rate {inf['alpha']}). See the power section for what this "
@@ -365,10 +424,21 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", "Nothing is missing: every repetition finished with status ok and wrote all record files."))
 
     b.append(("h", 2, "Comparisons (inferential: repetitions as the unit)"))
+    margin = s["settings"].get("equivalence_margin_pct", 10.0)
     b.append(("p", "One number per repetition (the per-rep statistic), compared across repetitions: "
                    "estimate = geometric mean of the repetitions' values with a t interval; Δ = % change "
-                   "vs the baseline with its 95% Welch interval; p = Welch t-test on log values; Holm p = "
-                   "adjusted over the family of outcome metrics x variants. See *Statistical methods*."))
+                   "vs the baseline with its 95% interval. Test: where repetition k of both arms ran as a "
+                   "block (intact blocks), the paired t-test on the per-block log ratios; where a block is "
+                   "broken (a repetition missing or failed in one arm), Welch's t-test on log values; the "
+                   "'test' column says which and why. Holm p = adjusted over the family of outcome metrics "
+                   f"x variants. A difference that is not significant is called equivalent only when the "
+                   f"two one-sided tests (TOST) put it within ±{margin:.0f}%, else inconclusive. The last "
+                   "two columns plan the next run from this comparison's own spread: the blocks (or "
+                   "repetitions per arm, for Welch) a two-sided test at α = 0.05 needs for 80% power "
+                   "against the observed change and against the stated minimum effect of ±"
+                   f"{s['settings'].get('target_change_pct', 10):.0f}%, and the ± half-width of the 95% "
+                   "interval with this run's n. Where no test is possible, Δ is the descriptive change. "
+                   "See *Statistical methods*."))
     for metric, title in FAMILIES:
         t = _inference_table(s, metric)
         if t is None:

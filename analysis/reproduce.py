@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -250,11 +251,23 @@ def evaluate(row: Row, summary: dict, reference: dict | None = None) -> dict:
                 "why": row.why_not_tested or row.why_not}
     ch, (lo, hi) = inf["change_pct"], inf["change_ci95"]
     ours += (f"; Δ {ch:+.1f}% [{lo:+.1f}%, {hi:+.1f}%], p = {inf['pvalue']:.2g}, "
-             f"{inf['n']} vs {inf['n_baseline']} reps")
+             f"{inf['n']} vs {inf['n_baseline']} reps" if inf.get("test") != "paired" else
+             f"; Δ {ch:+.1f}% [{lo:+.1f}%, {hi:+.1f}%], p = {inf['pvalue']:.2g}, paired, {inf['n']} blocks")
     excludes_zero = hi < 0 or lo > 0
+    eq = inf.get("equivalence") or {}
+    # The interval the two one-sided tests use (1 - 2 alpha); the 95% one where there is none.
+    ci90 = eq.get("ci90") or [lo, hi]
     if row.expect == "small":
-        direction = ("agrees: no clear change" if not excludes_zero or abs(ch) < 10 else
-                     f"disagrees: clear {'decrease' if ch < 0 else 'increase'}")
+        # "No change" needs evidence: the equivalence test (TOST) within the margin. A wide
+        # interval that merely holds 0 is no verdict.
+        margin = eq.get("margin_pct", stats.EQUIVALENCE_MARGIN_PCT)
+        iv = f"90% CI [{ci90[0]:+.1f}%, {ci90[1]:+.1f}%]"
+        if eq.get("equivalent"):
+            direction = f"agrees: equivalent within ±{margin:.0f}% (TOST p = {eq['pvalue']:.2g}; {iv})"
+        elif excludes_zero:
+            direction = f"disagrees: clear {'decrease' if ch < 0 else 'increase'}"
+        else:
+            direction = f"inconclusive: not significant, not shown within ±{margin:.0f}% ({iv})"
         size = "–"
         ok = direction.startswith("agrees")
     else:
@@ -269,17 +282,29 @@ def evaluate(row: Row, summary: dict, reference: dict | None = None) -> dict:
             size_of = "our all-relays change"
         else:
             size_of = "the paper's"
-        if target is None:
-            size = "–"
-        elif lo <= target <= hi:
-            size = f"agrees ({size_of} {target:+.1f}% inside our interval)"
-        elif target and 0.5 <= ch / target <= 2.0:
-            size = f"roughly ({ch / target:.2f}x {size_of} {target:+.1f}%)"
-        else:
-            size = f"differs ({size_of} {target:+.1f}%)"
+        size = "–" if target is None else _size_verdict(ch, ci90, target, size_of)
         # The "why not" column is filled unless direction and size both agree.
         ok = direction == "agrees" and (size.startswith("agrees") or size == "–")
     return {"ours": ours, "direction": direction, "size": size, "ok": ok, "change_pct": ch, "inference": inf}
+
+
+def _size_verdict(ch: float, ci_pct, target: float, size_of: str) -> str:
+    """Rough size: the interval of log(ours / paper's) - ours being the (1 - 2 alpha) interval
+    of the ratio variant / baseline - must lie within +-log SIZE_AGREEMENT_FACTOR (two one-sided
+    tests, as for equivalence). Entirely outside: differs. Otherwise the interval is too wide
+    to say: inconclusive, however close the point estimate."""
+    f = stats.SIZE_AGREEMENT_FACTOR
+    ratio = (1 + ch / 100) / (1 + target / 100) if target > -100 else None
+    rtxt = f"ours / {size_of} ratio {ratio:.2f}" if ratio is not None and ratio > 0 else f"{size_of} {target:+.1f}%"
+    if ci_pct[0] is None or ci_pct[1] is None or ci_pct[0] <= -100:
+        where = "overlaps"
+    else:
+        where = stats.ratio_within_factor((math.log1p(ci_pct[0] / 100), math.log1p(ci_pct[1] / 100)), target, f)
+    if where == "inside":
+        return f"agrees within a factor {f:g} ({rtxt}; {size_of} {target:+.1f}%)"
+    if where == "outside":
+        return f"differs ({rtxt}, beyond a factor {f:g}; {size_of} {target:+.1f}%)"
+    return f"inconclusive (interval too wide to place within a factor {f:g} of {size_of} {target:+.1f}%)"
 
 
 def summary_for(row: Row, summaries: dict, run_dirs: dict, cache: dict) -> dict:
@@ -325,9 +350,11 @@ def _variant_available(name: str) -> bool:
 
 def _run(exp: Experiment, exp_dir: Path, reps: int, duration: str) -> Path | None:
     exp_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "torbed.cli", "run", str(REPO / exp.scenario),
+    # Never niced: at a lower priority the run would measure whatever else the machine does.
+    # `torbed run` itself reads the host's load first, warns if busy and records it in run.json.
+    cmd = [sys.executable, "-m", "torbed.cli", "run", str(REPO / exp.scenario),
            "--repetitions", str(reps), "--duration", duration, "--out", str(exp_dir)]
-    print(f"reproduce: {exp.name}: {' '.join(cmd[3:])}", flush=True)
+    print(f"reproduce: {exp.name}: {' '.join(cmd[1:])}", flush=True)
     rc = subprocess.call(cmd)
     done = _finished_run(exp_dir, reps, duration)
     if done is None:
@@ -362,9 +389,16 @@ def _markdown(rows: list[tuple[Row, dict]], settings: dict, runs: dict) -> str:
         "\"Ours\": each scheme's geometric mean of the per-repetition statistic (median download time; "
         "wait per cell for the queue; mean delay per cell of replayed traffic) with its 95% t interval "
         "across repetitions, and the % change with "
-        "its 95% Welch interval and p-value (the report's inferential test, repetitions as the unit). "
-        "Direction agrees when the sign matches and the interval excludes 0; size agrees when the "
-        "paper's change lies inside our interval, roughly when ours is within a factor 2 of it.",
+        "its 95% interval and p-value (the report's inferential test, repetitions as the unit: the paired "
+        "t-test on the per-block log ratios where every block is intact, else Welch). "
+        "Direction agrees when the sign matches and the interval excludes 0. Rough size agrees when the "
+        "90% interval of log(ours / paper's) lies within ±log 2 (two one-sided tests at 5%: ours is within "
+        "a factor 2 of the paper's change); it differs when that interval lies wholly outside, and is "
+        "inconclusive otherwise (an interval wide enough to hold anything is no verdict). Where the paper "
+        f"reports no real change, ours agrees only when the equivalence test (TOST, 5%) puts the change within "
+        f"±{stats.EQUIVALENCE_MARGIN_PCT:.0f}% (the ratio within a factor {1 + stats.EQUIVALENCE_MARGIN_PCT / 100:g}); "
+        "not significant but not shown "
+        "equivalent is inconclusive.",
         "",
         "| paper | result | paper's number | ours | direction | rough size | why not |",
         "|---|---|---|---|---|---|---|"]

@@ -31,8 +31,17 @@ Public API:
 
 Inference across repetitions (docs/statistics.md; the KS / MWU above are descriptive only):
 
-- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``
-- ``compare_reps(values, baseline, scale=None) -> dict``  Welch on (log) per-repetition summaries
+- ``ALPHA``, ``POWER``, ``MIN_REPS``, ``TARGET_EFFECT_PCT``, ``EQUIVALENCE_MARGIN_PCT``,
+  ``SIZE_AGREEMENT_FACTOR``
+- ``compare_paired(values, baseline, scale=None, margin_pct=None) -> dict``  paired t on
+  per-block (log) differences, where repetition k of both arms is one block
+- ``compare_reps(values, baseline, scale=None, margin_pct=None) -> dict``  Welch on (log)
+  per-repetition summaries (blocks broken, or two runs)
+- ``signflip_pvalue(d, rng=None) -> (p, smallest attainable p)``
+- ``equivalence(d, se, df, scale, ref_mean=None, margin_pct=None) -> dict | None``  TOST
+- ``ratio_within_factor(ci_log, target_pct, factor=2) -> "inside" | "outside" | "overlaps"``
+- ``power_paired(delta, sd_diff, n)``, ``blocks_needed(delta, sd, paired=True)``,
+  ``ci_halfwidth(sd, n, paired=True)``, ``plan(sd, df, n_now, scale, observed_pct, ...) -> dict``
 - ``permutation_pvalue(x, y, rng=None) -> (p, smallest attainable p)``
 - ``holm(pvalues) -> adjusted``
 - ``arm_estimate(values, scale) -> {"n", "estimate", "ci95"}``, ``choose_scale(*arms)``
@@ -222,6 +231,14 @@ TARGET_EFFECT_PCT = 10.0
 PERMUTATION_EXACT_MAX = 20_000
 PERMUTATION_RESAMPLES = 10_000
 MAX_REPS_SEARCHED = 1000
+# Equivalence ("no change") margin, symmetric on the log (ratio) scale: two arms count as
+# equivalent when the TOST shows the ratio variant / baseline inside [1 / 1.1, 1.1] (on the
+# linear scale: the difference inside +-10% of the baseline's mean). Overridable per call.
+EQUIVALENCE_MARGIN_PCT = 10.0
+# "Rough size agrees" with a published change: the ratio ours / paper's (both as ratios
+# variant / baseline) shown inside [1 / 2, 2] by the same two one-sided tests.
+SIZE_AGREEMENT_FACTOR = 2.0
+SIGNFLIP_EXACT_MAX_BLOCKS = 16       # 2^16 sign patterns; above, Monte Carlo
 
 
 def not_enough_reason(n: int, n_baseline: int) -> str:
@@ -288,7 +305,7 @@ def permutation_pvalue(x, y, rng: np.random.Generator | None = None) -> tuple[fl
 
 
 def compare_reps(values, baseline, scale: str | None = None, level: float = CI_LEVEL,
-                 rng: np.random.Generator | None = None) -> dict:
+                 rng: np.random.Generator | None = None, margin_pct: float | None = None) -> dict:
     """The inferential comparison of one arm's per-repetition summaries with the baseline's.
 
     Welch's t-test on the (log-)summaries: each summary is a median or mean of many samples,
@@ -296,10 +313,15 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     difference of means is the log of a ratio of geometric means, so ``change_pct`` and its
     interval are a % change; on the linear scale they are the difference over the baseline's
     mean (its own uncertainty ignored). Also the exact permutation p-value as a
-    distribution-free check (not used for decisions).
+    distribution-free check (not used for decisions), and the equivalence test (TOST, see
+    ``equivalence``) against ``margin_pct`` (default EQUIVALENCE_MARGIN_PCT).
 
-    Returns {"status": "tested", "n", "n_baseline", "scale", "change_pct", "change_ci95",
-    "welch_t", "df", "pvalue", "permutation_pvalue", "permutation_min_pvalue"} or
+    The report uses it where the repetitions of the two arms are not paired blocks
+    (``compare_paired`` is the test where they are).
+
+    Returns {"status": "tested", "test": "welch", "n", "n_baseline", "scale", "change_pct",
+    "change_ci95", "welch_t", "df", "pvalue", "permutation_pvalue", "permutation_min_pvalue",
+    "equivalence"} or
     {"status": "not enough repetitions", "n", "n_baseline", "reason"} or
     {"status": "no variance", ...} when both arms are constant.
     """
@@ -307,7 +329,7 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     scale = scale or choose_scale(x0, y0)
     x, y = _transform(x0, scale), _transform(y0, scale)
     n, m = int(x.size), int(y.size)
-    base = {"n": n, "n_baseline": m, "scale": scale}
+    base = {"test": "welch", "n": n, "n_baseline": m, "scale": scale}
     if n < MIN_REPS or m < MIN_REPS:
         return {"status": "not enough repetitions", **base, "reason": not_enough_reason(n, m)}
     vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
@@ -316,7 +338,7 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     if se2 <= 0:
         return {"status": "no variance", **base, "reason": "every repetition gave the same value in both arms",
                 "change_pct": _pct_from(d, scale, y), "change_ci95": None, "welch_t": None, "df": None,
-                "pvalue": None, "permutation_pvalue": None, "permutation_min_pvalue": None}
+                "pvalue": None, "permutation_pvalue": None, "permutation_min_pvalue": None, "equivalence": None}
     se = math.sqrt(se2)
     df = se2 ** 2 / ((vx / n) ** 2 / (n - 1) + (vy / m) ** 2 / (m - 1))
     t = d / se
@@ -326,7 +348,8 @@ def compare_reps(values, baseline, scale: str | None = None, level: float = CI_L
     return {"status": "tested", **base, "change_pct": _pct_from(d, scale, y),
             "change_ci95": [_pct_from(d - h, scale, y), _pct_from(d + h, scale, y)],
             "welch_t": float(t), "df": float(df), "pvalue": p,
-            "permutation_pvalue": perm_p, "permutation_min_pvalue": perm_min}
+            "permutation_pvalue": perm_p, "permutation_min_pvalue": perm_min,
+            "equivalence": equivalence(d, se, df, scale, float(y.mean()), margin_pct)}
 
 
 def _pct_from(d: float, scale: str, y: np.ndarray) -> float | None:
@@ -335,6 +358,218 @@ def _pct_from(d: float, scale: str, y: np.ndarray) -> float | None:
         return 100.0 * math.expm1(d)
     mean = float(y.mean())
     return 100.0 * d / mean if mean else None
+
+
+def equivalence(d: float, se: float, df: float, scale: str, ref_mean: float | None = None,
+                margin_pct: float | None = None, alpha: float = ALPHA) -> dict | None:
+    """Two one-sided tests (TOST, Schuirmann 1987) of "no change larger than the margin".
+
+    ``d`` is the estimated difference on the test scale with standard error ``se`` and
+    ``df`` degrees of freedom. The margin is +-log(1 + margin_pct/100) on the log scale (a
+    ratio within [1/(1+m), 1+m]) or +-margin_pct% of ``ref_mean`` on the linear scale. Both
+    one-sided nulls (difference <= -margin, difference >= +margin) are rejected at ``alpha``
+    exactly when the (1 - 2 alpha) interval lies inside the margin, so that interval is given.
+
+    Returns {"margin_pct", "alpha", "pvalue" (the larger one-sided p), "equivalent",
+    "ci90" ([lo %, hi %], the 1 - 2 alpha interval as a % change)}, or None when the margin
+    is undefined (linear scale, reference mean 0) or se is not positive."""
+    m = EQUIVALENCE_MARGIN_PCT if margin_pct is None else float(margin_pct)
+    if se is None or not se > 0 or not math.isfinite(se):
+        return None
+    if scale == "log":
+        bound = math.log1p(m / 100.0)
+    else:
+        if not ref_mean:
+            return None
+        bound = abs(ref_mean) * m / 100.0
+    p_low = float(sps.t.sf((d + bound) / se, df))       # H0: d <= -bound
+    p_high = float(sps.t.cdf((d - bound) / se, df))     # H0: d >= +bound
+    p = max(p_low, p_high)
+    h = float(sps.t.ppf(1 - alpha, df)) * se
+
+    def pct(v):
+        return 100.0 * math.expm1(v) if scale == "log" else 100.0 * v / ref_mean
+    return {"margin_pct": m, "alpha": alpha, "pvalue": p, "equivalent": bool(p < alpha),
+            "ci90": [pct(d - h), pct(d + h)]}
+
+
+def ratio_within_factor(ci_log: tuple[float, float], target_pct: float,
+                        factor: float = SIZE_AGREEMENT_FACTOR) -> str:
+    """Whether an interval of log(variant / baseline) (``ci_log``) puts our ratio within a
+    factor ``factor`` of a published change ``target_pct``: the interval of
+    log(ours / paper's) = ci_log - log(1 + target/100) compared with +-log(factor).
+    "inside" (the whole interval within: size agrees), "outside" (none of it within: size
+    differs) or "overlaps" (the interval is too wide to tell: inconclusive)."""
+    if target_pct <= -100:
+        return "overlaps"
+    shift = math.log1p(target_pct / 100.0)
+    lo, hi = ci_log[0] - shift, ci_log[1] - shift
+    b = math.log(factor)
+    if -b <= lo and hi <= b:
+        return "inside"
+    if hi < -b or lo > b:
+        return "outside"
+    return "overlaps"
+
+
+def signflip_pvalue(d, rng: np.random.Generator | None = None) -> tuple[float, float]:
+    """Two-sided sign-flip permutation test of the mean of paired differences ``d`` (test
+    scale): under "no effect" each block's difference is as likely +d_k as -d_k, so the
+    observed |mean| is ranked among all 2^n sign patterns (exact up to
+    SIGNFLIP_EXACT_MAX_BLOCKS blocks, else PERMUTATION_RESAMPLES random patterns, p = (1 +
+    hits) / (1 + resamples)). Returns (p, the smallest p this design can give: 2 / 2^n)."""
+    d = _arr(d)
+    n = d.size
+    if n == 0:
+        return 1.0, 1.0
+    obs = abs(float(d.mean()))
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
+    if n <= SIGNFLIP_EXACT_MAX_BLOCKS:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+        means = np.abs(signs @ d) / n
+        p = float((means >= obs - tol).mean())
+    else:
+        rng = rng or np.random.default_rng(0)
+        signs = rng.choice([-1.0, 1.0], size=(PERMUTATION_RESAMPLES, n))
+        hits = int((np.abs(signs @ d) / n >= obs - tol).sum())
+        p = float((1 + hits) / (1 + PERMUTATION_RESAMPLES))
+    return p, min(1.0, 2.0 / 2 ** n)
+
+
+def compare_paired(values, baseline, scale: str | None = None, level: float = CI_LEVEL,
+                   rng: np.random.Generator | None = None, margin_pct: float | None = None) -> dict:
+    """The comparison of two arms whose repetitions are paired blocks: ``values[k]`` and
+    ``baseline[k]`` are repetition k of the variant and of the baseline, run together with
+    the same seed, paths and schedule. Pairs with a missing (non-finite) value are dropped.
+
+    The per-block difference on the test scale, d_k = log(values[k]) - log(baseline[k])
+    (linear: values[k] - baseline[k]), removes what the block shares (network state, the
+    machine's load at that time); a one-sample t-test of mean(d) = 0 with n - 1 degrees of
+    freedom is the test, its interval exp(mean(d) +- t sd(d)/sqrt(n)) - 1 the % change (linear:
+    over the baseline's mean). The exact sign-flip permutation p-value is a distribution-free
+    check (not used for decisions); ``equivalence`` is the TOST against ``margin_pct``.
+
+    Returns {"status": "tested", "test": "paired", "n", "n_baseline" (both = the blocks),
+    "scale", "change_pct", "change_ci95", "paired_t", "df", "pvalue", "sd_diff",
+    "permutation_pvalue", "permutation_min_pvalue", "equivalence"}, or "not enough
+    repetitions" (fewer than MIN_REPS blocks) / "no variance" (every block gave the same
+    difference)."""
+    x0, y0 = np.asarray(values, dtype=float).ravel(), np.asarray(baseline, dtype=float).ravel()
+    if x0.size != y0.size:
+        raise ValueError("paired arms differ in length")
+    keep = np.isfinite(x0) & np.isfinite(y0)
+    x0, y0 = x0[keep], y0[keep]
+    scale = scale or choose_scale(x0, y0)
+    y = _transform(y0, scale)
+    d = _transform(x0, scale) - y
+    n = int(d.size)
+    base = {"test": "paired", "n": n, "n_baseline": n, "scale": scale}
+    if n < MIN_REPS:
+        return {"status": "not enough repetitions", **base, "reason": not_enough_reason(n, n)}
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if not sd > 1e-12 * max(1.0, abs(mean)):     # rounding of equal log ratios is not variance
+        return {"status": "no variance", **base, "reason": "every block gave the same difference",
+                "change_pct": _pct_from(mean, scale, y), "change_ci95": None, "paired_t": None, "df": None,
+                "pvalue": None, "sd_diff": sd, "permutation_pvalue": None, "permutation_min_pvalue": None,
+                "equivalence": None}
+    se, df = sd / math.sqrt(n), n - 1
+    t = mean / se
+    p = float(2 * sps.t.sf(abs(t), df))
+    h = float(sps.t.ppf(0.5 + level / 2, df)) * se
+    perm_p, perm_min = signflip_pvalue(d, rng)
+    return {"status": "tested", **base, "change_pct": _pct_from(mean, scale, y),
+            "change_ci95": [_pct_from(mean - h, scale, y), _pct_from(mean + h, scale, y)],
+            "paired_t": float(t), "df": float(df), "pvalue": p, "sd_diff": sd,
+            "permutation_pvalue": perm_p, "permutation_min_pvalue": perm_min,
+            "equivalence": equivalence(mean, se, df, scale, float(y.mean()), margin_pct)}
+
+
+def power_paired(delta: float, sd_diff: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test (one-sample t on n block differences with sd
+    ``sd_diff``) against a true mean difference ``delta``: noncentral t with n - 1 degrees
+    of freedom and noncentrality delta / (sd_diff / sqrt(n))."""
+    df = n - 1
+    nc = abs(delta) / (sd_diff / math.sqrt(n))
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    if nc > crit + 40:
+        return 1.0
+    pw = float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    return 1.0 if math.isnan(pw) else pw
+
+
+def blocks_needed(delta: float, sd_diff: float | None, alpha: float = ALPHA, power: float = POWER,
+                  paired: bool = True) -> int | None:
+    """Blocks (paired) or repetitions per arm (``paired=False``: two-sample t with
+    ``sd_diff`` the between-repetition sd) for a two-sided test to detect ``delta`` (test
+    scale) with ``power``; at least MIN_REPS; None above MAX_REPS_SEARCHED or without sd."""
+    if sd_diff is None or delta is None:
+        return None
+    if sd_diff <= 0:
+        return MIN_REPS
+    if delta == 0:
+        return None
+    pw = power_paired if paired else _power
+    for n in range(MIN_REPS, MAX_REPS_SEARCHED + 1):
+        if pw(abs(delta), sd_diff, n, alpha) >= power:
+            return n
+    return None
+
+
+def ci_halfwidth(sd: float, n: int, paired: bool = True, level: float = CI_LEVEL) -> float | None:
+    """Half-width (test scale) of the ``level`` interval of the difference with n blocks
+    (paired: t_{n-1} sd / sqrt(n)) or n repetitions per arm (two-sample: t_{2n-2} sd
+    sqrt(2/n)), if the sd stayed what it is; None below 2."""
+    if sd is None or n < 2:
+        return None
+    if paired:
+        return float(sps.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return float(sps.t.ppf(0.5 + level / 2, 2 * n - 2)) * sd * math.sqrt(2.0 / n)
+
+
+def plan(sd: float | None, df: int, n_now: int, scale: str, observed_pct: float | None,
+         ref_mean: float | None = None, paired: bool = True, target_pct: float = TARGET_EFFECT_PCT,
+         alpha: float = ALPHA, power: float = POWER) -> dict:
+    """Repetitions needed and interval width for one comparison, from its own spread.
+
+    ``sd``: the sd of the block differences (paired) or the pooled between-repetition sd of
+    the two arms (unpaired), on the test scale, with ``df`` degrees of freedom; ``n_now`` the
+    blocks (repetitions per arm) this run has. For the ``observed_pct`` change and for a
+    stated minimum effect ``target_pct`` (+- on the log scale the same blocks: a decrease of
+    1 - 1/(1+m) is the same log distance), the blocks needed for ``power`` at two-sided
+    ``alpha``; and the +- half-width of the 95% interval at n_now and at the blocks the target
+    needs (as % on the log scale: 100 (e^h - 1), the upper side; the lower is 100 (1 - e^-h)).
+
+    Returns {"basis": "paired" | "unpaired", "unit": "blocks" | "repetitions per arm", "sd",
+    "df", "n_now", "alpha", "power", "target_change_pct", "observed_change_pct",
+    "n_for_observed", "n_for_target", "ci95_halfwidth_pct_now", "ci95_halfwidth_pct_at_target",
+    ["note"]}."""
+    out = {"basis": "paired" if paired else "unpaired", "unit": "blocks" if paired else "repetitions per arm",
+           "sd": sd, "df": df, "n_now": n_now, "alpha": alpha, "power": power, "target_change_pct": target_pct,
+           "observed_change_pct": observed_pct, "n_for_observed": None, "n_for_target": None,
+           "ci95_halfwidth_pct_now": None, "ci95_halfwidth_pct_at_target": None}
+    if sd is None:
+        out["note"] = "no spread estimate: fewer than 2 " + ("blocks" if paired else "repetitions in each arm")
+        return out
+    if scale == "linear" and not ref_mean:
+        out["note"] = "baseline mean 0: a % change is undefined"
+        return out
+
+    def to_test(pct):
+        if pct is None:
+            return None
+        return math.log1p(pct / 100.0) if scale == "log" else pct / 100.0 * ref_mean
+
+    def to_pct(h):
+        if h is None:
+            return None
+        return 100.0 * math.expm1(h) if scale == "log" else 100.0 * h / abs(ref_mean)
+    if observed_pct is not None and observed_pct > -100:
+        out["n_for_observed"] = blocks_needed(to_test(observed_pct), sd, alpha, power, paired)
+    out["n_for_target"] = blocks_needed(to_test(target_pct), sd, alpha, power, paired)
+    out["ci95_halfwidth_pct_now"] = to_pct(ci_halfwidth(sd, n_now, paired))
+    if out["n_for_target"]:
+        out["ci95_halfwidth_pct_at_target"] = to_pct(ci_halfwidth(sd, out["n_for_target"], paired))
+    return out
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:

@@ -5,7 +5,7 @@ written, so the file is byte-identical for the same run directory and library ve
 
 Layout (every metric id maps to one entry; ``variants`` has every variant of the run):
 
-    {"schema": 2, "run": {...run.json facts...}, "baseline": "<variant>",
+    {"schema": 3, "run": {...run.json facts, ["host_load"]...}, "baseline": "<variant>",
      "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
      "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
                       "files", "notes"}],
@@ -19,15 +19,20 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
                        "vs_baseline": {"baseline", "median_change_pct", "mean_change_pct",
                                        "ks_statistic", "ks_pvalue", "mwu_statistic",
                                        "mwu_pvalue", "pooled_tests": "descriptive",
-                                       "inference": {stats.compare_reps keys, "statistic",
-                                                     "in_family", "pvalue_holm", "significant",
-                                                     "secondary"},
+                                       "inference": {stats.compare_paired or compare_reps
+                                                     keys ("test": "paired" | "welch",
+                                                     "equivalence": TOST), "test_reason",
+                                                     "statistic", "in_family", "pvalue_holm",
+                                                     "significant", "change_pct_descriptive",
+                                                     "plan": stats.plan, "secondary"},
                                        ["mean_diff_ms", "mean_diff_clock_bound_ms",
                                         "mean_diff_within_clock"] (per-cell delays)}
                                        (not for the baseline itself)},
          "power": {stats.power_analysis keys}}},
      "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
-                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}]},
+                   "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}],
+                   "paired_tests", "welch_tests", "equivalence_margin_pct",
+                   "descriptive": [text: untested outcome comparisons' descriptive change]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
      ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]],
      ["by_hardware": {"hardware", "client_groups", "comparisons", "relay_throughput_Bps", "note"}]}
@@ -57,7 +62,8 @@ from . import metrics as metrics_mod
 from .load import Run
 from .metrics import Extracted
 
-SCHEMA = 2     # 2: per-repetition inference, Holm, power; pooled tests descriptive
+SCHEMA = 3     # 2: per-repetition inference, Holm, power; pooled tests descriptive
+               # 3: paired test on intact blocks, TOST equivalence, per-comparison plan
 SIGNIFICANT_DIGITS = 6
 
 
@@ -107,7 +113,9 @@ def _run_facts(run: Run) -> dict:
             "repetitions": run.repetitions, "backend": i.get("backend"), "shaper": i.get("shaper"),
             "torbed_version": i.get("torbed_version"), "tor_version": i.get("tor_version"),
             "host": host, "started": i.get("started"), "finished": i.get("finished"),
-            "status": i.get("status"), "hardware": _hardware(run)}
+            "status": i.get("status"), "hardware": _hardware(run),
+            # torbed run's reading of the machine's load before it started (torbed/hostload.py).
+            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {})}
 
 
 def _hardware(run: Run) -> dict:
@@ -124,6 +132,16 @@ def _hardware(run: Run) -> dict:
                 continue
             entry = out.setdefault(name, {**h, "ran": []})
             entry["ran"] = sorted(set(entry["ran"]) | set(h.get("ran") or []))
+    return out
+
+
+def invalid_reps(run: Run, variants) -> dict[int, str]:
+    """{rep: why} for the repetitions whose status is not ok in any of ``variants``: such a
+    block is not paired (what it recorded still counts in the unpaired test)."""
+    out: dict[int, str] = {}
+    for r in run.reps:
+        if r.variant in variants and r.status != "ok":
+            out.setdefault(r.index, f"{r.status} in {r.variant}")
     return out
 
 
@@ -166,7 +184,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 # dependent); the decision is "inference".
                 **tests, "pooled_tests": "descriptive",
                 "inference": inference.compare_arms(m, baseline, m, v, scale=scale,
-                                                    rng=stats.rng_for(run.seed, "perm", m.id, v))}
+                                                    rng=stats.rng_for(run.seed, "perm", m.id, v), same_run=True,
+                                                    invalid=invalid_reps(run, (baseline, v)))}
             if m.clock_bounds is not None:
                 d["vs_baseline"].update(_clock_comparison(m, v, baseline, d.get("mean"), base_desc.get("mean")))
         entry["variants"][v] = d
@@ -192,6 +211,16 @@ def _inference_summary(run: Run, extracted: Extracted, entries: dict, baseline: 
         "headline": [inference.headline_line(entries[it["id"]]["title"], it["variant"], baseline, it["inference"])
                      for it in sig],
         "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+        "paired_tests": sum(1 for it in items if it["inference"]["status"] == "tested"
+                            and it["inference"].get("test") == "paired"),
+        "welch_tests": sum(1 for it in items if it["inference"]["status"] == "tested"
+                           and it["inference"].get("test") == "welch"),
+        "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
+        # Outcome comparisons that could not be tested: their descriptive change, labelled.
+        "descriptive": [line for it in items
+                        if it["inference"]["in_family"] and it["inference"]["status"] == "not enough repetitions"
+                        and (line := inference.descriptive_line(entries[it["id"]]["title"], it["variant"], baseline,
+                                                                it["inference"]))],
     }
 
 
@@ -223,9 +252,12 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
             "bootstrap_resamples": resamples, "ci_level": stats.CI_LEVEL,
             "bootstrap_seed": run.seed,
             "quantile_method": "linear (numpy default; Hyndman & Fan type 7)",
-            "tests": "inferential: Welch t on per-repetition summaries (log scale), Holm over the "
-                     "family of outcome metrics x variants; descriptive only: two-sided two-sample "
-                     "Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats) on pooled samples",
+            "tests": "inferential: paired t on per-block log ratios where the repetitions form intact "
+                     "blocks, else Welch t on per-repetition summaries (log scale); Holm over the "
+                     "family of outcome metrics x variants; TOST equivalence within the margin; descriptive "
+                     "only: two-sided two-sample Kolmogorov-Smirnov and Mann-Whitney U (scipy.stats) on "
+                     "pooled samples",
+            "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
             "alpha": stats.ALPHA, "min_reps_per_arm": stats.MIN_REPS, "power": stats.POWER,
             "target_change_pct": stats.TARGET_EFFECT_PCT, "correction": "holm",
             "family_metrics": list(inference.FAMILY_METRICS),

@@ -29,9 +29,11 @@ def cmd_run(args) -> int:
         if bad:
             raise InputError(f"--variant {', '.join(bad)}: not in the scenario's variants ({', '.join(s.variants)})")
     s = scenario_mod.with_overrides(s, args.scenario, repetitions=args.repetitions, measure__duration=args.duration)
+    host_load = check_host_load(require_quiet=args.require_quiet)
     backend = backend_class(args.backend).from_args(args, console)
     try:
-        run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario)
+        run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario,
+                             host_load=host_load)
     except ShapingError as e:
         raise InputError(f"{args.scenario}: links: {e}") from None
     info = json.loads((run_dir / "run.json").read_text())
@@ -40,6 +42,24 @@ def cmd_run(args) -> int:
     console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
                   f"next: torbed report {run_dir}", highlight=False)
     return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
+
+
+def check_host_load(require_quiet: bool = False, proc: str = "/proc") -> dict | None:
+    """Read the host's load before anything starts (torbed.hostload): a warning naming the
+    top CPU consumers when the machine is busy, or HostBusy (exit 2) with ``require_quiet``.
+    Returns the reading for run.json (None when /proc cannot be read: not Linux)."""
+    from . import hostload
+    from .errors import HostBusy
+    try:
+        reading = hostload.measure(proc)
+    except (OSError, ValueError, IndexError) as e:
+        console.print(f"[yellow]warning[/yellow]: cannot read the host's load from {proc}: {e}", highlight=False)
+        return None
+    if reading["busy"]:
+        if require_quiet:
+            raise HostBusy(hostload.describe(reading) + " Refusing to start (--require-quiet).")
+        console.print(f"[yellow]warning[/yellow]: {hostload.describe(reading)}", highlight=False)
+    return reading
 
 
 def register_run(sub, fmt) -> None:
@@ -55,6 +75,10 @@ def register_run(sub, fmt) -> None:
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")
     p.add_argument("--system-tor", action="store_true",
                    help="config-only variants use the tor on PATH instead of the cached stock build")
+    p.add_argument("--require-quiet", action="store_true",
+                   help="refuse to start (exit 2) when the machine is busy with something else (1-minute "
+                        "load average, other processes' CPU over a 1 s sample); by default only a warning. "
+                        "Either way the reading is recorded in run.json (host_load)")
     p.add_argument("--backend", choices=list(BACKENDS), default="local",
                    help="local: network namespaces on this machine; k8s: helm install of charts/torbed "
                         "into the current kubeconfig context, one release per variant and repetition")

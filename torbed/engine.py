@@ -16,7 +16,7 @@ up, measures and tears it down:
 Public API:
 
 - ``Backend``: the protocol a backend implements (see its docstring), ``Capabilities``
-- ``run(scenario, backend, run_root, console, variants=None, source=None) -> Path``
+- ``run(scenario, backend, run_root, console, variants=None, source=None, host_load=None) -> Path``
 - ``Run``, ``Repetition``: what a backend is handed
 - ``write_json(path, data)``: atomic JSON file write (run.json, meta.json, configs)
 - ``unsupported(scenario, backend) -> [(feature, why)]``: what of a scenario a backend
@@ -233,9 +233,10 @@ def _fmt_left(s: float) -> str:
 
 
 def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants: list[str] | None = None,
-        source: str | Path | None = None) -> Path:
+        source: str | Path | None = None, host_load: dict | None = None) -> Path:
     """Run every variant x repetition of ``scenario`` on ``backend``; returns the run
-    directory (status in its run.json: ok, partial, failed or interrupted). Raises
+    directory (status in its run.json: ok, partial, failed or interrupted). ``host_load``:
+    the machine's load read before the run (torbed.hostload.measure), kept in run.json. Raises
     Interrupted after cleanup on SIGINT/SIGTERM; InputError / RunFailed from preflight
     before anything exists."""
     variants = variants or scenario.variants
@@ -249,7 +250,8 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             "repetitions": scenario.repetitions, "backend": backend.name,
             "torbed_version": __version__, "python_dependencies": python_dependencies(),
             "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
-            **({"source": str(source)} if source else {}), **extra}
+            **({"source": str(source)} if source else {}),
+            **({"host_load": host_load} if host_load is not None else {}), **extra}
     info["order"] = run_order(variants, scenario.repetitions, scenario.seed)
     write_json(run_dir / "run.json", info)
     engine = _Engine(console, len(variants) * scenario.repetitions,

@@ -2,7 +2,8 @@
 
     TorbedError (exit 1)
     +-- InputError (exit 2)    bad input: scenario, trace, pcap, values, arguments; raised
-    |                          before anything starts; the message names the file and field
+    |   |                      before anything starts; the message names the file and field
+    |   +-- HostBusy (exit 2)  `torbed run --require-quiet` on a busy machine (torbed.hostload)
     +-- RunFailed (exit 1)     a run, build or repetition failed
     +-- Interrupted (exit 130) SIGINT or SIGTERM during a run; cleanup has happened
 
@@ -29,6 +30,11 @@ class InputError(TorbedError):
     """Input that cannot be used (a file, a field, an argument). Exit 2."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class HostBusy(InputError):
+    """``torbed run --require-quiet`` and the machine is busy with something else (exit 2,
+    before anything starts)."""
 
 
 class RunFailed(TorbedError):

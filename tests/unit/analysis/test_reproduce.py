@@ -3,6 +3,7 @@ directory in the runs folder is reused (resumability), reported, and turned into
 docs/reproduction.md rows with the paper's number, ours with intervals and the verdicts."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -29,8 +30,10 @@ def test_evaluate_against_the_papers_numbers():
     inf = s["metrics"]["ttlb_s/web:small"]["variants"]["ewma-66"]["vs_baseline"]["inference"]
     assert ev["change_pct"] == inf["change_pct"] < 0
     assert ev["direction"] == "agrees"                        # golden: a clear decrease
-    lo, hi = inf["change_ci95"]
-    assert (lo <= -32.7 <= hi) == ev["size"].startswith("agrees")
+    # Rough size: the 90% interval of log(ours / paper's) within +-log 2.
+    lo90, hi90 = inf["equivalence"]["ci90"]
+    inside = all(abs(math.log((1 + x / 100) / (1 - 0.327))) <= math.log(2) for x in (lo90, hi90))
+    assert inside == ev["size"].startswith("agrees within a factor 2")
     assert "vanilla" in ev["ours"] and "[" in ev["ours"] and "reps" in ev["ours"]
     # A paper saying "no real change" disagrees with a clear decrease.
     small = next(r for r in reproduce.ROWS if r.variant == "ewma-3")
@@ -112,3 +115,51 @@ def test_a_row_against_another_baseline_is_compared_with_that_baseline(tmp_path)
 def test_throughput_is_shown_in_megabytes_per_second():
     assert reproduce._fmt(2465000.0, "B/s") == "2.46 MB/s"
     assert reproduce._fmt(0.374, "s") == "0.374 s" and reproduce._fmt(None, "B/s") == "–"
+
+
+def _fake_summary(change_pct, ci95, equivalence, test="paired", n=3):
+    inf = {"status": "tested", "test": test, "n": n, "n_baseline": n, "change_pct": change_pct,
+           "change_ci95": ci95, "pvalue": 0.5, "equivalence": equivalence}
+    return {"metrics": {"m": {"variants": {"vanilla": {"rep_summary": {"estimate": 1.0}},
+                                           "x": {"rep_summary": {"estimate": 1.0},
+                                                 "vs_baseline": {"inference": inf}}}}}}
+
+
+def test_no_change_needs_the_equivalence_test_not_a_wide_interval():
+    """A paper's 'no real change' row agrees only when TOST puts ours within the margin; an
+    interval that merely holds 0 (low power) is inconclusive, whatever its point estimate."""
+    row = reproduce.Row("p", "r", "v", "x", "m", variant="x", expect="small")
+    wide = _fake_summary(+2.0, [-40.0, +70.0], {"margin_pct": 10.0, "pvalue": 0.6, "equivalent": False,
+                                                "ci90": [-33.0, +55.0]})
+    ev = reproduce.evaluate(row, wide)
+    assert ev["direction"].startswith("inconclusive") and not ev["ok"]
+    tight = _fake_summary(+2.0, [-3.0, +7.0], {"margin_pct": 10.0, "pvalue": 0.001, "equivalent": True,
+                                               "ci90": [-2.0, +6.0]})
+    ev = reproduce.evaluate(row, tight)
+    assert ev["direction"].startswith("agrees: equivalent within ±10%") and ev["ok"]
+    assert "paired, 3 blocks" in ev["ours"]
+
+
+def test_rough_size_needs_the_ratio_interval_within_a_factor_two():
+    row = reproduce.Row("p", "r", "v", "x", "m", variant="x", paper_change_pct=-50.0)
+    eq = {"margin_pct": 10.0, "pvalue": 0.9, "equivalent": False}
+    # Point estimate right on the paper's, interval from -90% to -5%: holds anything -> inconclusive.
+    ev = reproduce.evaluate(row, _fake_summary(-50.0, [-92.0, -2.0], {**eq, "ci90": [-90.0, -5.0]}))
+    assert ev["size"].startswith("inconclusive") and not ev["ok"]
+    # -40% [-45%, -35%] vs -50%: ours / paper's in [1.1, 1.3] -> within a factor 2.
+    ev = reproduce.evaluate(row, _fake_summary(-40.0, [-46.0, -33.0], {**eq, "ci90": [-45.0, -35.0]}))
+    assert ev["size"].startswith("agrees within a factor 2") and ev["ok"]
+    # +5% [+3%, +7%] (90%) vs -50%: ours / paper's from 2.06 to 2.14, all beyond 2 -> differs.
+    ev = reproduce.evaluate(row, _fake_summary(+5.0, [+2.0, +8.0], {**eq, "ci90": [+3.0, +7.0]}))
+    assert ev["size"].startswith("differs") and not ev["ok"]
+
+
+def test_runs_are_never_niced(tmp_path, monkeypatch):
+    """A niced run measures whatever else the machine does: neither the runner nor the Makefile nices."""
+    calls = []
+    monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
+    reproduce._run(reproduce.EXPERIMENTS[0], tmp_path / "exp", 3, "90s")
+    assert calls and calls[0][0] == reproduce.sys.executable and "nice" not in calls[0]
+    make = (Path(reproduce.REPO) / "Makefile").read_text()
+    recipe = make[make.index("\nreproduce:"):].split("\n\n")[0]
+    assert "nice" not in recipe
