@@ -77,15 +77,23 @@ def test_helm_install_replays_and_measures_the_clock(kube, helm, tmp_path):
                 break
             time.sleep(3)
         assert jobs and all(not j.status.failed for j in jobs), [(j.metadata.name, j.status) for j in jobs]
-        time.sleep(3)   # the replay server's shipper, every second
 
         def fetch(name: str) -> list[dict]:
             r = core.connect_get_namespaced_service_proxy_with_path(f"{rel}-results:http", "default",
                                                                     f"files/{name}", _preload_content=False)
             return [json.loads(x) for x in r.data.decode().splitlines() if x.strip()]
 
-        check_cells(fetch("cells.jsonl"))
-        check_clock(fetch("clock.jsonl"))
+        # The replay server's shipper sends its records every second: poll until they are in.
+        deadline = time.time() + 60
+        while True:
+            try:
+                check_cells(fetch("cells.jsonl"))
+                check_clock(fetch("clock.jsonl"))
+                break
+            except AssertionError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
     finally:
         left = uninstall(kube, helm, rel)
     assert left == []

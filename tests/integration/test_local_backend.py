@@ -161,10 +161,14 @@ def test_htb_link_rate_within_10_percent(tmp_path):
             "c,_=s.accept();n=0;t0=None\n"
             "while True:\n d=c.recv(65536)\n if not d: break\n t0=t0 or time.time();n+=len(d)\n"
             "print(n*8/(time.time()-t0))\n"], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
+        # The client retries its connect until the sink listens.
         subprocess.run(netns.exec_prefix(topo.ns(client.name)) + [
             sys.executable, "-c",
-            f"import socket;s=socket.create_connection(('{server.address}',5001));s.sendall(b'x'*{size});s.close()"],
+            "import socket,time\n"
+            "for _ in range(200):\n"
+            f" try: s=socket.create_connection(('{server.address}',5001)); break\n"
+            " except ConnectionRefusedError: time.sleep(0.05)\n"
+            f"s.sendall(b'x'*{size});s.close()"],
             check=True, timeout=60)
         rate = float(sink.communicate(timeout=60)[0])
         print(f"TCP goodput {rate / 1e6:.2f} Mbit/s through an 8 mbit htb class")
