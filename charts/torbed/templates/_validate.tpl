@@ -207,6 +207,12 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- $problems = append $problems (printf "clients.%s.workload.file: '%s' is not a file of server '%s' (files: %s)" $c $wl.file $server (join ", " (keys ((index $servers $server).files | default dict) | sortAlpha))) -}}
 {{- end -}}
 {{- end -}}
+{{- if or (eq $wl.kind "fetch") (eq $wl.kind "bulk") -}}
+{{- range $name := list "timeout" "stallout" -}}
+{{- $d := index $wl $name -}}
+{{- if and $d (le (float64 (include "torbed.seconds" $d)) 0.0) }}{{ $problems = append $problems (printf "clients.%s.workload.%s: must be longer than 0s" $c $name) }}{{ end -}}
+{{- end -}}
+{{- end -}}
 {{- if and (eq $wl.kind "fetch") $wl.think -}}
 {{- if and $wl.pause (ne (toString $wl.pause) "0s") }}{{ $problems = append $problems (printf "clients.%s.workload.think: set either 'pause' or 'think', not both" $c) }}{{ end -}}
 {{- if and (eq ($wl.think.distribution | default "exponential") "uniform") (or (not $wl.think.min) (not $wl.think.max)) -}}
