@@ -50,7 +50,7 @@ def test_tor_unit_tests_with_our_patches_pass_under_werror(tmp_path):
 
 
 def _run(tmp_path, name: str, **kw) -> dict:
-    data = bench_circswitch.scenario(name, "60s", **kw)
+    data = bench_circswitch.scenario(name, "30s", **kw)
     out = tmp_path / "runs"
     p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out)], timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -60,7 +60,7 @@ def test_middle_with_two_connection_threads_between_stock_relays(tmp_path):
     connection threads take over relay connections, bulk and fetch transfers through them
     all arrive sha256-checked, no circuit is closed for a protocol reason, and the
     threads carried (at least) every byte the clients received."""
-    data = bench_torchestra.scenario("it-mtrelay-mixed", "40s", variant="kist", surge=1, light=2)
+    data = bench_torchestra.scenario("it-mtrelay-mixed", "25s", variant="kist", surge=1, light=2)
     data["network"]["relays"]["middle"]["variant"] = "mtrelay-2"
     out = tmp_path / "runs"
     p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out)], timeout=1200)
@@ -130,7 +130,7 @@ def _rate_limited_run(tmp_path, arms: list[str]) -> tuple[dict, int]:
     received and the middle's 10 s window rates; every limit check of both tests applied."""
     from torbed.units import parse_rate
 
-    data = bench_torchestra.scenario("it-mtrelay-ratelimit", "40s", variant="kist", surge=0, light=0, bulk=2)
+    data = bench_torchestra.scenario("it-mtrelay-ratelimit", "25s", variant="kist", surge=0, light=0, bulk=2)
     data["variants"] = arms
     relays = data["network"]["relays"]
     relays["guard"]["variant"] = relays["exit"]["variant"] = "kist"

@@ -42,7 +42,7 @@ def test_tor_unit_tests_with_our_patch_pass_under_werror(tmp_path):
 
 
 def _run(tmp_path, name: str, guard_variant: str | None) -> dict:
-    data = bench_torchestra.scenario(name, "60s", guard_variant=guard_variant)
+    data = bench_torchestra.scenario(name, "30s", guard_variant=guard_variant)
     out = tmp_path / "runs"
     p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out)], timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
