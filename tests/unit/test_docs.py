@@ -4,7 +4,8 @@
   docs/**/*.md is checked without running it: a ``make X`` target exists in the Makefile, a
   ``torbed SUB ...`` parses with torbed's own argparse parser, a ``python -m MODULE`` module
   exists, a path into the repository (``scenarios/...``, ``hack/...``, ``charts/...``) exists,
-  and a scenario named passes ``torbed validate``. A command that is an example, not a command,
+  and a scenario named passes ``torbed validate``; a whole scenario shown in a ``yaml`` block
+  is valid. A command that is an example, not a command,
   belongs in a block of another language (``text``).
 - docs/reference/ is what ``torbed docs-ref`` generates from the sources.
 - ``mkdocs build --strict`` succeeds (a broken link or anchor, a page missing from the nav fail),
@@ -212,6 +213,23 @@ def test_checker_accepts_good_commands():
     found = [p for _, start, body in fenced_blocks(doc) for _, words in shell_commands(body, start)
              for p in check_command(words, makefile_targets())]
     assert found == []
+
+
+def scenario_examples():
+    out = []
+    for path in doc_files():
+        for lang, start, body in fenced_blocks(path.read_text()):
+            if lang in ("yaml", "yml") and body.lstrip().startswith("apiVersion: torbed/v1"):
+                out.append(pytest.param(body, id=f"{path.relative_to(ROOT)}:{start}"))
+    return out
+
+
+@pytest.mark.parametrize("body", scenario_examples())
+def test_documented_scenario_is_valid(body):
+    # A whole scenario shown in the docs decodes and validates as `torbed validate` would.
+    import yaml
+    from torbed import scenario
+    scenario.parse(yaml.safe_load(body), "example")
 
 
 def test_reference_pages_in_sync():
