@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,10 @@ class _Walker:
                 inner, iu, _ = self.describe(node["additionalProperties"])
                 typ = f"map of {inner}"
                 unit = unit or iu
-        if unit:
-            typ = "string" if typ == "string" else typ
+        if unit and typ == "string":
+            typ = unit            # the unit string's quantity says more than "string"
+        elif unit and typ.startswith("list of"):
+            typ = f"list of {unit}"
         if node.get("pattern") and not unit:
             # A long pattern (the subnet's) says less than the description does.
             cons.append(f"matches `{node['pattern']}`" if len(node["pattern"]) <= 60 else "see meaning")
@@ -220,12 +223,19 @@ def scenario_reference() -> str:
         "- duration: `us`, `ms`, `s`, `m`, `h` (`20ms`, `5s`, `2m`)",
         "- percent: 0 to 100 (`0.5%`)",
         "- size or duration: a link queue as bytes or as time at the link's rate (`64KB`, `50ms`)",
-        "",
-        "| field | type | default | unit | constraint | meaning |",
-        "|---|---|---|---|---|---|",
     ]
-    for path, typ, dflt, unit, cons, desc in rows:
-        lines.append(f"| `{_md(path)}` | {_md(typ)} | {_md(dflt)} | {_md(unit)} | {_md(cons)} | {_md(desc)} |")
+    # One section per top-level key (the scalar ones together), one row per field.
+    sections: dict[str, list[tuple]] = {"Top level": []}
+    for row in rows:
+        top = re.split(r"[.\[ ]", row[0], maxsplit=1)[0]
+        nested = any(r[0] != top and r[0].startswith((top + ".", top + "[", top + " ")) for r in rows)
+        sections.setdefault(top if nested else "Top level", []).append(row)
+    for title, sect in sections.items():
+        lines += ["", f"## {title if title == 'Top level' else '`' + title + '`'}", "",
+                  "| field | type, constraint | default | meaning |", "|---|---|---|---|"]
+        for path, typ, dflt, unit, cons, desc in sect:
+            kind = typ + (f"; {cons}" if cons else "")
+            lines.append(f"| `{_md(path)}` | {_md(kind)} | {_md(dflt)} | {_md(desc)} |")
     return "\n".join(lines) + "\n"
 
 
