@@ -34,6 +34,12 @@ def _md(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _code(text: Any) -> str:
+    """A table cell in code type, except where it holds a pipe: Python-Markdown's tables
+    would show the escaping backslash inside a code span."""
+    return _md(text) if "|" in str(text) else f"`{_md(text)}`"
+
+
 # ---------------------------------------------------------------------------------------
 # Scenario reference
 
@@ -235,7 +241,7 @@ def scenario_reference() -> str:
                   "| field | type, constraint | default | meaning |", "|---|---|---|---|"]
         for path, typ, dflt, unit, cons, desc in sect:
             kind = typ + (f"; {cons}" if cons else "")
-            lines.append(f"| `{_md(path)}` | {_md(kind)} | {_md(dflt)} | {_md(desc)} |")
+            lines.append(f"| {_code(path)} | {_md(kind)} | {_md(dflt)} | {_md(desc)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -270,7 +276,7 @@ def _arg_rows(parser: argparse.ArgumentParser) -> list[str]:
         choices = ", ".join(f"`{c}`" for c in a.choices) if a.choices else ""
         req = "required" if (a.required or not a.option_strings) and a.nargs not in ("?", "*") else ""
         help_ = (a.help or "").replace("%(default)s", str(a.default)).replace("%%", "%")
-        rows.append(f"| `{_md(name)}` | {_md(req or default)} | {_md(choices)} | {_md(help_)} |")
+        rows.append(f"| {_code(name)} | {_md(req or default)} | {_md(choices)} | {_md(help_)} |")
     return rows
 
 
