@@ -5,6 +5,7 @@
                            what each backend cannot run
     schema                 print the scenario's JSON Schema
     chart-files            regenerate the chart's generated files (values schema, torrc, variants, dashboards)
+    docs-ref               regenerate the docs' reference pages (scenario fields, this command line)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
     run SCENARIO           bring the network up, measure, tear down -> RUN_DIR (on stdout)
@@ -128,6 +129,18 @@ def cmd_chart_files(args) -> int:
     return EXIT_OK
 
 
+def cmd_docs_ref(args) -> int:
+    from . import docsref
+    if args.check:
+        stale = docsref.check()
+        for rel in stale:
+            console.print(f"[red]error[/red] {rel} is out of date: run `make docs-ref`")
+        return EXIT_FAILED if stale else EXIT_OK
+    for rel in docsref.write():
+        out.print(f"wrote {rel}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="torbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chart-files", help="regenerate charts/torbed's generated files", formatter_class=fmt)
     p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
     p.set_defaults(func=cmd_chart_files)
+
+    p = sub.add_parser("docs-ref", help="regenerate the docs' reference pages (docs/reference/, from the scenario "
+                       "model and these parsers)", formatter_class=fmt)
+    p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
+    p.set_defaults(func=cmd_docs_ref)
 
     for register in _extra_commands():
         register(sub, fmt)
