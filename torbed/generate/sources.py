@@ -113,9 +113,12 @@ def _first_line(path: Path) -> str:
             raise SourceError(f"{path}: a binary file, not a Tor directory document "
                               "(unpack CollecTor's archives first, or pass the .tar/.tar.xz itself "
                               "for descriptors)") from None
+    # tor's own caches annotate each descriptor ("@uploaded-at", "@source", "@downloaded-at");
+    # CollecTor's files start with "@type". Only "@type" says what the document is.
     for line in text.splitlines():
-        if line.strip():
-            return line.strip()
+        line = line.strip()
+        if line and (line.startswith("@type ") or not line.startswith("@")):
+            return line
     return ""
 
 
@@ -137,12 +140,24 @@ def read_consensus(path: str | Path) -> tuple[list[ConsensusRelay], SourceDocume
     if doc_type not in (CONSENSUS_TYPE, MICRODESC_CONSENSUS_TYPE):
         raise SourceError(f"{path}: a '{doc_type}' document, not a consensus (votes and other documents "
                           "are not accepted: download from CollecTor's recent/relay-descriptors/consensuses/)")
-    try:
-        docs = list(stem.descriptor.parse_file(str(path), descriptor_type=doc_type,
+    def parse(validate: bool) -> list:
+        return list(stem.descriptor.parse_file(str(path), descriptor_type=doc_type,
                                                document_handler=stem.descriptor.DocumentHandler.DOCUMENT,
-                                               validate=True))
+                                               validate=validate))
+    try:
+        docs = parse(True)
     except (ValueError, TypeError, IOError) as e:
-        raise SourceError(f"{path}: not a valid consensus: {e}") from None
+        # A private network's consensus (tor's own cached-consensus, e.g. torbed's authorities')
+        # has empty client-versions/server-versions lines, which stem's validation refuses but
+        # tor accepts; such a document is read without validation when it still has a
+        # valid-after time and relays with fingerprints.
+        try:
+            docs = parse(False)
+        except (ValueError, TypeError, IOError):
+            docs = []
+        if not (len(docs) == 1 and docs[0].valid_after is not None and docs[0].routers
+                and all(fp and e_.nickname for fp, e_ in docs[0].routers.items())):
+            raise SourceError(f"{path}: not a valid consensus: {e}") from None
     if len(docs) != 1:
         raise SourceError(f"{path}: holds {len(docs)} consensus documents; pass exactly one")
     doc = docs[0]
@@ -163,7 +178,8 @@ def read_consensus(path: str | Path) -> tuple[list[ConsensusRelay], SourceDocume
 
 def _descriptor_files(p: Path) -> list[Path]:
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        # Empty files are skipped: a relay or authority's cached-descriptors.new often is one.
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".") and f.stat().st_size)
         if not files:
             raise SourceError(f"{p}: the directory holds no files (expected server descriptors)")
         return files

@@ -302,3 +302,28 @@ def test_descriptors_from_a_tar_archive(net, tmp_path):
                                   net.descriptors.name)
     by_fp, infos = sources.read_descriptors([Path(archive)])
     assert len(by_fp) == len(net.relays) and infos[0].sha256 == hashlib.sha256(Path(archive).read_bytes()).hexdigest()
+
+
+def test_tors_own_caches_are_read(net, tmp_path):
+    """What tor itself writes (tests/integration/test_generate.py reads a live network's): a
+    consensus with empty client-versions/server-versions lines (stem's validation refuses
+    them, tor does not) and descriptors annotated @uploaded-at/@source, beside an empty
+    cached-descriptors.new."""
+    lines = net.consensus.read_text().splitlines(keepends=True)
+    lines = [x for x in lines if not x.startswith("@type")]
+    at = next(i for i, x in enumerate(lines) if x.startswith("known-flags"))
+    cons = tmp_path / "cached-consensus"
+    cons.write_text("".join(lines[:at] + ["client-versions \n", "server-versions \n"] + lines[at:]))
+    cache = tmp_path / "auth0"
+    cache.mkdir()
+    texts = []
+    for f in sorted(net.descriptors.iterdir()):
+        for d in f.read_text().split("@type server-descriptor 1.0\n")[1:]:
+            texts.append('@uploaded-at 2026-11-26 20:07:26\n@source "10.77.0.10"\n' + d)
+    (cache / "cached-descriptors").write_text("".join(texts))
+    (cache / "cached-descriptors.new").write_text("")
+    relays, info = sources.read_consensus(cons)
+    assert info.entries == 300 and info.valid_after == "2024-03-01T12:00:00Z"
+    res = generate(cons, [cache], relays=10, seed=1, budget=BUDGET)
+    assert len(res.sample.relays) == 10
+    assert res.data["generated"]["sources"][1]["entries"] == sum(len(r.descriptors) for r in net.relays)
