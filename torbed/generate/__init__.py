@@ -89,6 +89,10 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     mix = mix or dict(build.DEFAULT_MIX)
     n_clients = relays if clients is None else clients
     client_specs = build.client_groups(n_clients, mix, perf)
+    for c, spec in client_specs.items():
+        if spec["count"] > 1000:
+            raise InputError(f"--clients {n_clients}: {spec['count']} '{c}' clients, more than a client group holds "
+                             "(1000); use fewer clients")
     tors = {"authority": authorities, "relay": relays,
             "client": sum(c["count"] for c in client_specs.values())}
     budget = budget or budget_mod.machine()

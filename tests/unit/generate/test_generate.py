@@ -327,3 +327,8 @@ def test_tors_own_caches_are_read(net, tmp_path):
     res = generate(cons, [cache], relays=10, seed=1, budget=BUDGET)
     assert len(res.sample.relays) == 10
     assert res.data["generated"]["sources"][1]["entries"] == sum(len(r.descriptors) for r in net.relays)
+
+
+def test_more_clients_than_a_group_holds_is_refused(net, capsys):
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 10, "--clients", 1200, "--bench-dir", "")
+    assert code == 2 and "more than a client group holds" in text
