@@ -332,3 +332,8 @@ def test_tors_own_caches_are_read(net, tmp_path):
 def test_more_clients_than_a_group_holds_is_refused(net, capsys):
     code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 10, "--clients", 1200, "--bench-dir", "")
     assert code == 2 and "more than a client group holds" in text
+
+
+def test_a_scale_that_leaves_a_class_empty_is_exit_2(net, capsys):
+    code, text = _run(capsys, net.consensus, net.descriptors, "--scale", 0.01, "--bench-dir", "")
+    assert code == 2 and str(net.consensus) in text and "would be empty" in text and "use at least" in text
