@@ -17,6 +17,7 @@
     trace ...              inspect, slice, merge and convert replay traces
     aa SCENARIO|RUN_DIR    A/A calibration: the report's false-positive rate on one variant
     nightly NIGHTLY        a night of a benchmark matrix: run, keep the history, flag changes
+    generate CONSENSUS DESCRIPTORS...  a scenario sampled from the real Tor network (CollecTor)
 
 Exit codes: 0 success, 1 the run or build failed, 2 bad input (scenario, arguments, files),
 130 interrupted (see torbed.errors).
@@ -176,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands():
     from . import commands
-    return commands.REGISTER
+    from .generate import command as generate_command
+    return [*commands.REGISTER, generate_command.register]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -374,6 +374,31 @@ class Fault(Strict):
 
 
 # ---------------------------------------------------------------------------------------
+# Provenance of a generated scenario (torbed generate)
+
+class SourceDocument(Strict):
+    """One input document of a generated scenario, identified by its digest."""
+    kind: Literal["consensus", "server-descriptors"]
+    path: str = Field(..., description="The file (or directory, or archive) as given to torbed generate")
+    sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$",
+                        description="SHA-256 of the file (a directory: of its files' names and digests, sorted)")
+    entries: int = Field(..., ge=0, description="Relays (consensus) or descriptors it holds")
+    valid_after: str | None = Field(None, description="consensus: its valid-after time (UTC)")
+    published: str | None = Field(None, description="server descriptors: oldest .. newest published time")
+
+
+class Generated(Strict):
+    """How a scenario was generated: recorded for provenance (run.json keeps it), never
+    used to run the network."""
+    tool: str = Field(..., description="The generator and its version, e.g. 'torbed generate 0.1.0'")
+    seed: int = Field(..., ge=0, description="Seed of the sampling")
+    method: str = Field(..., description="What was sampled and how (one paragraph)")
+    sources: list[SourceDocument] = Field(..., min_length=1)
+    parameters: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Union[bool, int, float, str]] = Field(
+        default_factory=dict, description="The generator's inputs and the budget it fitted to")
+
+
+# ---------------------------------------------------------------------------------------
 # Scenario
 
 class Scenario(Strict):
@@ -393,6 +418,8 @@ class Scenario(Strict):
     placement: dict[str, Placement] = Field(default_factory=dict, description="Kubernetes only")
     faults: list[Fault] = Field(default_factory=list)
     load: Load | None = Field(None, description="Background users (Locust) through their own tors")
+    generated: Generated | None = Field(None, description="Provenance of a scenario made by torbed generate "
+                                                          "(sources, seed, method); not used to run it")
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _base_dir: Path | None = PrivateAttr(default=None)

@@ -1,0 +1,339 @@
+"""torbed generate on consensuses and descriptors made with stem (tests/unit/generate/torstub.py):
+sampling (weight-proportional, class membership), scaling into the budget and its refusals,
+determinism for a seed, provenance recorded, bad inputs rejected naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from torbed import cli
+from torbed.generate import BudgetError, SampleError, budget as budget_mod, build, generate, sample, sources
+from torbed.scenario import parse
+
+from .torstub import write_network
+
+# A fixed budget so tests do not depend on the machine running them.
+BUDGET = budget_mod.Budget(cores=2, memory_mib=16000)
+
+
+@pytest.fixture(scope="session")
+def net(tmp_path_factory):
+    return write_network(tmp_path_factory.mktemp("collector"), n=300, seed=0)
+
+
+def _relay(fp: str, flags: set[str], weight: int, capacity: int = 10_000_000) -> sources.Relay:
+    return sources.Relay(fingerprint=fp, nickname=fp.lower(), flags=frozenset(flags | {"Running", "Valid", "Fast"}),
+                         weight=weight, capacity=capacity, observed=capacity)
+
+
+# --- sampling ------------------------------------------------------------------------------
+
+def test_weighted_sample_draws_in_proportion_to_weight():
+    """One draw at a time, 20,000 times: each item's frequency within 0.012 of w/sum(w)
+    (about 3.5 standard errors at this n); uniform sampling misses it by up to 0.08."""
+    items = list(range(10))
+    weights = [i + 1 for i in items]
+    rng = random.Random(42)
+    n = 20_000
+    counts = Counter(sample.weighted_sample(items, weights, 1, rng)[0] for _ in range(n))
+    expected = {i: w / sum(weights) for i, w in zip(items, weights)}
+    worst = max(abs(counts[i] / n - expected[i]) for i in items)
+    assert worst < 0.012, (worst, counts)
+    # The check can fail: uniform frequencies are far outside the tolerance.
+    assert max(abs(0.1 - expected[i]) for i in items) > 0.012
+
+
+def test_weighted_sample_without_replacement_prefers_heavy_items():
+    items = list(range(20))
+    weights = [1] * 10 + [20] * 10
+    rng = random.Random(7)
+    heavy = sum(sum(1 for x in sample.weighted_sample(items, weights, 5, rng) if x >= 10) for _ in range(2000))
+    # 5 of 20, heavy items 20x the weight: most draws are heavy, never all light.
+    assert heavy / (2000 * 5) > 0.9
+    picks = sample.weighted_sample(items, weights, 20, random.Random(1))
+    assert sorted(picks) == items          # k = all: every item once
+
+
+def test_draw_within_a_class_follows_consensus_weight():
+    """The relays of a class are drawn by weight: over 4,000 seeds, one exit per network, the
+    heaviest exit (weight 6 of 10) is drawn 60 % +- 3 % of the time."""
+    relays = [_relay("E1", {"Exit"}, 6000), _relay("E2", {"Exit"}, 3000), _relay("E3", {"Exit"}, 1000)]
+    relays += [_relay(f"M{i}", set(), 1000) for i in range(3)]
+    got = Counter()
+    for seed in range(4000):
+        s = sample.draw(relays, 2, seed, "c")
+        got.update(r.fingerprint for r in s.relays if r.position == "exit")
+    assert abs(got["E1"] / 4000 - 0.6) < 0.03, got
+    assert abs(got["E2"] / 4000 - 0.3) < 0.03, got
+    assert abs(got["E3"] / 4000 - 0.1) < 0.03, got
+
+
+def test_classes_and_proportions(net):
+    res = generate(net.consensus, [net.descriptors], relays=40, seed=3, budget=BUDGET)
+    by_fp = {r.fingerprint: r for r in net.relays}
+    usable = [r for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags)]
+    share = Counter(r.position for r in usable)
+    for pos in sample.POSITIONS:
+        assert abs(res.sample.per_class[pos] - 40 * share[pos] / len(usable)) < 1, (pos, res.sample.per_class)
+    for g in res.groups:
+        relays_ = res.data["network"]["relays"][g.name]
+        assert relays_["count"] == len(g.relays)
+        assert relays_.get("guard", False) == (g.position in ("guard", "guardexit"))
+        assert relays_.get("exit", False) == (g.position in ("exit", "guardexit"))
+        for r in g.relays:
+            stub = by_fp[r.fingerprint]
+            assert stub.position == g.position == r.position
+            assert {"Running", "Valid", "Fast"} <= set(stub.flags)
+    # A BadExit relay is no exit.
+    assert sources.Relay("X", "x", frozenset({"Exit", "BadExit", "Guard"}), 1, 1, 1).position == "guard"
+
+
+def test_a_class_left_empty_is_refused_with_the_minimum():
+    relays = [_relay(f"G{i}", {"Guard"}, 10) for i in range(50)] + [_relay("E", {"Exit"}, 10)]
+    with pytest.raises(SampleError) as e:
+        sample.draw(relays, 10, 1, "cons")
+    assert "exit" in str(e.value) and "at least 26 relays" in str(e.value) and "cons" in str(e.value)
+
+
+# --- scaling and budget --------------------------------------------------------------------
+
+def test_rates_keep_ratios_and_fit_the_budget():
+    caps = [50_000_000, 20_000_000, 5_000_000, 1_000_000, 100_000]
+    fit = budget_mod.fit_rates(caps, BUDGET, {"relay": 5, "authority": 3, "client": 5})
+    assert fit.scale < 1
+    assert sum(fit.rates) <= fit.relayed_budget * 1.0001
+    assert min(fit.rates) >= budget_mod.MIN_RELAY_RATE
+    unfloored = [(c, r) for c, r in zip(caps, fit.rates) if r > budget_mod.MIN_RELAY_RATE]
+    for c, r in unfloored:
+        assert r == pytest.approx(c * fit.scale, abs=1)
+    assert fit.floored == len(caps) - len(unfloored) >= 1
+    # The budget's arithmetic: (2 cores x 50 % - idle) / 0.04 cores per MB/s.
+    idle = 5 * 0.002 + 3 * 0.027 + 5 * 0.007
+    assert fit.relayed_budget == pytest.approx((1.0 - idle) / 0.04 * 1e6)
+
+
+def test_never_faster_than_the_real_relays():
+    fit = budget_mod.fit_rates([200_000, 300_000], BUDGET, {"relay": 2})
+    assert fit.scale == 1.0 and fit.rates == [200_000, 300_000]
+
+
+def test_too_many_relays_for_the_cpu_is_refused_with_numbers():
+    with pytest.raises(BudgetError) as e:
+        budget_mod.fit_rates([10_000_000] * 300, budget_mod.Budget(cores=2, memory_mib=64000), {"relay": 300})
+    msg = str(e.value)
+    # 300 x 76,800 B/s = 23.04 MB/s against (1.0 - 300 x 0.002) / 0.04 = 10.00 MB/s.
+    assert "300 relays" in msg and "75 KiB/s" in msg and "23.04 MB/s" in msg and "10.00 MB/s" in msg
+    assert "use at most 130 relays" in msg
+
+
+def test_an_idle_network_above_the_cpu_share_is_refused_with_numbers():
+    with pytest.raises(BudgetError) as e:
+        budget_mod.fit_rates([10_000_000] * 300, budget_mod.Budget(cores=1, memory_mib=64000), {"relay": 300})
+    assert "300 tors need 0.60 cores when idle" in str(e.value) and "0.50 cores (50% of 1)" in str(e.value)
+
+
+def test_too_many_tors_for_the_memory_is_refused_with_numbers():
+    with pytest.raises(BudgetError) as e:
+        budget_mod.fit_rates([10_000_000] * 10, budget_mod.Budget(cores=64, memory_mib=400), {"relay": 10, "client": 10})
+    assert "20 tors" in str(e.value) and "400 MiB MiB" not in str(e.value) and "200 MiB" in str(e.value)
+
+
+def test_a_total_rate_above_the_budget_is_refused():
+    with pytest.raises(BudgetError, match="exceeds this machine's budget"):
+        budget_mod.fit_rates([10_000_000] * 4, BUDGET, {"relay": 4}, total=10**9)
+
+
+def test_bench_results_replace_the_defaults(tmp_path):
+    import json
+    run = {"roles": {"guard0": "relay", "auth0": "authority"}, "rss_peak_mib": {"guard0": 44.0, "auth0": 50.0},
+           "cpu_pct_ready_to_end": {"guard0": 0.5, "auth0": 2.0}}
+    (tmp_path / "backend-20261126T000000Z.json").write_text(json.dumps({"quickstart": {"runs": [run]}}))
+    b = budget_mod.machine(cores=2, memory_mib=1000, bench_dir=tmp_path)
+    assert b.mem_per_tor_mib == 44.0 and b.cpu_idle_relay == 0.005 and "backend-2026" in b.source
+    assert budget_mod.machine(cores=2, memory_mib=1000, bench_dir=tmp_path / "none").mem_per_tor_mib == 20.0
+
+
+# --- the scenario ----------------------------------------------------------------------------
+
+def test_same_seed_same_scenario_other_seed_other_relays(net):
+    a = generate(net.consensus, [net.descriptors], relays=30, seed=5, budget=BUDGET)
+    b = generate(net.consensus, [net.descriptors], relays=30, seed=5, budget=BUDGET)
+    c = generate(net.consensus, [net.descriptors], relays=30, seed=6, budget=BUDGET)
+    assert a.yaml == b.yaml
+    assert {r.fingerprint for r in a.sample.relays} != {r.fingerprint for r in c.sample.relays}
+
+
+def test_provenance_is_recorded_and_the_file_validates(net, tmp_path):
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=9, budget=BUDGET)
+    gen = res.data["generated"]
+    assert gen["seed"] == 9 and res.data["seed"] == 9
+    cons, descs = gen["sources"]
+    assert cons["sha256"] == hashlib.sha256(net.consensus.read_bytes()).hexdigest()
+    assert cons["valid_after"] == "2024-03-01T12:00:00Z" and cons["entries"] == 300
+    assert descs["kind"] == "server-descriptors" and descs["entries"] == sum(len(r.descriptors) for r in net.relays)
+    assert descs["published"] == "2024-02-28T22:00:00Z .. 2024-03-01T10:00:00Z"
+    out = tmp_path / "s.yaml"
+    out.write_text(res.yaml)
+    s = parse(yaml.safe_load(out.read_text()), str(out))
+    assert s.generated.sources[0].sha256 == cons["sha256"]
+    assert sum(g.count for g in s.network.relays.values()) == 20
+    assert all(c.path is None for c in s.clients.values())     # tor chooses paths
+    assert "valid-after 2024-03-01T12:00:00Z" in res.yaml.splitlines()[1]
+    # Every sampled relay is listed in the header with its fingerprint.
+    for r in res.sample.relays:
+        assert r.fingerprint in res.yaml
+
+
+def test_group_rates_are_their_members_mean_and_links_the_slower_side(net):
+    res = generate(net.consensus, [net.descriptors], relays=40, seed=2, budget=BUDGET)
+    for g in res.groups:
+        assert g.rate == pytest.approx(sum(g.rates) / len(g.rates), abs=1024)
+        assert max(g.rates) / min(g.rates) <= build.DEFAULT_BIN_RATIO + 1e-9
+    rates = {g.name: g.rate for g in res.groups}
+    for pair in res.data["links"]["pairs"]:
+        a, b = pair["between"]
+        kbit = int(pair["rate"].removesuffix("kbit"))
+        assert kbit == pytest.approx(min(rates[a], rates[b]) * 8 * build.LINK_WIRE_OVERHEAD / 1000, abs=1)
+
+
+def test_clients_scale_with_the_network(net):
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=1, budget=BUDGET, mix={"web": 0.75, "bulk": 0.25})
+    clients = res.data["clients"]
+    assert clients["web"]["count"] == 15 and clients["bulk"]["count"] == 5
+    assert {"perf50k", "perf1m", "perf5m"} <= set(clients)
+
+
+def test_scale_instead_of_a_count(net):
+    res = generate(net.consensus, [net.descriptors], scale=0.1, seed=1, budget=BUDGET)
+    usable = sum(1 for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags))
+    assert len(res.sample.relays) == round(0.1 * usable)
+
+
+# --- the command: bad input is exit 2 naming the file ------------------------------------------
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    code = cli.main(["generate", *map(str, argv)])
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err
+    return code, cap.err + cap.out
+
+
+def test_command_writes_a_scenario_torbed_validate_accepts(net, tmp_path, capsys):
+    out = tmp_path / "gen.yaml"
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "--seed", 4, "--cores", 2,
+                      "--memory-mib", 8000, "--bench-dir", "", "-o", out)
+    assert code == 0, text
+    assert "guardexit" in text and "budget:" in text
+    assert cli.main(["validate", str(out)]) == 0
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "-o", out)
+    assert code == 2 and "exists" in text
+
+
+def _file(d: Path, content: str | bytes) -> Path:
+    p = d / "x"
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content)
+    return p
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda d, net: _file(d, "hello\n"), "not a network-status consensus"),
+    (lambda d, net: _file(d, b"\x00\x01\xff" * 100), "binary file"),
+    (lambda d, net: next(net.descriptors.iterdir()), "'server-descriptor 1.0' document, not a consensus"),
+    (lambda d, net: d / "missing", "no such file"),
+    (lambda d, net: _file(d, "network-status-version 3\nvote-status consensus\nbroken\n"), "not a valid consensus"),
+])
+def test_a_bad_consensus_is_exit_2_naming_the_file(net, tmp_path, capsys, make, expect):
+    path = make(tmp_path, net)
+    code, text = _run(capsys, path, net.descriptors, "--relays", 10)
+    assert code == 2, text
+    assert str(path) in text and expect in text
+
+
+def test_descriptors_that_are_missing_or_wrong_are_exit_2(net, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, text = _run(capsys, net.consensus, empty, "--relays", 10)
+    assert code == 2 and str(empty) in text and "no files" in text
+    # Descriptors of another network: the consensus' relays have none.
+    other = write_network(tmp_path / "other", n=5, seed=1)
+    code, text = _run(capsys, net.consensus, other.descriptors, "--relays", 10)
+    assert code == 2 and "server descriptors for only 0 of the 300 relays" in text and str(net.consensus) in text
+    # The consensus given as descriptors.
+    code, text = _run(capsys, net.consensus, net.consensus, "--relays", 10)
+    assert code == 2 and str(net.consensus) in text and "not server descriptors" in text
+    # A descriptor file cut short.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    src = next(net.descriptors.iterdir())
+    (broken / src.name).write_text(src.read_text()[:400])
+    code, text = _run(capsys, net.consensus, broken, "--relays", 10)
+    assert code == 2 and str(broken / src.name) in text
+
+
+def test_a_sample_that_does_not_fit_is_exit_2_with_the_numbers(net, capsys):
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 200, "--cores", 0.5, "--memory-mib", 64000,
+                      "--bench-dir", "")
+    assert code == 2
+    assert "406 tors need 1.90 cores when idle" in text and "the budget is 0.25 cores" in text
+
+
+def test_arguments_are_checked_at_parse_time(net, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", str(net.consensus), str(net.descriptors), "--relays", "0"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["generate", str(net.consensus), str(net.descriptors), "--relays", "5", "--mix", "video=1"])
+    code, text = _run(capsys, net.consensus, net.descriptors)
+    assert code == 2 and "--relays N or --scale" in text
+
+
+def test_descriptors_from_a_tar_archive(net, tmp_path):
+    archive = shutil.make_archive(str(tmp_path / "server-descriptors-2024-03"), "xztar", net.descriptors.parent,
+                                  net.descriptors.name)
+    by_fp, infos = sources.read_descriptors([Path(archive)])
+    assert len(by_fp) == len(net.relays) and infos[0].sha256 == hashlib.sha256(Path(archive).read_bytes()).hexdigest()
+
+
+def test_tors_own_caches_are_read(net, tmp_path):
+    """What tor itself writes (tests/integration/test_generate.py reads a live network's): a
+    consensus with empty client-versions/server-versions lines (stem's validation refuses
+    them, tor does not) and descriptors annotated @uploaded-at/@source, beside an empty
+    cached-descriptors.new."""
+    lines = net.consensus.read_text().splitlines(keepends=True)
+    lines = [x for x in lines if not x.startswith("@type")]
+    at = next(i for i, x in enumerate(lines) if x.startswith("known-flags"))
+    cons = tmp_path / "cached-consensus"
+    cons.write_text("".join(lines[:at] + ["client-versions \n", "server-versions \n"] + lines[at:]))
+    cache = tmp_path / "auth0"
+    cache.mkdir()
+    texts = []
+    for f in sorted(net.descriptors.iterdir()):
+        for d in f.read_text().split("@type server-descriptor 1.0\n")[1:]:
+            texts.append('@uploaded-at 2026-11-26 20:07:26\n@source "10.77.0.10"\n' + d)
+    (cache / "cached-descriptors").write_text("".join(texts))
+    (cache / "cached-descriptors.new").write_text("")
+    relays, info = sources.read_consensus(cons)
+    assert info.entries == 300 and info.valid_after == "2024-03-01T12:00:00Z"
+    res = generate(cons, [cache], relays=10, seed=1, budget=BUDGET)
+    assert len(res.sample.relays) == 10
+    assert res.data["generated"]["sources"][1]["entries"] == sum(len(r.descriptors) for r in net.relays)
+
+
+def test_more_clients_than_a_group_holds_is_refused(net, capsys):
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 10, "--clients", 1200, "--bench-dir", "")
+    assert code == 2 and "more than a client group holds" in text
+
+
+def test_a_scale_that_leaves_a_class_empty_is_exit_2(net, capsys):
+    code, text = _run(capsys, net.consensus, net.descriptors, "--scale", 0.01, "--bench-dir", "")
+    assert code == 2 and str(net.consensus) in text and "would be empty" in text and "use at least" in text

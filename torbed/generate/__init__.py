@@ -1,0 +1,144 @@
+"""``torbed generate``: a scenario sampled from the real Tor network (issue 41).
+
+Reads one network-status consensus and the server descriptors the user downloaded from
+CollecTor (docs/generate.md), draws N relays by consensus weight within position classes
+(guard, exit, guard+exit, middle: ``sample``), scales their advertised bandwidths into this
+machine's budget (``budget``), groups them into capacity bins (``build``) and writes a
+scenario that ``torbed validate`` accepts, with the seed and the documents' digests and dates
+in its ``generated`` section.
+
+Public API:
+
+- ``generate(consensus, descriptors, relays=None, scale=None, seed=1, ...) -> Result``
+- ``Result``: ``.data`` (the scenario mapping), ``.yaml`` (the file's text with its comment
+  header), ``.summary`` (rows for the command's table), ``.sample``, ``.fit``
+- errors: ``SourceError`` (a bad input file), ``SampleError`` (e.g. a class left empty),
+  ``BudgetError`` (the sample does not fit the machine): all ``InputError`` (exit 2)
+
+Nothing here imports torbed.backends: generating runs no network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..errors import InputError
+from . import budget as budget_mod, build, sample as sample_mod, sources
+from .budget import Budget, BudgetError, Fit
+from .sample import SampleError
+from .sources import SourceError
+
+__all__ = ["generate", "Result", "SourceError", "SampleError", "BudgetError", "Budget"]
+
+METHOD = (
+    "Relays of the consensus that are Running, Valid and Fast and have a server descriptor, classed by "
+    "position as tornettools does (guard: Guard flag; exit: Exit flag without BadExit; guardexit: both; "
+    "middle: neither). N is split over the classes in proportion to their relay counts (largest remainder); "
+    "within a class relays are drawn without replacement, each draw proportional to consensus weight, from a "
+    "generator seeded by the seed and the class. A relay's capacity is the largest advertised bandwidth "
+    "(min of rate, burst, observed) among its descriptors; capacities are scaled by one factor into the "
+    "machine's budget (never above 1, never below tor's 75 KiB/s relay minimum) and binned per class into "
+    "groups whose rate is their members' mean. Flags: Guard and Exit as in the consensus (voted strictly by "
+    "the authorities); every relay is Fast and Stable (torbed's authorities guarantee both). Exit policy: "
+    "accept *:* (the testbed's servers; isolation is the network's). Link between two relay groups: the "
+    "slower group's rate plus wire overhead. Clients choose their own paths.")
+
+
+@dataclass
+class Result:
+    data: dict
+    yaml: str
+    summary: list[dict]
+    sample: sample_mod.Sample
+    fit: Fit
+    groups: list[build.RelayGroupSpec]
+
+
+def _parse_check(data: dict, source: str) -> None:
+    """A generated scenario must load like any other; a failure here is a generator bug,
+    reported with the model's own messages."""
+    from ..scenario import ScenarioError, parse
+    try:
+        parse(data, source)
+    except ScenarioError as e:
+        raise InputError(f"generated scenario does not validate (a torbed bug; please report it):\n{e}") from None
+
+
+def generate(consensus: str | Path, descriptors: list[str | Path], relays: int | None = None,
+             scale: float | None = None, seed: int = 1, clients: int | None = None,
+             mix: dict[str, float] | None = None, perf: bool = True, name: str | None = None,
+             variants: list[str] | None = None, duration: str = "5m", warmup: str = "30s",
+             authorities: int = 3, bin_ratio: float = build.DEFAULT_BIN_RATIO, total_rate: int | None = None,
+             budget: Budget | None = None, check: bool = True) -> Result:
+    """Sample a scenario. ``relays`` or ``scale`` (a fraction of the usable relays).
+    ``clients``: measurement clients besides the OnionPerf probes (default: one per relay).
+    ``total_rate``: the relays' summed rate in bytes/s (default: the budget's). Raises
+    SourceError, SampleError, BudgetError (all exit 2), naming the file or the numbers."""
+    if (relays is None) == (scale is None):
+        raise InputError("give either the number of relays or a scale, not both")
+    consensus = Path(consensus)
+    cons_relays, cons_info = sources.read_consensus(consensus)
+    descs, desc_infos = sources.read_descriptors([Path(d) for d in descriptors])
+    joined, missing = sources.join(cons_relays, descs, str(consensus), [str(d) for d in descriptors])
+    if scale is not None:
+        usable, _ = sample_mod.eligible(joined)
+        relays = max(1, round(scale * len(usable)))
+    smp = sample_mod.draw(joined, relays, seed, str(consensus))
+    mix = mix or dict(build.DEFAULT_MIX)
+    n_clients = relays if clients is None else clients
+    client_specs = build.client_groups(n_clients, mix, perf)
+    for c, spec in client_specs.items():
+        if spec["count"] > 1000:
+            raise InputError(f"--clients {n_clients}: {spec['count']} '{c}' clients, more than a client group holds "
+                             "(1000); use fewer clients")
+    tors = {"authority": authorities, "relay": relays,
+            "client": sum(c["count"] for c in client_specs.values())}
+    budget = budget or budget_mod.machine()
+    fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
+    groups = build.capacity_groups(smp.relays, fit.rates, bin_ratio)
+    name = name or f"tor-sample-{relays}"
+    variants = variants or ["kist"]
+    params = {
+        "relays": relays, "clients": tors["client"], "authorities": authorities,
+        "bin_ratio": round(bin_ratio, 4), "mix": ",".join(f"{k}={v:g}" for k, v in mix.items()),
+        "perf_probes": perf, "rate_scale": fit.scale, "relays_at_min_rate": fit.floored,
+        "relayed_budget_bytes_per_s": round(fit.relayed_budget), "cpu_idle_cores": round(fit.cpu_idle, 4),
+        "memory_mib": round(fit.memory_mib, 1), "machine_cores": budget.cores,
+        "machine_memory_mib": round(budget.memory_mib), "mem_per_tor_mib": budget.mem_per_tor_mib,
+        "cpu_per_relayed_mbps": budget.cpu_per_relayed_mbps, "cpu_share": budget.cpu_share,
+        "budget_source": budget.source, "consensus_relays_without_descriptor": missing,
+    }
+    for p in sample_mod.POSITIONS:
+        params[f"{p}_sampled"] = smp.per_class[p]
+        params[f"{p}_available"] = smp.available[p]
+    for why, count in sorted(smp.excluded.items()):
+        params["excluded_" + why.replace(" ", "_").lower()] = count
+    generated = {
+        "tool": f"torbed generate {__version__}", "seed": seed, "method": METHOD,
+        "sources": [{k: v for k, v in vars(d).items() if v is not None} for d in [cons_info, *desc_infos]],
+        "parameters": params,
+    }
+    desc = (f"{relays} relays sampled by consensus weight from the consensus of {cons_info.valid_after} "
+            f"(seed {seed}), rates scaled x{fit.scale:.4g} into this machine's budget; {tors['client']} clients")
+    data = build.scenario(name, desc, seed, variants, groups, client_specs, duration, warmup, authorities, generated)
+    if check:
+        _parse_check(data, name)
+    summary = []
+    for g in groups:
+        for r, rate in zip(g.relays, g.rates):
+            summary.append({"group": g.name, "class": g.position, "nickname": r.nickname,
+                            "fingerprint": r.fingerprint, "weight": r.weight, "capacity_Bps": r.capacity,
+                            "rate_Bps": rate, "group_rate_Bps": g.rate})
+    header = [f"Generated by torbed generate {__version__} (docs/generate.md); regenerate rather than edit.",
+              f"Consensus {cons_info.path} valid-after {cons_info.valid_after} sha256 {cons_info.sha256}",
+              *[f"Descriptors {d.path} ({d.entries}, published {d.published}) sha256 {d.sha256}" for d in desc_infos],
+              f"Seed {seed}; rate scale {fit.scale:.4g} ({fit.floored} relay(s) raised to tor's 75 KiB/s minimum); "
+              f"budget: {fit.relayed_budget / 1e6:.2f} MB/s relayed on {budget.cores:g} cores",
+              "",
+              "Sampled relays: group  class  nickname  fingerprint  consensus weight  capacity B/s  -> rate B/s",
+              *[f"  {s['group']}  {s['class']}  {s['nickname']}  {s['fingerprint']}  {s['weight']}  "
+                f"{s['capacity_Bps']}  -> {s['rate_Bps']}" for s in summary],
+              ""]
+    return Result(data=data, yaml=build.to_yaml(data, header), summary=summary, sample=smp, fit=fit, groups=groups)

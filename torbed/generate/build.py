@@ -1,0 +1,167 @@
+"""From a sample and its fitted rates to a scenario (a mapping the strict model accepts).
+
+Public API:
+
+- ``capacity_groups(relays, rates, bin_ratio) -> list[RelayGroupSpec]``
+- ``client_groups(n_clients, mix, perf) -> dict``
+- ``scenario(...) -> dict``; ``to_yaml(data, header) -> str``
+
+Why groups per capacity bin. A scenario's relay group has one rate (``bandwidth``) and one
+set of flags for all its relays, and node names are ``<group><index>``. N individually rated
+relays would be N groups of one relay each, and a link per pair of groups grows with N^2. So
+each position class is cut into bins of rates whose edges are ``bin_ratio`` apart (log
+scale, default 2^(1/2): every relay within a factor 1.19 of its bin's rate), and the relays
+of one bin form one group at their mean rate (the class's total capacity is kept). The model
+needs no new field for it, both backends and the chart run it unchanged, and ``torbed plan``
+shows the network in a few rows. Groups are named by class and bin, slowest first: guarda,
+guardb, ..., exita, guardexita, middlea (letters: no group name is another's plus digits, so
+node names stay unique).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import yaml
+
+from .budget import MIN_RELAY_RATE
+from .sample import POSITIONS
+from .sources import Relay
+
+DEFAULT_BIN_RATIO = math.sqrt(2)
+# Wire bytes per byte tor counts: TCP/IP and Ethernet headers (~66 of 1514 per full frame)
+# and TCP acknowledgements; a relay's links are this much faster than its token bucket so
+# that tor's own rate limit is the one that binds, as on a real relay's access link.
+LINK_WIRE_OVERHEAD = 1.06
+
+# Client mix (item 2 of issue 41). Fractions of the clients; sizes as tgen's/OnionPerf's.
+DEFAULT_MIX = {"web": 0.9, "bulk": 0.1}
+FILES = {"page": "50KiB", "bulk": "5MiB", "p50k": "50KiB", "p1m": "1MiB", "p5m": "5MiB"}
+WORKLOADS = {
+    # Web-like browsing: one 50 KiB page, then a pause drawn from an exponential distribution
+    # (mean 5 s), as torbed's background load's web users (docs/load.md).
+    "web": {"kind": "fetch", "file": "page", "repeat": 1000000,
+            "think": {"distribution": "exponential", "mean": "5s"}},
+    # Bulk: 5 MiB downloads back to back (tornettools' bulk clients).
+    "bulk": {"kind": "bulk", "file": "bulk"},
+}
+# OnionPerf-style probes: one client per size, one fetch every 30 s (OnionPerf fetches every
+# 5 minutes; a testbed window is minutes long).
+PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
+PERF_PAUSE = "30s"
+
+
+@dataclass
+class RelayGroupSpec:
+    name: str
+    position: str
+    rate: int                       # bytes/s, the group's BandwidthRate
+    relays: list[Relay]
+    rates: list[int]                # the members' own fitted rates
+
+    @property
+    def guard(self) -> bool:
+        return self.position in ("guard", "guardexit")
+
+    @property
+    def exit(self) -> bool:
+        return self.position in ("exit", "guardexit")
+
+
+def _letters(i: int) -> str:
+    s = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        s = chr(ord("a") + r) + s
+    return s
+
+
+def capacity_groups(relays: list[Relay], rates: list[int], bin_ratio: float = DEFAULT_BIN_RATIO) -> list[RelayGroupSpec]:
+    if bin_ratio <= 1:
+        raise ValueError("bin_ratio must be larger than 1")
+    groups = []
+    for pos in POSITIONS:
+        members = sorted(((r, rate) for r, rate in zip(relays, rates) if r.position == pos),
+                         key=lambda t: (t[1], t[0].fingerprint))
+        bins: dict[int, list] = {}
+        for r, rate in members:
+            bins.setdefault(int(math.floor(math.log(rate / MIN_RELAY_RATE) / math.log(bin_ratio) + 1e-9)), []).append((r, rate))
+        for k, b in enumerate(sorted(bins)):
+            rs = bins[b]
+            mean = sum(rate for _, rate in rs) / len(rs)
+            groups.append(RelayGroupSpec(name=f"{pos}{_letters(k)}", position=pos,
+                                         rate=max(MIN_RELAY_RATE, int(round(mean / 1024)) * 1024),
+                                         relays=[r for r, _ in rs], rates=[rate for _, rate in rs]))
+    return groups
+
+
+def _rate_str(bytes_per_s: int) -> str:
+    return f"{bytes_per_s // 1024}KiB/s"
+
+
+def _largest_remainder(total: int, shares: dict[str, float]) -> dict[str, int]:
+    s = sum(shares.values())
+    exact = {k: total * v / s for k, v in shares.items()}
+    out = {k: math.floor(x) for k, x in exact.items()}
+    for k in sorted(shares, key=lambda k: -(exact[k] - out[k]))[:total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def client_groups(n_clients: int, mix: dict[str, float], perf: bool) -> dict[str, dict]:
+    """Client groups: ``n_clients`` split over the mix's workloads (largest remainder),
+    plus three OnionPerf-style probes when ``perf``. No fixed paths: tor chooses, so the
+    consensus weights decide which relays a client uses."""
+    out = {}
+    for name, count in _largest_remainder(n_clients, mix).items():
+        if count:
+            out[name] = {"count": count, "workload": dict(WORKLOADS[name])}
+    if perf:
+        for name, file in PERF.items():
+            out[name] = {"count": 1, "workload": {"kind": "fetch", "file": file, "repeat": 1000000,
+                                                  "pause": PERF_PAUSE}}
+    return out
+
+
+def scenario(name: str, description: str, seed: int, variants: list[str], groups: list[RelayGroupSpec],
+             clients: dict[str, dict], duration: str, warmup: str, authorities: int,
+             generated: dict) -> dict:
+    relays = {}
+    for g in groups:
+        spec = {"count": len(g.relays), "bandwidth": _rate_str(g.rate)}
+        if g.guard:
+            spec["guard"] = True
+        if g.exit:
+            spec["exit"] = True
+        relays[g.name] = spec
+    pairs = []
+    for i, a in enumerate(groups):
+        for b in groups[i:]:
+            if a is b and len(a.relays) < 2:
+                continue
+            bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
+            pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+    files = {"page": FILES["page"], "bulk": FILES["bulk"]}
+    if any(c.startswith("perf") for c in clients):
+        files.update({k: FILES[k] for k in ("p50k", "p1m", "p5m")})
+    return {
+        "apiVersion": "torbed/v1",
+        "name": name,
+        "description": description,
+        "seed": seed,
+        "variants": variants,
+        "repetitions": 1,
+        "network": {"authorities": authorities, "relays": relays},
+        "links": {"pairs": pairs},
+        "servers": {"www": {"files": files}},
+        "clients": clients,
+        "measure": {"warmup": warmup, "duration": duration},
+        "generated": generated,
+    }
+
+
+def to_yaml(data: dict, header: list[str]) -> str:
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110, allow_unicode=False)
+    return "".join(f"# {line}".rstrip() + "\n" for line in header) + body
