@@ -318,7 +318,10 @@ def test_server_replays_at_recorded_times_on_loopback(tmp_path):
     err = [r["sched_error_s"] * 1e3 for r in rs]
     med = statistics.median(err)
     print(f"loopback scheduling error: median {med:.3f} ms, max {max(err):.3f} ms over {len(err)} chunks")
-    assert 0 <= med < 1.0
+    # A loaded 2-core machine (CI builds images beside this stage) delays threads by
+    # milliseconds; a broken scheduler is off by the trace's gaps (tens of ms). The precise
+    # figure is a benchmark's (make bench), not this test's.
+    assert 0 <= med < 5.0
 
 
 def test_flows_are_dealt_to_clients_by_circuit_key():
