@@ -368,6 +368,39 @@ def _fault_blocks(s: dict) -> list[tuple]:
               for r in rows])]
 
 
+def _outcome_blocks(s: dict) -> list[tuple]:
+    """Transfers after the warm-up by outcome, per variant and group, and the Kaplan-Meier
+    medians of the time metrics that have censored transfers."""
+    out = s.get("transfer_outcomes") or {}
+    rows = [[v, g, str(c["completed"]), str(c["censored"]), str(c["stalled"]), str(c["failed"])]
+            for v, o in out.items() for g, c in o["by_group"].items()]
+    if not rows:
+        return []
+    n_cens = sum(o["censored"] for o in out.values())
+    b: list[tuple] = [("h", 3, "Transfer outcomes (after warm-up)"),
+                      ("p", f"{n_cens} censored in all: transfers still running when the measurement window "
+                            "ended are kept as right-censored times (more than the time observed), not dropped, "
+                            "and the time metrics' medians are Kaplan-Meier estimates where any are censored. "
+                            "Stalled (the stream stopped moving for the stallout) and failed transfers are "
+                            "errors, excluded from the time metrics."),
+                      ("table", ["variant", "client group:file", "completed", "censored", "stalled", "failed"], rows)]
+    km_rows = []
+    for e in s["metrics"].values():
+        for v, d in e["variants"].items():
+            if d.get("censored"):
+                km_rows.append([e["title"], v, str(d["completed"]), str(d["censored"]),
+                                fmt_value(d.get("median"), e["unit"]),
+                                fmt_value(d["km_median"], e["unit"]) if d.get("km_median") is not None
+                                else "not reached", fmt_value(d["km_p90"], e["unit"]) if d.get("km_p90")
+                                is not None else "not reached"])
+    if km_rows:
+        b.append(("p", "Time metrics with censored transfers (repetitions pooled; descriptive): the median of "
+                       "the completed transfers alone is biased down, the Kaplan-Meier estimate is not."))
+        b.append(("table", ["metric", "variant", "completed", "censored", "median of completed",
+                            "Kaplan-Meier median", "Kaplan-Meier p90"], km_rows))
+    return b
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -413,6 +446,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
+    b += _outcome_blocks(s)
     b += _load_blocks(s)
     b += _fault_blocks(s)
 
