@@ -73,9 +73,10 @@ def fingerprint(scenario, variants: list[str]) -> dict:
 def git_commit() -> str | None:
     """The commit of the torbed source tree this runs from (None outside a git checkout),
     with ``-dirty`` when it has uncommitted changes."""
-    here = Path(__file__).resolve().parent.parent
-    if not (here / ".git").exists():
+    from .resources import CHECKOUT
+    if CHECKOUT is None or not (CHECKOUT / ".git").exists():
         return None
+    here = CHECKOUT
     try:
         sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
