@@ -78,6 +78,16 @@ def _run_table(s: dict) -> tuple:
             ("Started / finished", f"{r.get('started') or '?'} / {r.get('finished') or 'not finished'}"),
             ("Run status (run.json)", r.get("status") or "not recorded"),
             ("Host load before the run", _host_load(r.get("host_load")))]
+    if r.get("sessions"):
+        ss = r["sessions"]
+        disc = [d for x in ss for d in (x.get("discarded") or [])]
+        rows.append(("Sessions (torbed run --resume)",
+                     f"{len(ss)}: " + "; ".join(f"{x.get('started')} - {x.get('finished') or '?'} ({x.get('status')})"
+                                                 for x in ss)
+                     + (f"; discarded and run again: {', '.join(disc)}" if disc else "")))
+    if r.get("sequential"):
+        q = r["sequential"]
+        rows.append(("Sequential design", q.get("text") or f"not finished ({len(q.get('checks') or [])} checks)"))
     return ("table", ["", ""], [[k, DASH if v is None else str(v)] for k, v in rows])
 
 
@@ -430,6 +440,12 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     if inf["family_size"] and inf["not_enough_repetitions"]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
+    seq = s["run"].get("sequential")
+    if seq:
+        rule = seq.get("rule") or {}
+        b.append(("p", f"Sequential design: {seq.get('text') or 'the run did not reach its end'} (pilot "
+                       f"{rule.get('pilot')} blocks, at most {rule.get('max_repetitions')}; the stopping rule looks at "
+                       f"the interval's width only, so it is an estimation rule: see *Statistical methods*)."))
     b += [("h", 2, "Run"), _run_table(s)]
     hw = s["run"].get("hardware") or {}
     if hw:

@@ -119,7 +119,13 @@ def _run_facts(run: Run) -> dict:
             "host": host, "started": i.get("started"), "finished": i.get("finished"),
             "status": i.get("status"), "hardware": _hardware(run),
             # torbed run's reading of the machine's load before it started (torbed/hostload.py).
-            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {})}
+            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {}),
+            # torbed run --resume: one entry per session (torbed/resume.py); a sequential
+            # design's checks and outcome (torbed/sequential.py). Only when present.
+            **({"sessions": [{k: x.get(k) for k in ("started", "finished", "status", "resumed", "discarded",
+                                                    "torbed_commit")} for x in i["sessions"] if isinstance(x, dict)]}
+               if isinstance(i.get("sessions"), list) and len(i["sessions"]) > 1 else {}),
+            **({"sequential": i["sequential"]} if isinstance(i.get("sequential"), dict) else {})}
 
 
 def _hardware(run: Run) -> dict:
