@@ -105,10 +105,27 @@ def load_for_resume(run_dir: Path) -> dict:
         if key not in info:
             raise InputError(f"{path}: no '{key}': the run was made by a torbed without --resume "
                              f"(or without a scenario file); it cannot be resumed")
+    last = info["sessions"][-1] if info["sessions"] else {}
+    if last.get("status") == "running" and _alive(last):
+        raise InputError(f"{path}: sessions[{len(info['sessions']) - 1}]: torbed (pid {last.get('pid')}) is still "
+                         f"running this run on this host; stop it first (Ctrl-C) and resume then")
     if info.get("status") in ("ok", "partial", "failed") and not _todo(Path(run_dir), info):
         raise InputError(f"{path}: status '{info['status']}': every repetition of the run has finished, "
                          f"nothing to resume")
     return info
+
+
+def _alive(sess: dict) -> bool:
+    """Whether a session's torbed process still runs on this host (same hostname, pid alive
+    and a torbed command line)."""
+    pid = sess.get("pid")
+    if not isinstance(pid, int) or (sess.get("host") or {}).get("hostname") != host_info()["hostname"]:
+        return False
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"torbed" in cmd
 
 
 def _first_difference(a, b, path: str = "") -> str:

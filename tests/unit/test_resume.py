@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -229,3 +231,22 @@ def test_design_runs_to_its_maximum_and_says_so(tmp_path):
     assert info["repetitions"] == 4 and info["sequential"]["outcome"] == "maximum"
     assert [c["blocks"] for c in info["sequential"]["checks"]] == [3, 4]
     assert "maximum of 4 blocks was reached" in info["sequential"]["text"]
+
+
+def test_resume_refuses_a_run_that_is_still_going(tmp_path):
+    path = write_scenario(tmp_path)
+    with pytest.raises(Interrupted):
+        start(tmp_path, Counting(n=2), path)
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.is_symlink())
+    info = json.loads((run_dir / "run.json").read_text())
+    # A live process whose command line names torbed stands in for the session's torbed.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "torbed"])
+    try:
+        info["sessions"][-1].update(status="running", pid=proc.pid)
+        (run_dir / "run.json").write_text(json.dumps(info))
+        with pytest.raises(InputError, match="still running"):
+            resume.load_for_resume(run_dir)
+    finally:
+        proc.kill()
+        proc.wait()
+    resume.load_for_resume(run_dir)          # gone: a crashed session, resumable
