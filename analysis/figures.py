@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from . import faults as faults_mod  # noqa: E402
 from . import metrics as metrics_mod  # noqa: E402
-from . import stats  # noqa: E402
+from . import stats, survival  # noqa: E402
 from .load import Run  # noqa: E402
 from .metrics import Extracted, MetricSamples  # noqa: E402
 
@@ -56,6 +56,9 @@ class CdfSeries:
     y: np.ndarray
     band: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     reps: int
+    # Censored times (transfers the window cut off): when any, x/y are the Kaplan-Meier CDF
+    # (1 - S) of observed and censored times, and the figure marks each censored time.
+    censored: np.ndarray = field(default_factory=lambda: np.array([], dtype=float))
 
     @property
     def n(self) -> int:
@@ -86,7 +89,13 @@ def cdf_data(m: MetricSamples, variants: list[str]) -> dict[str, CdfSeries]:
     quantiles)."""
     out = {}
     for v in variants:
-        x, y = stats.ecdf(m.pooled(v))
+        cens = m.pooled_censored(v)
+        if cens.size:
+            obs = m.pooled(v)
+            x, y = survival.km_cdf(np.concatenate([obs, cens]),
+                                   np.concatenate([np.zeros(obs.size, bool), np.ones(cens.size, bool)]))
+        else:
+            x, y = stats.ecdf(m.pooled(v))
         if x.size == 0:
             continue
         per_rep = [a for _, a in sorted(m.values.get(v, {}).items()) if a.size]
@@ -95,7 +104,7 @@ def cdf_data(m: MetricSamples, variants: list[str]) -> dict[str, CdfSeries]:
             grid = np.linspace(0.0, 1.0, BAND_POINTS)
             q = np.array([np.quantile(a, grid, method="linear") for a in per_rep])
             band = (grid, q.min(axis=0), q.max(axis=0))
-        out[v] = CdfSeries(x=x, y=y, band=band, reps=len(per_rep))
+        out[v] = CdfSeries(x=x, y=y, band=band, reps=len(per_rep), censored=cens)
     return out
 
 
@@ -129,11 +138,24 @@ def plot_cdf(panels: list[tuple[str, MetricSamples]], variants: list[str], basel
                 gy, lo, hi = s.band
                 ax.fill_betweenx(gy, lo, hi, color=c, alpha=0.18, linewidth=0,
                                  label=f"{v}: range over {s.reps} repetitions")
-            med = float(np.median(s.x))
             tag = " (baseline)" if v == baseline else ""
-            ax.step(s.x, s.y, where="post", color=c, linewidth=1.8,
-                    label=f"{v}{tag}: n={s.n} ({s.reps} rep{'s' if s.reps != 1 else ''}), "
-                          f"median {_fmt(med)} {m.unit}")
+            if s.censored.size:
+                # Kaplan-Meier: the step function of 1 - S, each censored time marked on it.
+                obs = m.pooled(v)
+                med = survival.km_quantile(np.concatenate([obs, s.censored]),
+                                           np.concatenate([np.zeros(obs.size, bool), np.ones(s.censored.size, bool)]))
+                ax.step(s.x, s.y, where="post", color=c, linewidth=1.8,
+                        label=f"{v}{tag}: Kaplan-Meier, {obs.size} completed + {s.censored.size} censored "
+                              f"({s.reps} rep{'s' if s.reps != 1 else ''}), median "
+                              f"{_fmt(med) + ' ' + m.unit if med is not None else 'not reached'}")
+                idx = np.searchsorted(s.x, s.censored, side="right") - 1
+                ax.plot(s.censored, s.y[np.clip(idx, 0, None)], linestyle="none", marker="|", markersize=9,
+                        color=c)
+            else:
+                med = float(np.median(s.x))
+                ax.step(s.x, s.y, where="post", color=c, linewidth=1.8,
+                        label=f"{v}{tag}: n={s.n} ({s.reps} rep{'s' if s.reps != 1 else ''}), "
+                              f"median {_fmt(med)} {m.unit}")
         if _use_log(series):
             ax.set_xscale("log")
         ax.set_ylim(0, 1.0)
@@ -462,7 +484,9 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
     ms = extracted.metrics
     figs: list[Figure] = []
     reps_note = ("Lines: all repetitions pooled; shaded band: per-quantile range over the "
-                 "repetitions (shown when >= 2 repetitions have data).")
+                 "repetitions (shown when >= 2 repetitions have data). Where transfers were cut off "
+                 "by the end of the window, the line is the Kaplan-Meier CDF (1 - survival) with "
+                 "each censored time marked '|', and the band is of the completed transfers.")
 
     groups = sorted({(m.params["group"], m.params["file"]) for m in ms.values() if "group" in m.params})
     for g, f in groups:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import stats
+from . import stats, survival
 from .metrics import MetricSamples
 
 PRIMARY = {"cell_wait_ms": "wait_per_cell", "cell_delay_ms": "mean"}
@@ -105,6 +105,11 @@ METHOD_TEXT = [
     f"+-{stats.TARGET_EFFECT_PCT:.0f}%, and the +- half-width of the {stats.CI_LEVEL:.0%} interval at "
     f"this run's n (summary.json `plan`). The spread of 3 blocks rests on 2 degrees of freedom: "
     f"these numbers are rough.",
+    "Censoring: a transfer still running when the window ended is kept as a right-censored time "
+    "(more than the time observed). Where a repetition has any, its median and 90th percentile are "
+    "Kaplan-Meier estimates (the sample median otherwise: they agree when nothing is censored), so "
+    "the per-block statistic the paired test uses is the per-block Kaplan-Meier median; a "
+    "repetition more than half censored has no median ('not reached') and the row says so.",
     "Median CI: cluster bootstrap over whole repetitions (resample repetitions with replacement, "
     "pool their samples, take the median; exact over all resamples up to 6 repetitions).",
 ]
@@ -119,14 +124,32 @@ def in_family(metric: str) -> bool:
 
 
 def rep_summaries(m: MetricSamples, variant: str) -> dict[int, dict]:
-    """Per repetition with data: n, median, p90, mean and (cell wait) wait_per_cell."""
+    """Per repetition with data: n, median, p90, mean and (cell wait) wait_per_cell.
+
+    Time metrics that can be censored (``m.censored``) also get ``censored`` (how many of the
+    repetition's transfers the window cut off); where that is not 0, median and p90 are
+    Kaplan-Meier quantiles of observed and censored times together (``method``:
+    "kaplan-meier"), None with ``median_not_reached`` when more than half is censored, and
+    the mean is None (a mean of censored times has no estimate without a model)."""
     out = {}
     tot = (m.totals or {}).get(variant, {})
+    cens_of = (m.censored or {}).get(variant, {})
     for k, vals in sorted(m.values.get(variant, {}).items()):
         a = np.asarray(vals, dtype=float)
         a = a[np.isfinite(a)]
+        c = np.asarray(cens_of.get(k, []), dtype=float)
+        c = c[np.isfinite(c)]
         d = {"n": int(a.size)}
-        if a.size:
+        if m.censored is not None:
+            d["censored"] = int(c.size)
+        if c.size:
+            times = np.concatenate([a, c])
+            flags = np.concatenate([np.zeros(a.size, bool), np.ones(c.size, bool)])
+            med = survival.km_quantile(times, flags, 0.5)
+            d.update(median=med, p90=survival.km_quantile(times, flags, 0.9), mean=None, method="kaplan-meier")
+            if med is None:
+                d["median_not_reached"] = True
+        elif a.size:
             d.update(median=float(np.median(a)), p90=float(np.quantile(a, 0.9)), mean=float(a.mean()))
         if m.totals is not None:
             t, n = tot.get(k, (0.0, 0.0))
@@ -228,8 +251,14 @@ def compare_arms(m_base: MetricSamples, base_variant: str, m_new: MetricSamples,
     prim = primary_stat(m_base.metric)
     new, base = rep_values_by_rep(m_new, new_variant, prim), rep_values_by_rep(m_base, base_variant, prim)
     paired, why = block_check(new, base, same_run, invalid)
+    censoring = censoring_note(m_base, base_variant, m_new, new_variant, prim)
+    if censoring.get("not_reached"):
+        why += ("; " + censoring["not_reached"] + " (more than half of its transfers cut off by the window: "
+                "that repetition has no median and is left out, which understates the slower arm)")
     res = test_arms(new, base, paired, scale, rng, margin_pct)
     res["test_reason"] = why
+    if censoring:
+        res["censoring"] = censoring
     res["statistic"] = prim
     res["in_family"] = in_family(m_base.metric)
     sc = res["scale"]
@@ -246,6 +275,26 @@ def compare_arms(m_base: MetricSamples, base_variant: str, m_new: MetricSamples,
         res["secondary"][st] = {k: r.get(k) for k in ("status", "test", "n", "n_baseline", "scale", "change_pct",
                                                        "change_ci95", "pvalue")}
     return res
+
+
+def censoring_note(m_base: MetricSamples, base_variant: str, m_new: MetricSamples, new_variant: str,
+                   stat: str) -> dict:
+    """For censorable metrics: {"censored": {variant: n}, "not_reached": text or absent}
+    (empty dict for metrics that cannot be censored)."""
+    if m_base.censored is None and m_new.censored is None:
+        return {}
+    out: dict = {"censored": {}}
+    missing = []
+    for m, v in ((m_base, base_variant), (m_new, new_variant)):
+        reps = rep_summaries(m, v)
+        out["censored"][v] = sum(d.get("censored", 0) for d in reps.values())
+        nr = [k for k, d in reps.items() if d.get(f"{stat}_not_reached") or (stat == "median" and
+                                                                          d.get("median_not_reached"))]
+        if nr:
+            missing.append(f"{v}: Kaplan-Meier {stat} not reached in repetition(s) {', '.join(map(str, nr))}")
+    if missing:
+        out["not_reached"] = "; ".join(missing)
+    return out
 
 
 def metric_scale(m: MetricSamples, variants: list[str]) -> str:

@@ -16,7 +16,8 @@ Public API:
   ``rep(variant, k)``, ``reps_of(variant)``
 - ``Rep``: ``variant``, ``index``, ``path``, ``meta``, ``status``, ``error``, ``transfers``,
   ``cellstats``, ``relay_bw``, ``cells`` (CellTable of cells.jsonl or None), ``notes``, ``t0`` (workload start), ``warmup_s``,
-  ``measured_transfers`` (warmup and cancelled excluded), ``node(name)``
+  ``measured_transfers`` (warmup and cancelled excluded), ``censored_transfers`` (cancelled,
+  after warm-up), ``censor_time(transfer)``, ``window_end``, ``node(name)``
 - ``FILES``: the record files read, with their record type and required keys
 """
 
@@ -100,6 +101,25 @@ class Rep:
         """Transfers outside the warm-up window (``warmup`` is not true) and not cut off by
         the end of the measurement (``status: cancelled``)."""
         return [t for t in self.transfers if t.get("warmup") is not True and t.get("status") != "cancelled"]
+
+    @property
+    def window_end(self) -> float | None:
+        """End of the measurement window (t_workload_start + duration_s), None when unknown."""
+        m = self.meta or {}
+        if _is_num(m.get("t_workload_start")) and _is_num(m.get("duration_s")):
+            return float(m["t_workload_start"]) + float(m["duration_s"])
+        return None
+
+    @property
+    def censored_transfers(self) -> list[dict]:
+        """Transfers outside the warm-up that the end of the measurement cut off (``status:
+        cancelled``): right-censored observations (analysis/survival.py), not errors."""
+        return [t for t in self.transfers if t.get("warmup") is not True and t.get("status") == "cancelled"]
+
+    def censor_time(self, t: dict) -> float | None:
+        """When a cancelled transfer stopped being observed: its ``t_censor``, else (records
+        from before that field) the window end."""
+        return float(t["t_censor"]) if _is_num(t.get("t_censor")) else self.window_end
 
     def node(self, name: str) -> dict | None:
         """The meta.json node entry called ``name``, or None."""

@@ -4,8 +4,10 @@ This module is where the metric definitions live (``DEFINITIONS`` is printed in 
 report); stats.py does the statistics, figures.py the pictures.
 
 Rules shared by all metrics: transfers with ``warmup: true`` are excluded everywhere;
-transfers with status other than "ok" are excluded from the time metrics and counted in the
-error rate; CELL_STATS events before the end of the scenario's warm-up are excluded; relay
+transfers with status "timeout" or "error" (a stall included) are excluded from the time
+metrics and counted in the error rate; transfers the end of the window cut off ("cancelled")
+are right-censored observations of the time metrics (``MetricSamples.censored``, Kaplan-Meier
+in inference.py), neither dropped nor errors; CELL_STATS events before the end of the scenario's warm-up are excluded; relay
 throughput uses a warm-up of max(30 s, the scenario's warm-up), counted from the workload start.
 
 Public API:
@@ -16,7 +18,8 @@ Public API:
   ``totals`` (cell wait: [variant][rep] -> (sum time_ms, sum removed)), ``title``,
   ``label``, ``unit``, ``pooled(variant)``
 - ``extract(run) -> Extracted`` (``metrics``: id -> MetricSamples, in report order; ``notes``)
-- ``error_rates(run) -> dict``
+- ``error_rates(run) -> dict``, ``transfer_outcomes(run) -> dict`` (completed / censored /
+  stalled / failed), ``censored_time(rep, transfer, metric)``
 - ``circuit_key(record) -> str``, ``classify_circuits(records, heavy_fraction) -> dict``
 - ``throughput_series(run) -> dict``, ``cell_wait_series(run, bin_s=5) -> dict``
 - ``fmt_size(bytes) -> str``; constants ``THROUGHPUT_WINDOW_S``, ``THROUGHPUT_MIN_WARMUP_S``,
@@ -120,7 +123,16 @@ DEFINITIONS: list[tuple[str, str]] = [(m.title, m.definition) for m in METRICS.v
     ("Error rate", "Transfers with status other than 'ok' (timeout or error) divided by all "
      "transfers after the warm-up, with counts per error cause (error.cause, e.g. 'stall' for "
      "a stream silent for the workload's stallout; 'timeout' for timeouts without a cause). "
-     "Errored transfers are excluded from the time metrics."),
+     "Errored transfers are excluded from the time metrics. Transfers the end of the "
+     "measurement window cut off ('cancelled') are not errors."),
+    ("Censored transfers", "A transfer still running when the measurement window ended is "
+     "right-censored: its time is more than the time it was observed (t_censor, the driver "
+     "giving up at the window's end, minus the metric's origin). The time metrics keep it: "
+     "their median and 90th percentile are Kaplan-Meier estimates per repetition (equal to "
+     "the sample median when nothing is censored); a median more than half censored is 'not "
+     "reached'. The report's transfer-outcomes table counts completed / censored / stalled / "
+     "failed transfers per variant; a stall (the stream stopped moving) is an error, not "
+     "censored."),
     ("Warm-up", "Transfers flagged warmup=true (started inside the scenario's warm-up window) "
      "are excluded from every statistic and from the onionperf export."),
 ]
@@ -152,6 +164,10 @@ class MetricSamples:
     # Per-cell delays: each value's clock-correction bound (same shape as values; NaN where
     # the repetition has no clock estimate), see analysis/clock.py.
     clock_bounds: dict[str, dict[int, np.ndarray]] | None = None
+    # Time metrics of transfers: the right-censored times ([variant][rep] -> ndarray) of the
+    # transfers the window cut off (still running: their time is more than this). ``values``
+    # holds only observed times; None for metrics that cannot be censored.
+    censored: dict[str, dict[int, np.ndarray]] | None = None
 
     @property
     def info(self) -> MetricInfo:
@@ -188,6 +204,15 @@ class MetricSamples:
         reps = self.values.get(variant, {})
         parts = [reps[k] for k in sorted(reps)]
         return np.concatenate(parts) if parts else np.array([], dtype=float)
+
+    def pooled_censored(self, variant: str) -> np.ndarray:
+        """All repetitions' censored times of ``variant`` (empty if none or not censorable)."""
+        reps = (self.censored or {}).get(variant, {})
+        parts = [reps[k] for k in sorted(reps)]
+        return np.concatenate(parts) if parts else np.array([], dtype=float)
+
+    def n_censored(self, variant: str) -> int:
+        return int(self.pooled_censored(variant).size)
 
     def clock_bound(self, variant: str) -> float | None:
         """How far the pooled mean can be off through clock correction: the mean of the
@@ -302,6 +327,7 @@ def extract(run: Run) -> Extracted:
         for metric in TRANSFER_METRICS:
             mid = f"{metric}/{gk[0]}:{gk[1]}"
             out[mid] = _new(run, mid, metric, {"group": gk[0], "file": gk[1], "size": size})
+            out[mid].censored = {r.variant: {} for r in run.reps}
     for r in run.reps:
         ok = _ok_measured(r)
         for metric in TRANSFER_METRICS:
@@ -309,8 +335,17 @@ def extract(run: Run) -> Extracted:
             for t in ok:
                 if _num(t.get(metric)):
                     per[_group_key(t)].append(float(t[metric]))
+            cens: dict[tuple[str, str], list[float]] = defaultdict(list)
+            for t in r.censored_transfers:
+                observed, censored_at = censored_time(r, t, metric)
+                if observed is not None:
+                    per[_group_key(t)].append(observed)
+                elif censored_at is not None:
+                    cens[_group_key(t)].append(censored_at)
             for gk, vals in per.items():
                 out[f"{metric}/{gk[0]}:{gk[1]}"].values[r.variant][r.index] = np.array(vals)
+            for gk, vals in cens.items():
+                out[f"{metric}/{gk[0]}:{gk[1]}"].censored[r.variant][r.index] = np.array(vals)
 
     # Circuit build time: distinct circuits of successful measured transfers.
     cb = _new(run, "circuit_build_s", "circuit_build_s", {})
@@ -458,6 +493,60 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
                     for cls, part in (("heavy", sel & heavy), ("light", sel & ~heavy)):
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = delay[part]
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].clock_bounds[r.variant][r.index] = bound[part]
+
+
+# metric -> (the timestamp it ends at, the one it counts from)
+TIME_FIELDS = {"ttfb_s": ("t_first_byte", "t_request"), "ttlb_s": ("t_last_byte", "t_request"),
+               "ttfb_stream_s": ("t_first_byte", "t_start"), "ttlb_stream_s": ("t_last_byte", "t_start")}
+
+
+def censored_time(rep: Rep, t: dict, metric: str) -> tuple[float | None, float | None]:
+    """A cancelled transfer's (observed time, censored time) for a transfer time metric: the
+    first byte of a transfer cut off later was observed (TTFB an ordinary value); a time
+    that had not ended is censored at ``rep.censor_time(t) - origin``. (None, None) when the
+    transfer never reached the metric's origin (cut off before its request was sent)."""
+    end, origin = TIME_FIELDS[metric]
+    if not _num(t.get(origin)):
+        return None, None
+    if end == "t_first_byte" and _num(t.get(end)):
+        return float(t[end]) - float(t[origin]), None
+    tc = rep.censor_time(t)
+    if tc is None:
+        return None, None
+    return None, max(0.0, tc - float(t[origin]))
+
+
+def transfer_outcomes(run: Run) -> dict:
+    """Per variant and transfer group ("group:file"), the measured transfers by outcome:
+    ``completed`` (ok), ``censored`` (cut off by the window's end), ``stalled`` (a stall:
+    the stream stopped moving, a typed error) and ``failed`` (every other error or timeout);
+    also ``per_rep``. The report shows them, so "N censored" is never hidden."""
+    def outcome(t: dict) -> str:
+        st = t.get("status")
+        if st == "ok":
+            return "completed"
+        if st == "cancelled":
+            return "censored"
+        return "stalled" if _cause(t) == "stall" else "failed"
+
+    blank = {"completed": 0, "censored": 0, "stalled": 0, "failed": 0}
+    out: dict = {}
+    for v in run.variants:
+        groups: dict[str, dict] = {}
+        per_rep: dict[str, dict] = {}
+        total = dict(blank)
+        for r in run.reps_of(v):
+            rc = dict(blank)
+            for t in r.transfers:
+                if t.get("warmup") is True:
+                    continue
+                o = outcome(t)
+                groups.setdefault(":".join(_group_key(t)), dict(blank))[o] += 1
+                rc[o] += 1
+                total[o] += 1
+            per_rep[str(r.index)] = rc
+        out[v] = {**total, "by_group": dict(sorted(groups.items())), "per_rep": per_rep}
+    return out
 
 
 def _cause(t: dict) -> str:

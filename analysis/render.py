@@ -78,6 +78,16 @@ def _run_table(s: dict) -> tuple:
             ("Started / finished", f"{r.get('started') or '?'} / {r.get('finished') or 'not finished'}"),
             ("Run status (run.json)", r.get("status") or "not recorded"),
             ("Host load before the run", _host_load(r.get("host_load")))]
+    if r.get("sessions"):
+        ss = r["sessions"]
+        disc = [d for x in ss for d in (x.get("discarded") or [])]
+        rows.append(("Sessions (torbed run --resume)",
+                     f"{len(ss)}: " + "; ".join(f"{x.get('started')} - {x.get('finished') or '?'} ({x.get('status')})"
+                                                 for x in ss)
+                     + (f"; discarded and run again: {', '.join(disc)}" if disc else "")))
+    if r.get("sequential"):
+        q = r["sequential"]
+        rows.append(("Sequential design", q.get("text") or f"not finished ({len(q.get('checks') or [])} checks)"))
     return ("table", ["", ""], [[k, DASH if v is None else str(v)] for k, v in rows])
 
 
@@ -368,6 +378,39 @@ def _fault_blocks(s: dict) -> list[tuple]:
               for r in rows])]
 
 
+def _outcome_blocks(s: dict) -> list[tuple]:
+    """Transfers after the warm-up by outcome, per variant and group, and the Kaplan-Meier
+    medians of the time metrics that have censored transfers."""
+    out = s.get("transfer_outcomes") or {}
+    rows = [[v, g, str(c["completed"]), str(c["censored"]), str(c["stalled"]), str(c["failed"])]
+            for v, o in out.items() for g, c in o["by_group"].items()]
+    if not rows:
+        return []
+    n_cens = sum(o["censored"] for o in out.values())
+    b: list[tuple] = [("h", 3, "Transfer outcomes (after warm-up)"),
+                      ("p", f"{n_cens} censored in all: transfers still running when the measurement window "
+                            "ended are kept as right-censored times (more than the time observed), not dropped, "
+                            "and the time metrics' medians are Kaplan-Meier estimates where any are censored. "
+                            "Stalled (the stream stopped moving for the stallout) and failed transfers are "
+                            "errors, excluded from the time metrics."),
+                      ("table", ["variant", "client group:file", "completed", "censored", "stalled", "failed"], rows)]
+    km_rows = []
+    for e in s["metrics"].values():
+        for v, d in e["variants"].items():
+            if d.get("censored"):
+                km_rows.append([e["title"], v, str(d["completed"]), str(d["censored"]),
+                                fmt_value(d.get("median"), e["unit"]),
+                                fmt_value(d["km_median"], e["unit"]) if d.get("km_median") is not None
+                                else "not reached", fmt_value(d["km_p90"], e["unit"]) if d.get("km_p90")
+                                is not None else "not reached"])
+    if km_rows:
+        b.append(("p", "Time metrics with censored transfers (repetitions pooled; descriptive): the median of "
+                       "the completed transfers alone is biased down, the Kaplan-Meier estimate is not."))
+        b.append(("table", ["metric", "variant", "completed", "censored", "median of completed",
+                            "Kaplan-Meier median", "Kaplan-Meier p90"], km_rows))
+    return b
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -397,6 +440,12 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     if inf["family_size"] and inf["not_enough_repetitions"]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
+    seq = s["run"].get("sequential")
+    if seq:
+        rule = seq.get("rule") or {}
+        b.append(("p", f"Sequential design: {seq.get('text') or 'the run did not reach its end'} (pilot "
+                       f"{rule.get('pilot')} blocks, at most {rule.get('max_repetitions')}; the stopping rule looks at "
+                       f"the interval's width only, so it is an estimation rule: see *Statistical methods*)."))
     b += [("h", 2, "Run"), _run_table(s)]
     hw = s["run"].get("hardware") or {}
     if hw:
@@ -413,6 +462,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
+    b += _outcome_blocks(s)
     b += _load_blocks(s)
     b += _fault_blocks(s)
 

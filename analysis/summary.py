@@ -34,6 +34,10 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
                    "paired_tests", "welch_tests", "equivalence_margin_pct",
                    "descriptive": [text: untested outcome comparisons' descriptive change]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
+     "transfer_outcomes": {"<variant>": {"completed", "censored", "stalled", "failed",
+                                         "by_group": {"group:file": {...}}, "per_rep": {...}}},
+     (censorable time metrics: per variant also "completed", "censored", ["km_median", "km_p90"],
+      per_rep "censored", ["method": "kaplan-meier", "median_not_reached"]; inference "censoring")
      ["clock": [{"variant", "rep", "client", "offset_s", "drift_ppm", "uncertainty_s", ...}]],
      ["by_hardware": {"hardware", "client_groups", "comparisons", "relay_throughput_Bps", "note"}]}
                   (replay runs with clock.jsonl: analysis/clock.py; relays on several kinds of
@@ -54,7 +58,7 @@ import math
 
 import numpy as np
 
-from . import background, inference, stats
+from . import background, inference, stats, survival
 from . import clock as clock_mod
 from . import faults as faults_mod
 from . import hardware as hardware_mod
@@ -115,7 +119,13 @@ def _run_facts(run: Run) -> dict:
             "host": host, "started": i.get("started"), "finished": i.get("finished"),
             "status": i.get("status"), "hardware": _hardware(run),
             # torbed run's reading of the machine's load before it started (torbed/hostload.py).
-            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {})}
+            **({"host_load": i["host_load"]} if isinstance(i.get("host_load"), dict) else {}),
+            # torbed run --resume: one entry per session (torbed/resume.py); a sequential
+            # design's checks and outcome (torbed/sequential.py). Only when present.
+            **({"sessions": [{k: x.get(k) for k in ("started", "finished", "status", "resumed", "discarded",
+                                                    "torbed_commit")} for x in i["sessions"] if isinstance(x, dict)]}
+               if isinstance(i.get("sessions"), list) and len(i["sessions"]) > 1 else {}),
+            **({"sequential": i["sequential"]} if isinstance(i.get("sequential"), dict) else {})}
 
 
 def _hardware(run: Run) -> dict:
@@ -161,6 +171,8 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
             d["median_ci_method"] = ("cluster bootstrap over repetitions" if ci else
                                      "none: fewer than 2 repetitions with data")
         d["per_rep"] = {str(k): rs for k, rs in inference.rep_summaries(m, v).items()}
+        if m.censored is not None:
+            d.update(_km_pooled(m, v))
         prim = inference.primary_stat(m.metric)
         d["rep_summary"] = {"statistic": prim, **stats.arm_estimate(inference.rep_values(m, v, prim), scale),
                             "scale": scale}
@@ -190,6 +202,20 @@ def _metric_entry(run: Run, m, baseline: str, resamples: int) -> dict:
                 d["vs_baseline"].update(_clock_comparison(m, v, baseline, d.get("mean"), base_desc.get("mean")))
         entry["variants"][v] = d
     return entry
+
+
+def _km_pooled(m, v: str) -> dict:
+    """Censorable time metrics: the pooled counts and, when any time is censored, the pooled
+    Kaplan-Meier median and 90th percentile (None: not reached). The pooled ``median`` etc.
+    beside them are of the completed transfers only."""
+    obs, cens = m.pooled(v), m.pooled_censored(v)
+    out = {"completed": int(obs.size), "censored": int(cens.size)}
+    if cens.size:
+        times = np.concatenate([obs, cens])
+        flags = np.concatenate([np.zeros(obs.size, bool), np.ones(cens.size, bool)])
+        out["km_median"] = survival.km_quantile(times, flags, 0.5)
+        out["km_p90"] = survival.km_quantile(times, flags, 0.9)
+    return out
 
 
 def _inference_summary(run: Run, extracted: Extracted, entries: dict, baseline: str) -> dict:
@@ -275,6 +301,7 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         "metrics": entries,
         "inference": _inference_summary(run, extracted, entries, baseline),
         "errors": errors,
+        "transfer_outcomes": metrics_mod.transfer_outcomes(run),
         # Only for runs with replay clock records (keeps older summaries unchanged).
         **({"clock": rows} if (rows := clock_mod.clock_rows(run)) else {}),
         # Only for runs with background load (load.jsonl).

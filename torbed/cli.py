@@ -9,6 +9,7 @@
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
     run SCENARIO           bring the network up, measure, tear down -> RUN_DIR (on stdout)
+    run --resume RUN_DIR   continue an interrupted run at its next unfinished repetition
     clean                  remove what a killed run left behind (namespaces, processes)
     prometheus RUN_DIR     serve a run's Prometheus TSDB read-only and print its URL
     report RUN_DIR         statistics, figures and a report of a run

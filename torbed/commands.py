@@ -23,6 +23,10 @@ def cmd_run(args) -> int:
     from . import engine, scenario as scenario_mod
     from .backends import backend_class
     from .shaping import ShapingError
+    if args.resume:
+        return cmd_resume(args)
+    if not args.scenario:
+        raise InputError("torbed run: give a SCENARIO file, or --resume RUN_DIR")
     s = scenario_mod.load(args.scenario)
     if args.variant:
         bad = [v for v in args.variant if v not in s.variants]
@@ -33,7 +37,8 @@ def cmd_run(args) -> int:
     backend = backend_class(args.backend).from_args(args, console)
     try:
         run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario,
-                             host_load=host_load)
+                             host_load=host_load, overrides={k: v for k, v in (("repetitions", args.repetitions),
+                                                                                ("duration", args.duration)) if v})
     except ShapingError as e:
         raise InputError(f"{args.scenario}: links: {e}") from None
     info = json.loads((run_dir / "run.json").read_text())
@@ -41,6 +46,41 @@ def cmd_run(args) -> int:
     print(run_dir, flush=True)
     console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}); "
                   f"next: torbed report {run_dir}", highlight=False)
+    return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
+
+
+def cmd_resume(args) -> int:
+    """``torbed run --resume RUN_DIR``: the run's own scenario file and overrides (run.json
+    ``source``, ``overrides``), checked against the fingerprint taken when it began."""
+    from . import engine, resume, scenario as scenario_mod
+    from .backends import backend_class
+    from .shaping import ShapingError
+    run_dir = Path(args.resume)
+    run_json = run_dir / "run.json"
+    if args.scenario or args.repetitions or args.duration:
+        raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions and --duration come from {run_json} "
+                         f"(source, overrides); give none of them")
+    info = resume.load_for_resume(run_dir)
+    source = info.get("source_resolved") or info["source"]
+    if not Path(source).is_file():
+        raise InputError(f"{run_json}: source: the scenario file '{source}' is gone; it is needed to resume")
+    s = scenario_mod.load(source)
+    ov = info.get("overrides") or {}
+    s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"))
+    variants = args.variant or info["variants"]
+    resume.check_unchanged(info, s, variants, run_json)
+    if args.backend != info.get("backend", "local"):
+        raise InputError(f"{run_json}: backend: the run used '{info.get('backend')}', not '{args.backend}'")
+    host_load = check_host_load(require_quiet=args.require_quiet)
+    backend = backend_class(args.backend).from_args(args, console)
+    try:
+        engine.resume(run_dir, s, backend, console, host_load=host_load)
+    except ShapingError as e:
+        raise InputError(f"{source}: links: {e}") from None
+    info = json.loads(run_json.read_text())
+    print(run_dir, flush=True)
+    console.print(f"run directory: [bold]{run_dir}[/bold] (status {info['status']}, session "
+                  f"{len(info['sessions'])}); next: torbed report {run_dir}", highlight=False)
     return EXIT_OK if info["status"] == "ok" else EXIT_FAILED
 
 
@@ -68,8 +108,13 @@ def register_run(sub, fmt) -> None:
                        description="Bring the scenario's network up, measure, tear it down, for every variant "
                                    "x repetition. Prints the run directory on stdout (RUN=$(torbed run ...)); "
                                    "progress goes to stderr. Next: torbed report RUN_DIR.")
-    p.add_argument("scenario", help="scenario YAML file (check it first with `torbed validate`)")
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="scenario YAML file (check it first with `torbed validate`); not with --resume")
     p.add_argument("--out", default="runs", help="directory in which the run directory is created")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue an interrupted run at its next unfinished (variant, repetition): finished "
+                        "repetitions are kept, an unfinished one is discarded and run again (run.json sessions, "
+                        "meta.json history); refused (exit 2) when the scenario file or a variant changed")
     p.add_argument("--variant", action="append", default=None, help="run only this variant (repeatable)")
     p.add_argument("--repetitions", type=int, default=None, help="override the scenario's repetitions")
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")

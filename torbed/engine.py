@@ -16,7 +16,9 @@ up, measures and tears it down:
 Public API:
 
 - ``Backend``: the protocol a backend implements (see its docstring), ``Capabilities``
-- ``run(scenario, backend, run_root, console, variants=None, source=None, host_load=None) -> Path``
+- ``run(scenario, backend, run_root, console, variants=None, source=None, host_load=None, overrides=None) -> Path``
+- ``resume(run_dir, scenario, backend, console, host_load=None) -> Path``: continue an interrupted
+  run at its next unfinished (variant, repetition) (torbed/resume.py)
 - ``Run``, ``Repetition``: what a backend is handed
 - ``write_json(path, data)``: atomic JSON file write (run.json, meta.json, configs)
 - ``unsupported(scenario, backend) -> [(feature, why)]``: what of a scenario a backend
@@ -233,12 +235,14 @@ def _fmt_left(s: float) -> str:
 
 
 def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants: list[str] | None = None,
-        source: str | Path | None = None, host_load: dict | None = None) -> Path:
+        source: str | Path | None = None, host_load: dict | None = None, overrides: dict | None = None) -> Path:
     """Run every variant x repetition of ``scenario`` on ``backend``; returns the run
     directory (status in its run.json: ok, partial, failed or interrupted). ``host_load``:
-    the machine's load read before the run (torbed.hostload.measure), kept in run.json. Raises
-    Interrupted after cleanup on SIGINT/SIGTERM; InputError / RunFailed from preflight
-    before anything exists."""
+    the machine's load read before the run (torbed.hostload.measure), kept in run.json.
+    ``overrides``: the command line's scenario overrides ({"repetitions": 5, "duration":
+    "60s"}), recorded so ``resume`` can rebuild the same scenario. Raises Interrupted after
+    cleanup on SIGINT/SIGTERM; InputError / RunFailed from preflight before anything exists."""
+    from . import resume as resume_mod
     variants = variants or scenario.variants
     extra = backend.preflight(scenario)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -253,29 +257,91 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             **({"source": str(source)} if source else {}),
             **({"host_load": host_load} if host_load is not None else {}), **extra}
     info["order"] = run_order(variants, scenario.repetitions, scenario.seed)
+    # What --resume needs to continue this run exactly: the overrides, a fingerprint of the
+    # scenario and variants, and one entry per session (this is the first).
+    if source:
+        info["source_resolved"] = str(Path(source).resolve())
+    info["overrides"] = dict(overrides or {})
+    info["fingerprint"] = resume_mod.fingerprint(scenario, variants)
+    info["torbed_commit"] = resume_mod.git_commit()
+    info["sessions"] = [resume_mod.session(host_load)]
     write_json(run_dir / "run.json", info)
-    engine = _Engine(console, len(variants) * scenario.repetitions,
-                     backend.bringup_estimate_s + scenario.measure.duration.seconds)
+    return _drive(scenario, backend, run_root, console, run_dir, info, variants, skip=set(), history={})
+
+
+def resume(run_dir: Path, scenario: Scenario, backend: Backend, console, host_load: dict | None = None) -> Path:
+    """Continue the run in ``run_dir`` at its next unfinished (variant, repetition) of run.json's
+    ``order`` (torbed/resume.py: what is kept, discarded and recorded). ``scenario`` must be
+    the run's (``resume.check_unchanged`` was called). Returns ``run_dir``."""
+    from . import resume as resume_mod
+    info = json.loads((run_dir / "run.json").read_text())
+    variants = list(info["variants"])
+    extra = backend.preflight(scenario)
+    sessions = info["sessions"]
+    last = sessions[-1]
+    if last.get("status") == "running":
+        # The previous session never wrote its end: killed, crashed or the power went.
+        last.update(status="ended without a record (killed, crash or power loss)")
+    done, partial = resume_mod.triage(run_dir, info)
+    history: dict[tuple[str, int], list[dict]] = {}
+    for v, k in partial:
+        old_history = _old_history(run_dir / v / f"rep-{k}")
+        history[(v, k)] = old_history + [resume_mod.discard(run_dir, v, k, len(sessions))]
+    sess = resume_mod.session(host_load, resumed=True)
+    sess["discarded"] = [f"{v}/rep-{k}" for v, k in partial]
+    sess["kept"] = len(done)
+    sess["preflight"] = extra
+    sessions.append(sess)
+    info.update(status="running", finished=None)
+    write_json(run_dir / "run.json", info)
+    console.print(f"resuming {run_dir.name}: session {len(sessions)}; {len(done)} repetition(s) kept, "
+                  f"{len(partial)} unfinished discarded and run again"
+                  + (f" ({', '.join(sess['discarded'])})" if partial else ""), highlight=False)
+    return _drive(scenario, backend, run_dir.parent, console, run_dir, info, variants, skip=set(done),
+                  history=history)
+
+
+def _old_history(rep_dir: Path) -> list[dict]:
+    try:
+        h = json.loads((rep_dir / "meta.json").read_text()).get("history")
+    except (OSError, ValueError):
+        return []
+    return list(h) if isinstance(h, list) else []
+
+
+def _drive(scenario: Scenario, backend: Backend, run_root: Path, console, run_dir: Path, info: dict,
+           variants: list[str], skip: set, history: dict) -> Path:
+    """The loop over run.json's ``order`` (leaving out ``skip``: repetitions a resumed run
+    keeps) inside the signal handling; ends the current session and the run in run.json."""
+    from . import sequential
+    planned = [(v, int(k)) for v, k in info["order"] if int(k) < int(info["repetitions"])]
+    todo = [(v, k) for v, k in planned if (v, k) not in skip]
+    session = info["sessions"][-1]
+    engine = _Engine(console, len(todo), backend.bringup_estimate_s + scenario.measure.duration.seconds)
     r = Run(scenario=scenario, run_dir=run_dir, console=console, variants=variants, info=info, engine=engine)
     old = {s: signal.signal(s, engine.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     status = "failed"
     try:
         with engine.progress:
             backend.start_run(r)
-            failures = 0
-            for i, (variant, k) in enumerate(info["order"]):
+            for i, (variant, k) in enumerate(todo):
                 engine.begin(i, f"{variant} rep {k + 1}/{scenario.repetitions}")
-                meta = _repetition(backend, r, variant, k)
+                _repetition(backend, r, variant, k, history.get((variant, k)), len(info["sessions"]))
+                session["ran"].append(f"{variant}/rep-{k}")
                 engine.finish()
-                failures += meta["status"] != "ok"
                 engine.check()
-        status = "ok" if failures == 0 else "partial" if failures < engine.total else "failed"
+                if sequential.block_complete(run_dir, info, k) and sequential.should_stop(run_dir, info, scenario, k,
+                                                                                           console):
+                    write_json(run_dir / "run.json", info)
+                    break
+        status = _run_status(run_dir, info)
     except Interrupted:
         status = "interrupted"
         raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        session.update(finished=utc_now(), status=status)
         info.update(finished=utc_now(), status=status)
         write_json(run_dir / "run.json", info)
         latest = run_root / f"{scenario.name}-latest"
@@ -283,6 +349,20 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             latest.unlink(missing_ok=True)
             latest.symlink_to(run_dir.name)
     return run_dir
+
+
+def _run_status(run_dir: Path, info: dict) -> str:
+    """ok / partial / failed over every planned repetition's meta.json (those kept from an
+    earlier session included)."""
+    planned = [(v, int(k)) for v, k in info["order"] if int(k) < int(info["repetitions"])]
+    bad = 0
+    for v, k in planned:
+        try:
+            st = json.loads((run_dir / v / f"rep-{k}" / "meta.json").read_text()).get("status")
+        except (OSError, ValueError):
+            st = None
+        bad += st != "ok"
+    return "ok" if bad == 0 else "partial" if bad < len(planned) else "failed"
 
 
 def run_order(variants: list[str], repetitions: int, seed: int) -> list[tuple[str, int]]:
@@ -301,14 +381,17 @@ def run_order(variants: list[str], repetitions: int, seed: int) -> list[tuple[st
     return order
 
 
-def _repetition(backend: Backend, r: Run, variant: str, k: int) -> dict:
+def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[dict] | None = None,
+                session: int = 1) -> dict:
     s = r.scenario
     rep_dir = r.run_dir / variant / f"rep-{k}"
     (rep_dir / "logs").mkdir(parents=True, exist_ok=True)
     meta = {"schema": 1, "variant": variant, "rep": k, "backend": backend.name, "status": "running",
             "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
             "t_end": None, "warmup_s": s.measure.warmup.seconds, "duration_s": s.measure.duration.seconds,
-            "faults": []}
+            "faults": [], "session": session,
+            # Earlier attempts of this repetition discarded by a resume (torbed/resume.py).
+            "history": list(history or [])}
     rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)
     rep.write_meta()
     try:

@@ -330,6 +330,35 @@ class Measure(Strict):
                                       description="Live metrics: Prometheus (see docs/observability.md)")
 
 
+# Metrics a sequential design can stop on (analysis/metrics.py ids: METRIC[/SUBJECT]).
+STOP_METRIC_PATTERN = (r"^((ttfb_s|ttlb_s|ttfb_stream_s|ttlb_stream_s)/[a-z0-9-]+:[A-Za-z0-9._-]+"
+                       r"|circuit_build_s|relay_throughput_Bps/[a-z0-9-]+"
+                       r"|cell_wait_ms/[a-z0-9-]+/(inbound|outbound)/(all|light|heavy))$")
+
+
+class StopWhen(Strict):
+    metric: str = Field(..., pattern=STOP_METRIC_PATTERN,
+                        description="The primary comparison's metric, as summary.json names it: "
+                                    "ttlb_s/CLIENTGROUP:FILE, ttfb_s/..., circuit_build_s, "
+                                    "relay_throughput_Bps/RELAY, cell_wait_ms/RELAY/inbound|outbound/all|light|heavy")
+    variant: str | None = Field(None, description="The variant compared with the baseline (default: the first "
+                                                  "variant that is not the baseline)")
+    ci_width_pct: float = Field(..., gt=0, le=1000,
+                                description="Stop once the 95% interval of the % change (upper - lower, in "
+                                            "percentage points) is narrower than this")
+
+
+class Design(Strict):
+    """A sequential design (issue 36 item 6): ``pilot`` blocks, then one block at a time until
+    the primary comparison's 95% interval is narrower than ``stop_when.ci_width_pct`` or
+    ``max_repetitions`` blocks have run (docs/statistics.md "Sequential designs")."""
+    pilot: int = Field(..., ge=3, le=100, description="Blocks run before the stopping rule is first checked "
+                                                      "(at least 3: a paired interval needs 2 degrees of freedom)")
+    max_repetitions: int = Field(..., ge=3, le=100, description="The most blocks the run may take (the scenario's "
+                                                                "repetitions is this)")
+    stop_when: StopWhen
+
+
 class Placement(Strict):
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict] = Field(default_factory=list)
@@ -420,9 +449,22 @@ class Scenario(Strict):
     load: Load | None = Field(None, description="Background users (Locust) through their own tors")
     generated: Generated | None = Field(None, description="Provenance of a scenario made by torbed generate "
                                                           "(sources, seed, method); not used to run it")
+    design: Design | None = Field(None, description="Sequential design: a pilot, then blocks until the primary "
+                                                    "comparison's 95% interval is narrow enough or the maximum "
+                                                    "is reached (repetitions = design.max_repetitions)")
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _base_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _design_repetitions(cls, data):
+        """With a design and no repetitions, repetitions is design.max_repetitions."""
+        if isinstance(data, dict) and "repetitions" not in data and isinstance(data.get("design"), dict):
+            m = data["design"].get("max_repetitions")
+            if isinstance(m, int) and not isinstance(m, bool):
+                data = {**data, "repetitions": m}
+        return data
 
     @property
     def warnings(self) -> list[str]:
@@ -525,6 +567,10 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                 load_variant(rg.variant, variants_dir)
             except VariantError as e:
                 problems.append((f"network.relays.{g}.variant", str(e)))
+
+    # Sequential design.
+    if s.design is not None:
+        problems += _design_problems(s)
 
     # Network.
     try:
@@ -919,6 +965,36 @@ def parse(data: object, source: str = "<data>", variants_dir: Path = constants.V
         raise ScenarioError(source, problems)
     scenario._warnings.extend(warnings)
     return scenario
+
+
+def _design_problems(s: Scenario) -> list[tuple[str, str]]:
+    d, out = s.design, []
+    if d.pilot > d.max_repetitions:
+        out.append(("design.pilot", f"{d.pilot} is more than design.max_repetitions ({d.max_repetitions})"))
+    if s.repetitions != d.max_repetitions:
+        out.append(("repetitions", f"{s.repetitions}, but design.max_repetitions is {d.max_repetitions}: with a "
+                                   f"design, repetitions is the maximum (leave it out or make them equal)"))
+    if len(s.variants) < 2:
+        out.append(("design", "a sequential design compares variants: the scenario needs at least two"))
+    v = d.stop_when.variant
+    if v is not None and (v not in s.variants or v == s.baseline_variant):
+        out.append(("design.stop_when.variant", f"'{v}' must be one of variants other than the baseline "
+                                                f"'{s.baseline_variant}'"))
+    metric = d.stop_when.metric
+    if "/" in metric and ":" in metric:
+        group, file = metric.split("/", 1)[1].split(":", 1)
+        cg = s.clients.get(group)
+        if cg is None:
+            out.append(("design.stop_when.metric", f"'{group}' is not a client group ({', '.join(s.clients)})"))
+        elif getattr(cg.workload, "file", None) != file:
+            out.append(("design.stop_when.metric", f"client group '{group}' fetches "
+                                                   f"'{getattr(cg.workload, 'file', None)}', not '{file}'"))
+    elif metric.startswith(("relay_throughput_Bps/", "cell_wait_ms/")):
+        relay = metric.split("/")[1]
+        if relay.rstrip("0123456789") not in s.network.relays:
+            out.append(("design.stop_when.metric", f"'{relay}' is not a relay of network.relays "
+                                                   f"({', '.join(s.network.relays)}; nodes are GROUP0, GROUP1, ...)"))
+    return out
 
 
 def load(path: str | Path, variants_dir: Path = constants.VARIANTS_DIR) -> Scenario:

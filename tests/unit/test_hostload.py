@@ -145,7 +145,7 @@ def test_run_warns_and_records_the_reading(monkeypatch, capsys, tmp_path):
     from torbed import commands, engine
     seen = {}
 
-    def fake_run(s, backend, out, console, variants=None, source=None, host_load=None):
+    def fake_run(s, backend, out, console, variants=None, source=None, host_load=None, **_):
         seen["host_load"] = host_load
         raise KeyboardInterrupt                 # stop here: nothing else of the run is under test
 

@@ -51,7 +51,22 @@ def patched(changes: dict) -> dict:
 
 
 # (case id, changes to BASE, expected field path, text the message must contain)
+_DESIGN = {"pilot": 3, "max_repetitions": 6, "stop_when": {"metric": "ttlb_s/bulk:bulk", "ci_width_pct": 20}}
+
 INVALID = [
+    # Sequential designs (issue 36 item 6).
+    ("design-pilot-too-small", {"design": {**_DESIGN, "pilot": 2}}, "design.pilot", "greater than or equal to 3"),
+    ("design-pilot-over-max", {"design": {**_DESIGN, "pilot": 7}}, "design.pilot", "more than design.max_repetitions"),
+    ("design-repetitions-differ", {"design": _DESIGN, "repetitions": 4}, "repetitions", "repetitions is the maximum"),
+    ("design-unknown-group", {"design": {**_DESIGN, "stop_when": {"metric": "ttlb_s/nope:bulk", "ci_width_pct": 20}}},
+     "design.stop_when.metric", "not a client group"),
+    ("design-wrong-file", {"design": {**_DESIGN, "stop_when": {"metric": "ttlb_s/bulk:small", "ci_width_pct": 20}}},
+     "design.stop_when.metric", "fetches 'bulk', not 'small'"),
+    ("design-variant-is-baseline", {"design": {**_DESIGN, "stop_when": {**_DESIGN["stop_when"], "variant": "kist"}}},
+     "design.stop_when.variant", "other than the baseline"),
+    ("design-unknown-relay", {"design": {**_DESIGN, "stop_when": {"metric": "relay_throughput_Bps/nope0",
+                                                                  "ci_width_pct": 20}}},
+     "design.stop_when.metric", "not a relay"),
     ("unknown-top-key", {"variantz": ["kist"]}, "<top level>", "unknown key 'variantz'"),
     ("unknown-nested-key", {"clients.web.workload.repat": 3}, "clients.web.workload", "unknown key 'repat'"),
     ("unknown-relay-key", {"network.relays.middle.cout": 2}, "network.relays.middle", "unknown key 'cout'"),

@@ -306,6 +306,9 @@ class Driver:
             if e.cause == "timeout" and time.time() >= self.cfg["t_end"] and timeout_was_cut:
                 # Not a failure: the measurement ended while this (bulk) transfer ran.
                 rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
+                # Right-censored, not failed: observed without finishing up to now
+                # (analysis/survival.py keeps it as "time > t_censor - origin").
+                rec["t_censor"] = time.time()
             else:
                 rec["status"] = "timeout" if e.cause == "timeout" else "error"
                 if e.cause in ("timeout", "stall") and circ is not None:

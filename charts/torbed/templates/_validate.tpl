@@ -324,6 +324,27 @@ time, a backslash at the end continuing it), each option judged by files/torrc-p
 {{- if ge (float64 (include "torbed.seconds" $f.at)) $duration }}{{ $problems = append $problems (printf "faults[%d].at: %s is after the end of the workload (%s)" $i $f.at ($m.duration | default "5m")) }}{{ end -}}
 {{- end -}}
 
+{{- /* Sequential design (torbed.scenario _design_problems). */ -}}
+{{- with $v.design -}}
+{{- $d := . -}}
+{{- if gt (int $d.pilot) (int $d.max_repetitions) }}{{ $problems = append $problems (printf "design.pilot: %d is more than design.max_repetitions (%d)" (int $d.pilot) (int $d.max_repetitions)) }}{{ end -}}
+{{- if and (hasKey $v "repetitions") (ne (int $v.repetitions) (int $d.max_repetitions)) }}{{ $problems = append $problems (printf "repetitions: %d, but design.max_repetitions is %d: with a design, repetitions is the maximum (leave it out or make them equal)" (int $v.repetitions) (int $d.max_repetitions)) }}{{ end -}}
+{{- if lt (len ($v.variants | default list)) 2 }}{{ $problems = append $problems "design: a sequential design compares variants: the scenario needs at least two" }}{{ end -}}
+{{- $sw := $d.stop_when | default dict -}}
+{{- $base := $v.baseline | default (first ($v.variants | default (list ""))) -}}
+{{- if and $sw.variant (or (not (has $sw.variant ($v.variants | default list))) (eq $sw.variant $base)) }}{{ $problems = append $problems (printf "design.stop_when.variant: '%s' must be one of variants other than the baseline '%s'" $sw.variant $base) }}{{ end -}}
+{{- $metric := $sw.metric | default "" -}}
+{{- if and (contains "/" $metric) (contains ":" $metric) -}}
+{{- $gf := splitn ":" 2 (index (splitn "/" 2 $metric) "_1") -}}
+{{- $cg := index $clients $gf._0 -}}
+{{- if not $cg }}{{ $problems = append $problems (printf "design.stop_when.metric: '%s' is not a client group (%s)" $gf._0 (join ", " (keys $clients | sortAlpha))) }}
+{{- else if ne ((($cg.workload | default dict).file) | default "") $gf._1 }}{{ $problems = append $problems (printf "design.stop_when.metric: client group '%s' fetches '%s', not '%s'" $gf._0 ((($cg.workload | default dict).file) | default "") $gf._1) }}{{ end -}}
+{{- else if or (hasPrefix "relay_throughput_Bps/" $metric) (hasPrefix "cell_wait_ms/" $metric) -}}
+{{- $relay := index (splitList "/" $metric) 1 -}}
+{{- if not (hasKey $relays (regexReplaceAll "[0-9]+$" $relay "")) }}{{ $problems = append $problems (printf "design.stop_when.metric: '%s' is not a relay of network.relays" $relay) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+
 {{- if $problems -}}
 {{- fail (printf "\nscenario %s is not valid:\n  %s" ($v.name | default "?") (join "\n  " $problems)) -}}
 {{- end -}}
