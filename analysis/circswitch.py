@@ -22,7 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from . import bench_torchestra
+from . import torchestra as bench_torchestra
 
 # The patch's notice lines (images/relay/variants/circswitch/README.md, A.3).
 MOVE = re.compile(r"CircSwitch: (guard|middle \(toward the guard\)) moves circuit \d+ (to the second connection|back)")

@@ -13,7 +13,7 @@ Public API:
 - ``problems(summary) -> list[str]``: what makes a run fail (empty = fine): failed transfers,
   abandoned switches, warnings of a lost or reordered cell, protocol-violation closes other
   than the one stock tor itself produces in a 3-relay network
-- ``main()``: ``python -m torbed.bench_torchestra [--duration 5m] [--out runs/bench]``
+- ``main()``: ``python -m torbed.analysis.torchestra [--duration 5m] [--out runs/bench]``
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from . import resources
-from .supervise import run_torbed
+from .. import resources
+from ..backends.local.supervise import run_torbed
 
 REPO = resources.ROOT
 

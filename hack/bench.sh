@@ -18,23 +18,23 @@ part() {
 }
 
 # linkemu (userspace link emulator): delay/rate/jitter/loss fidelity and forwarding speed.
-part linkemu "$bin/python" -m torbed.bench_linkemu --out "$out" ${BENCH_QUICK:+--quick}
+part linkemu "$bin/python" -m torbed.bench.linkemu --out "$out" ${BENCH_QUICK:+--quick}
 
 # Local backend: seconds to a ready network and per-node RSS/CPU (quickstart, 100 relays).
-part backend "$bin/python" -m torbed.bench_backend --out "$out" ${BENCH_QUICK:+--runs 1 --soak 30}
+part backend "$bin/python" -m torbed.bench.backend --out "$out" ${BENCH_QUICK:+--runs 1 --soak 30}
 
 # Torchestra: many circuits crossing the light/heavy thresholds both ways for minutes;
 # zero failed (sha256-checked) transfers required, switches reported.
-part torchestra "$bin/python" -m torbed.bench_torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
+part torchestra "$bin/python" -m torbed.analysis.torchestra --out "$out" ${BENCH_QUICK:+--duration 2m}
 
 # Prometheus: its and the exporters' CPU during quickstart; bring-up time and TTLB with it
 # on vs off (same seed, alternating order).
-part prometheus "$bin/python" -m torbed.bench_prometheus --out "$out" ${BENCH_QUICK:+--runs 1 --duration 60s}
+part prometheus "$bin/python" -m torbed.bench.prometheus --out "$out" ${BENCH_QUICK:+--runs 1 --duration 60s}
 # Background load (Locust through tor): users carried, CPU per user, at rising user counts.
-part load "$bin/python" -m torbed.bench_load --out "$out" ${BENCH_QUICK:+--users 10,100 --duration 30}
+part load "$bin/python" -m torbed.bench.load --out "$out" ${BENCH_QUICK:+--users 10,100 --duration 30}
 # mtrelay (Engler & Goldberg 2021): relay throughput of a middle relay vs connection threads
 # (stock, mtrelay-1/2/3), median and range over repetitions, ratio to single-threaded.
-part mtrelay "$bin/python" -m torbed.bench_mtrelay --out "$out" ${BENCH_QUICK:+--quick}
+part mtrelay "$bin/python" -m torbed.bench.mtrelay --out "$out" ${BENCH_QUICK:+--quick}
 
 # Experiments that used to sit in the test suite (pytest marker `experiment`): effect sizes
 # and ratios between arms, each with its expected direction and bound (docs/testing.md).

@@ -117,7 +117,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_chart_files(args) -> int:
-    from . import chart
+    from .backends.k8s import chart
     if args.check:
         stale = chart.check()
         for rel in stale:

@@ -13,7 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import builds, constants, variants as variants_mod
+from .backends.local import builds
+from . import constants, variants as variants_mod
 from .errors import EXIT_FAILED, EXIT_OK, InputError
 
 console = Console(stderr=True)
@@ -90,7 +91,7 @@ def register_run(sub, fmt) -> None:
 
 
 def cmd_clean(args) -> int:
-    from .backends import local
+    from .backends.local import backend as local
     if os.geteuid() != 0:
         console.print("nothing to clean: unprivileged runs live in a user namespace that dies with them")
         return EXIT_OK
@@ -165,7 +166,7 @@ def register_nightly(sub, fmt) -> None:
 def cmd_prometheus(args) -> int:
     import signal
     import threading
-    from . import prometheus
+    from .backends.local import prometheus
     run_dir = Path(args.run_dir)
     if not (run_dir / "run.json").is_file():
         raise InputError(f"{run_dir}: not a run directory (no run.json)")

@@ -7,7 +7,7 @@ both directions of a pair are shaped, each by its sender. Unshaped traffic takes
 class (no limit that matters: 10gbit).
 
 Kernels without sch_netem (and scenarios with ``links.emulator: linkemu``) use linkemu
-instead (``torbed.emulator``): it replaces the switch's bridge and applies every property,
+instead (``torbed.backends.local.emulator``): it replaces the switch's bridge and applies every property,
 rate included, so no tc is set up then.
 
 Public API:
@@ -124,7 +124,7 @@ def describe_shaper(plan: Plan) -> str:
     kernel = f"kernel: htb {'yes' if caps.htb else 'no'}, netem {'yes' if caps.netem else 'no'}"
     line = f"{shaper} ({plan.shaped_pair_count()} shaped node pairs; {kernel})"
     if shaper == "linkemu":
-        from . import emulator
+        from .backends.local import emulator
         why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
                else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
                else _tc_limitation(plan, caps))
@@ -159,7 +159,7 @@ def _burst(rate_bps: int) -> int:
 def class_lines(dev: str, minor: int, spec: LinkSpec) -> list[str]:
     """The htb class 1:<minor> of one shaped link, with netem (delay/jitter/loss) or a
     bounded drop-tail queue under it. Used per destination node here and per peer group by
-    the Kubernetes shaper (torbed.k8s.shaper)."""
+    the Kubernetes shaper (torbed.pods.shaper)."""
     rate = f"{spec.rate_bps}bit" if spec.rate_bps else UNLIMITED
     burst = _burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
     cid = f"1:{minor:x}"

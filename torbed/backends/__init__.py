@@ -13,8 +13,8 @@ import importlib
 
 # Imported on use: the k8s backend needs the kubernetes client, the local one root tools.
 BACKENDS = {
-    "local": "torbed.backends.local:LocalBackend",
-    "k8s": "torbed.backends.k8s:K8sBackend",
+    "local": "torbed.backends.local.backend:LocalBackend",
+    "k8s": "torbed.backends.k8s.backend:K8sBackend",
 }
 
 

@@ -15,7 +15,7 @@ both measured on the same machine in the same bench run.
 Each figure is printed beside its target and the previous result (the newest earlier
 <out>/backend-*.json), so a regression in bring-up shows. Results are written to
 <out>/backend-<stamp>.json. A network that never becomes ready fails the benchmark (exit 1).
-Usage: python -m torbed.bench_backend [--runs N] [--soak 300]
+Usage: python -m torbed.bench.backend [--runs N] [--soak 300]
        [--only quickstart|quickstart-classic|bench-100-relays|bench-300-tors|bench-750-tors]
        (the last two: density, only when named)
 [--out runs/bench]
@@ -34,9 +34,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import constants, resources
-from .scenario import load
-from .supervise import run_torbed
+from .. import constants, resources
+from ..scenario import load
+from ..backends.local.supervise import run_torbed
 
 NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml",
             # The same network without the fast bring-up (backends.local), its runs alternating

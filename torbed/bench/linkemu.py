@@ -1,6 +1,6 @@
 """Fidelity and speed of linkemu on this machine (part of ``make bench``).
 
-    python -m torbed.bench_linkemu [--out runs/bench] [--quick]
+    python -m torbed.bench.linkemu [--out runs/bench] [--quick]
 
 Brings up a switch namespace running linkemu and ten node namespaces (as the local backend
 does, without tor), sets link properties at runtime through the control socket, and measures
@@ -47,7 +47,7 @@ PROBE_RT_PRIORITY = 20
 
 
 # ---------------------------------------------------------------------------------------
-# Probes: run inside a node namespace (`python -m torbed.bench_linkemu probe KIND ...`),
+# Probes: run inside a node namespace (`python -m torbed.bench.linkemu probe KIND ...`),
 # print one JSON document (or JSON lines for the sink) on stdout.
 
 def _pin(cpu: int | None) -> None:
@@ -192,7 +192,8 @@ def steady_goodput(record: dict, skip_s: float) -> float:
 
 class Bench:
     def __init__(self, quick: bool, console):
-        from . import emulator, netns, network, scenario, supervise
+        from ..backends.local import emulator, netns, supervise
+        from .. import network, scenario
         self.em_mod, self.netns = emulator, netns
         self.console = console
         self.quick = quick
@@ -230,10 +231,10 @@ class Bench:
         prefix = self.netns.exec_prefix(self.topo.ns(node.name))
         if rt:
             prefix += ["chrt", "-f", str(PROBE_RT_PRIORITY)]
-        return prefix + [sys.executable, "-m", "torbed.bench_linkemu", "probe", kind, *args]
+        return prefix + [sys.executable, "-m", "torbed.bench.linkemu", "probe", kind, *args]
 
     def _env(self) -> dict:
-        from . import resources
+        from .. import resources
         env = dict(os.environ)
         env["PYTHONPATH"] = str(resources.package_parent()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -437,7 +438,7 @@ class Bench:
 
 
 def git_commit() -> str | None:
-    from . import resources
+    from .. import resources
     p = subprocess.run(["git", "-C", str(resources.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return p.stdout.strip() or None
 
@@ -447,7 +448,7 @@ def _terminate(signum, frame):
 
 
 def run(out_dir: Path, quick: bool, console) -> dict:
-    from .provenance import host_info
+    from ..provenance import host_info
     n_rtt, n_udp, n_loss, rate_s, tput_s = (100, 200, 10000, 4.0, 4.0) if quick else (500, 600, 50000, 10.0, 8.0)
     bench = Bench(quick, console)
     results: dict = {}
@@ -489,7 +490,7 @@ def run(out_dir: Path, quick: bool, console) -> dict:
         "rate_error_pct": {"value": worst_rate, "target": "<= 5 (1-100 Mbit/s)", "met": worst_rate <= 5.0},
         "aggregate_mbit_one_core": {"value": tput, "target": ">= 500", "met": tput >= 500},
     }
-    from . import emulator
+    from ..backends.local import emulator
     doc = {"schema": 1, "bench": "linkemu", "quick": quick, "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
            "finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": git_commit(),
            "linkemu": str(emulator.binary_path()), "seed": bench.seed, "host": host_info(), "load_before": load,
@@ -543,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "probe":
         return probe_main(argv[1:])
     from rich.console import Console
-    p = argparse.ArgumentParser(prog="python -m torbed.bench_linkemu", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m torbed.bench.linkemu", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="runs/bench", help="directory for the results JSON")
     p.add_argument("--quick", action="store_true", help="fewer samples and shorter transfers (about 1 min)")

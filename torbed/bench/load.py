@@ -14,7 +14,7 @@ exceeds 90% of a core (Locust's own warning threshold: beyond it its timings are
 trustworthy), and each user still makes at least 75% of the requests per second a user
 makes at the smallest level (the users' think time, not the testbed, sets the pace).
 Results are printed and written to <out>/load-<stamp>.json; exit 1 if the smallest level
-is not carried. Usage: python -m torbed.bench_load [--users 10,50,100,200] [--workers 1]
+is not carried. Usage: python -m torbed.bench.load [--users 10,50,100,200] [--workers 1]
 [--duration 60] [--out runs/bench]
 """
 
@@ -32,8 +32,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from . import resources
-from .supervise import run_torbed
+from .. import resources
+from ..backends.local.supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 CPU_LIMIT = 0.90          # of one core, per Locust worker

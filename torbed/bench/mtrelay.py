@@ -16,7 +16,7 @@ Public API:
   min, max and the per-block ratios to ``baseline`` and ``single``
 - ``table_rows(rows) -> list[list[str]]``: the printed table's cells
 - ``cpu_per_thread(samples, start) -> dict[int, float]``: % of a core per thread id
-- ``main()``: ``python -m torbed.bench_mtrelay [--quick] [--repetitions N] [--duration 90s]
+- ``main()``: ``python -m torbed.bench.mtrelay [--quick] [--repetitions N] [--duration 90s]
   [--out runs/bench]``
 """
 
@@ -38,8 +38,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from . import constants, resources
-from .supervise import run_torbed
+from .. import constants, resources
+from ..backends.local.supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 SCENARIO = constants.SCENARIOS_DIR / "engler-goldberg-2021-throughput.yaml"
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 repetition of 75 s: a pipeline check (the emulated target saturates only after about 70 s)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
-    from .analysis.load import load_run
-    from .analysis.metrics import throughput_series
+    from ..analysis.load import load_run
+    from ..analysis.metrics import throughput_series
 
     data = yaml.safe_load(SCENARIO.read_text())
     if args.quick:

@@ -11,7 +11,7 @@ the order, ``--runs`` pairs, and reports:
   (pooled over the pairs); relays' CPU from resources.jsonl on vs off.
 
 Results are printed and written to <out>/prometheus-<stamp>.json. Exit 1 when a run fails.
-Usage: python -m torbed.bench_prometheus [--runs 2] [--duration 90s] [--out runs/bench]
+Usage: python -m torbed.bench.prometheus [--runs 2] [--duration 90s] [--out runs/bench]
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats as sstats
 
-from . import constants, prometheus
-from .supervise import run_torbed
+from .. import constants
+from ..backends.local import prometheus
+from ..backends.local.supervise import run_torbed
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 

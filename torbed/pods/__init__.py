@@ -34,7 +34,7 @@ def log(msg: str) -> None:
 def env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        raise SystemExit(f"torbed.k8s: environment variable {name} is not set (the chart sets it)")
+        raise SystemExit(f"torbed.pods: environment variable {name} is not set (the chart sets it)")
     return value
 
 

@@ -30,7 +30,7 @@ class Api:
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
-            raise SystemExit("torbed.k8s.api: not running in a pod (KUBERNETES_SERVICE_HOST is not set)")
+            raise SystemExit("torbed.pods.api: not running in a pod (KUBERNETES_SERVICE_HOST is not set)")
         self.base = f"https://{host}:{port}/api/v1/namespaces/{namespace}"
         self.token = (SA_DIR / "token").read_text().strip()
         self.ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))

@@ -49,7 +49,7 @@ def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float, d
     """A tor started with DisableNetwork 1 (TORBED_START_OFFLINE) goes online once every
     relay has reported its consensus (the directory caches also every microdescriptor), or
     bringup.ONLINE_MARGIN_S before ``deadline`` at the latest: asked earlier, a cache answers
-    404 and tor retries only after its 10 s periodic fetch (torbed.k8s.bringup).
+    404 and tor retries only after its 10 s periodic fetch (torbed.pods.bringup).
     Returns what the client record keeps: when it went online and how many caches were ready."""
     if ctl.get_conf("DisableNetwork", "0") != "1":
         return {}

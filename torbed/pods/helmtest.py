@@ -7,7 +7,7 @@ time to last byte) and exits 0. It exits 1 when the deadline passes first, print
 saw instead: how many transfers, and the causes of the failed ones. Records of the warmup
 count too: the question is whether the network carries traffic at all, not the measurement.
 
-``python -m torbed.k8s.helmtest --results URL [--timeout S]``
+``python -m torbed.pods.helmtest --results URL [--timeout S]``
 """
 
 from __future__ import annotations

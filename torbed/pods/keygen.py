@@ -99,7 +99,7 @@ def schedule(identities: dict[str, str], t_hook: float) -> dict:
     """Add the voting offset (see the module's docstring) to ``identities``; returns it."""
     sched = {"t_hook": round(t_hook, 3), "vote_lead_s": VOTE_LEAD_S,
              "voting_offset_s": int(t_hook + VOTE_LEAD_S) % constants.VOTING_INTERVAL}
-    identities["vote.torrc"] += ("# The first vote aligned with the pods' start (torbed.k8s.keygen).\n"
+    identities["vote.torrc"] += ("# The first vote aligned with the pods' start (torbed.pods.keygen).\n"
                                  f"TestingV3AuthVotingStartOffset {sched['voting_offset_s']}\n")
     identities["schedule.json"] = json.dumps(sched, sort_keys=True)
     return sched
@@ -142,7 +142,7 @@ def delete() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv not in (["create"], ["delete"]):
-        print("usage: python -m torbed.k8s.keygen create|delete", file=sys.stderr)
+        print("usage: python -m torbed.pods.keygen create|delete", file=sys.stderr)
         return 2
     try:
         return create() if argv[0] == "create" else delete()

@@ -1,12 +1,12 @@
 """The background-load pods (scenario ``load:``, charts/torbed templates/load/), in the locust image.
 
-``python -m torbed.k8s.locust worker``: beside the pod's tor (torbed-node, role loadworker),
+``python -m torbed.pods.locust worker``: beside the pod's tor (torbed-node, role loadworker),
 wait until that tor is ready as a client's is (torbed.readiness; its path relays known), set
 the load's path (load.path) over the control port, report ready to the results service (the
 load nodes are part of the start barrier, as on the local backend), then exec the Locust
 worker, connected to the master's Service.
 
-``python -m torbed.k8s.locust master``: run the Locust master (web UI on WEB_PORT, for
+``python -m torbed.pods.locust master``: run the Locust master (web UI on WEB_PORT, for
 ``kubectl port-forward``) from pod start; when the start barrier opens (t_workload), wait for
 load.start, then for every worker, and start the users through the master's own web API
 (/swarm, with load.stop as run time: Locust stops them itself). Its statistics (load.jsonl,
@@ -79,7 +79,7 @@ def worker() -> int:
     why, last_hup = "?", 0.0
     while (why := ready(ctl, p, fprs, path_nodes)) is not None:
         if why.startswith("no microdescriptor") and time.time() - last_hup > 5:
-            ctl.signal(stem.Signal.RELOAD)   # reset tor's directory back-off (see torbed.k8s.client)
+            ctl.signal(stem.Signal.RELOAD)   # reset tor's directory back-off (see torbed.pods.client)
             last_hup = time.time()
         if time.time() > deadline:
             log(f"load node {me}: network not ready after {s.measure.ready_timeout}: {why}")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker()
     if argv == ["master"]:
         return master()
-    print("usage: python -m torbed.k8s.locust master|worker", file=sys.stderr)
+    print("usage: python -m torbed.pods.locust master|worker", file=sys.stderr)
     return 2
 
 

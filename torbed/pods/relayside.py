@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log(f"collector {node}: collecting {', '.join(cfg['collect']) or 'nothing'}")
-    # Bring-up help (torbed.k8s.bringup): SIGHUP once the consensus exists; a guard reports
+    # Bring-up help (torbed.pods.bringup): SIGHUP once the consensus exists; a guard reports
     # when it can serve the clients.
     bringup.start_relay_nudge(
         plan(s), fingerprints(), node, env("TORBED_RESULTS_URL"), env("POD_NAME"),

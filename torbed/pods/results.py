@@ -5,8 +5,8 @@ POST /append/<file>   append the body (whole lines) to <file>, under one lock pe
                       concurrent writers never interleave within a line
 GET  /files           {file: size}
 GET  /files/<file>    its content
-POST /ready/<client>  a client's network view is ready (torbed.k8s.client's evidence)
-POST /shaped/<pod>    a pod's shaper has classified every shaped peer (torbed.k8s.shaper)
+POST /ready/<client>  a client's network view is ready (torbed.pods.client's evidence)
+POST /shaped/<pod>    a pod's shaper has classified every shaped peer (torbed.pods.shaper)
 POST /peer/<pod>      {"group": g, "ip": a}: a shaper announces its pod's address
 GET  /peers           {"pods": {pod: {"group": g, "ip": a}}}: every address announced. The
                       shapers classify their peers from these until cluster DNS lists them all:
@@ -16,7 +16,7 @@ GET  /peers           {"pods": {pod: {"group": g, "ip": a}}}: every address anno
                       ~28 s after the pods were up
 POST /cache/<pod>     a directory cache (guard) holds the consensus and every microdescriptor
 GET  /caches          {"caches": [pod, ...]}: the client drivers keep their tor offline until
-                      every directory guard is in it (torbed.k8s.bringup)
+                      every directory guard is in it (torbed.pods.bringup)
 GET  /start           200 {"t_workload": t} once every one of --clients clients is ready
                       and every one of --shapers shapers has reported
                       (t = then + START_LEAD_S, so all start their workload together, as on

@@ -15,7 +15,7 @@ the same only where the CNI enforces NetworkPolicy; this holds on any cluster, s
 relay (policy accept *:*) cannot reach outside the testbed whatever a client asks.
 
 Link faults (docs/faults.md): the shaper is the one owner of the pod's tc tree, so a fault
-is a request to it. ``python -m torbed.k8s.shaper fault apply|undo`` (run by the backend
+is a request to it. ``python -m torbed.pods.shaper fault apply|undo`` (run by the backend
 through the API's exec in this container) writes the wanted state to
 ``<state dir>/faults/<id>.json``, wakes the shaper (SIGUSR1) and waits for its
 acknowledgement in ``<state dir>/applied.json``. The shaper gives a rate fault an htb class
@@ -380,7 +380,7 @@ def fault_command(argv: list[str]) -> int:
     """``fault apply|undo``: hand a fault to the running shaper and wait until its tc tree
     has it (or no longer has it). Prints the shaper's record (``REPLY`` + JSON); exit 1 on
     failure."""
-    ap = argparse.ArgumentParser(prog="python -m torbed.k8s.shaper fault",
+    ap = argparse.ArgumentParser(prog="python -m torbed.pods.shaper fault",
                                  description="apply or undo a link fault through the running shaper")
     ap.add_argument("action", choices=["apply", "undo"])
     ap.add_argument("--id", type=int, required=True, help=f"the fault's index in the scenario (0 .. {MAX_FAULT_ID})")
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     # typically 30 s, so a pod's record can show up that much after the pod.)
     reported = not url
     # Until DNS lists a group's every address, the addresses its shapers announce to the
-    # results service count too (see torbed.k8s.results: CoreDNS caches a name looked up
+    # results service count too (see torbed.pods.results: CoreDNS caches a name looked up
     # before its pods existed for up to 30 s). Once DNS has them all, DNS alone decides, as
     # later for a pod that comes back with a new address.
     announced_own = not (url and pod and own)

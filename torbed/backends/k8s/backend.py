@@ -37,11 +37,12 @@ from pathlib import Path
 
 import yaml
 
-from .. import chart, constants, engine, network
-from . import k8s_faults
-from ..k8s import UNKNOWN_ARCH, bringup
-from ..errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
-from ..scenario import Scenario
+from . import chart
+from ... import constants, engine, network
+from . import faults as k8s_faults
+from ...pods import UNKNOWN_ARCH, bringup
+from ...errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
+from ...scenario import Scenario
 
 CHART = chart.CHART_DIR
 POLL_S = 1.0
@@ -447,12 +448,12 @@ class K8sBackend:
         except ValueError:
             sched = {}
         meta["nodes"] = [{**n.to_dict(), "address": None, "fingerprint": fprs.get(n.name)} for n in st["plan"].nodes]
-        # What the pods do to come up fast (torbed.k8s.bringup), as the local backend records its own.
+        # What the pods do to come up fast (torbed.pods.bringup), as the local backend records its own.
         meta["bootstrap"] = {"sighup_after_consensus": True, "clients_offline_until_caches": True,
                              "cache_wait_max_s": max(0.0, ready_timeout - bringup.ONLINE_MARGIN_S),
                              "directory_caches": bringup.directory_caches(st["plan"]),
                              "shapers_use_announced_addresses": True,
-                             # The authorities' first vote aligned with the pods' start (torbed.k8s.keygen).
+                             # The authorities' first vote aligned with the pods' start (torbed.pods.keygen).
                              "voting_offset_s": sched.get("voting_offset_s"), "vote_lead_s": sched.get("vote_lead_s"),
                              "t_keys_stored": sched.get("t_hook")}
         rep.write_meta()
@@ -487,7 +488,7 @@ class K8sBackend:
                          f"{b['readiness_s']:.1f} s until every client was ready")
 
     def _wait_start(self, rep: engine.Repetition, deadline: float) -> dict:
-        """Ready = every client's evidence (see torbed.k8s.client), announced by the
+        """Ready = every client's evidence (see torbed.pods.client), announced by the
         results service's start barrier. A pod that cannot start fails at once."""
         name = rep.state["name"]
         while True:
@@ -582,7 +583,7 @@ class K8sBackend:
 
 
 class _Load:
-    """Background load on Kubernetes (charts/torbed templates/load/, torbed.k8s.locust): the
+    """Background load on Kubernetes (charts/torbed templates/load/, torbed.pods.locust): the
     Locust master starts the users at load.start and Locust stops them at load.stop by
     themselves; the backend watches. meta.json ``load``: when the master's state was first
     seen spawning/running (t_start) and stopped again (t_stop), the most users seen, the

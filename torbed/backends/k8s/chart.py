@@ -33,9 +33,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field
 
-from . import constants, resources, torrc, torrc_policy
-from .scenario import Scenario, Strict
-from .variants import _read_family, list_families
+from ... import constants, resources, torrc, torrc_policy
+from ...scenario import Scenario, Strict
+from ...variants import _read_family, list_families
 
 CHART_DIR = resources.path("charts/torbed")
 
@@ -213,7 +213,7 @@ def inline_traces(scenario: Scenario) -> dict[str, str]:
 
 def values_schema() -> dict:
     """JSON Schema of the chart's values: a scenario plus the chart keys, strict everywhere."""
-    from .scenario import json_schema
+    from ...scenario import json_schema
     schema = json_schema()
     chart = ChartValues.model_json_schema(ref_template="#/$defs/{model}")
     for name, d in chart.get("$defs", {}).items():
@@ -230,7 +230,7 @@ def values_schema() -> dict:
                     "required": ["nightly"]}
     # ... and its definition is checked field by field, as `torbed nightly --check` decodes it
     # (which also loads every scenario it names: run that before installing).
-    from .nightly.spec import NightlySpec
+    from ...nightly.spec import NightlySpec
     nightly = NightlySpec.model_json_schema(ref_template="#/$defs/{model}")
     for name, d in nightly.pop("$defs", {}).items():
         if name in schema["$defs"] and schema["$defs"][name] != d:

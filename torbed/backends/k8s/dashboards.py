@@ -1,6 +1,6 @@
 """Grafana dashboards as code (grafana-foundation-sdk, pinned to Grafana 11.6's types).
 
-Three dashboards over the series a run's Prometheus holds (``torbed.prometheus``; on
+Three dashboards over the series a run's Prometheus holds (``torbed.backends.local.prometheus``; on
 Kubernetes the cluster's Prometheus scraping the chart's targets):
 
 - ``torbed-network``: relay throughput, open OR connections, circuits opened, queue wait

@@ -1,5 +1,5 @@
 """Fault injection on the Kubernetes backend: the scenario's faults applied at their times by
-``torbed.faults.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
+``torbed.backends.local.faults.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
 backend) with actions that act on pods. Which path each kind takes (docs/faults.md):
 
 - With Chaos Mesh (the chart's ``<release>-faults`` ConfigMap exists, i.e. the rendered
@@ -13,7 +13,7 @@ backend) with actions that act on pods. Which path each kind takes (docs/faults.
   container again; cpu lowers the tor container's CPU limit in place (the pod's ``resize``
   subresource, InPlacePodVerticalScaling) and sets it back.
 - link, either way: the shaper sidecar of every pod on a side of the fault changes its own
-  tc tree (``python -m torbed.k8s.shaper fault apply|undo`` through the API's exec into the
+  tc tree (``python -m torbed.pods.shaper fault apply|undo`` through the API's exec into the
   ``shaper`` container; the shaper acknowledges once tc has changed): a rate fault an htb
   class per peer group, a partition the drop class, for the peers' addresses. Chaos Mesh's
   NetworkChaos needs chaos-daemon and sch_netem and would replace the root qdisc the shaper
@@ -36,11 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
-from ..errors import RunFailed
-from ..faults import Action, FaultRunner
-from ..k8s.shaper import REPLY
-from ..network import LOAD_GROUP
-from ..scenario import fault_nodes
+from ...errors import RunFailed
+from ..local.faults import Action, FaultRunner
+from ...pods.shaper import REPLY
+from ...network import LOAD_GROUP
+from ...scenario import fault_nodes
 
 GROUP, VERSION = "chaos-mesh.org", "v1alpha1"
 RESIZE_TIMEOUT_S = 20.0
@@ -50,7 +50,7 @@ SIGNAL_TOR = ('p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = to
               '[ -n "$p" ] || { echo "no tor process in the container"; exit 0; }; kill -%s $p && echo "signalled:$p"')
 # The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
 CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
-SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.k8s.shaper", "fault"]   # the chart's shaper image
+SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper", "fault"]   # the chart's shaper image
 EXEC_PARALLEL = 8   # pods changed at once by a link fault (each exec is a short Python start in the pod)
 
 
@@ -149,7 +149,7 @@ class Ctx:
             raise RunFailed(f"exec in {pod} ({what}): {e}") from None
 
     def exec_shaper(self, pod: str, argv: list[str], what: str) -> dict:
-        """Run ``torbed.k8s.shaper fault ...`` in the pod's shaper container; its JSON reply.
+        """Run ``torbed.pods.shaper fault ...`` in the pod's shaper container; its JSON reply.
         Thread-safe: the client's exec swaps its ApiClient's request method while it runs,
         so each call has an ApiClient of its own."""
         from kubernetes import client

@@ -1,6 +1,6 @@
 """Publish the images and the chart to a registry: one tag per image for every architecture.
 
-``make images-push`` (``python -m torbed.registry``): for each image kind (and relay family)
+``make images-push`` (``python -m torbed.backends.k8s.registry``): for each image kind (and relay family)
 it takes the locally built image of every architecture there is (``torbed/relay:vanilla-0.1.0``
 for this machine's, ``...-arm64`` from ``make images-arm64``), checks each one's
 ``io.torbed.arch`` label against the architecture it is published as, pushes it as
@@ -27,8 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, images
-from .errors import InputError, RunFailed
+from ... import __version__, images
+from ...errors import InputError, RunFailed
 
 DEFAULT_REGISTRY = "127.0.0.1:5000"
 ARCHES = ("amd64", "arm64")
@@ -103,7 +103,7 @@ def publish_images(registry: str, kinds: list[str], families: list[str] | None =
 
 def publish_chart(registry: str, insecure: bool = True, say=print) -> str:
     """helm package charts/torbed, helm push to oci://REGISTRY/charts; returns the chart's reference."""
-    from .backends.k8s import CHART, helm_binary
+    from .backend import CHART, helm_binary
     helm = helm_binary()
     with tempfile.TemporaryDirectory() as d:
         _run([helm, "package", str(CHART), "-d", d], "helm package")
@@ -117,7 +117,7 @@ def publish_chart(registry: str, insecure: bool = True, say=print) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m torbed.registry", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m torbed.backends.k8s.registry", description=__doc__.splitlines()[0])
     ap.add_argument("--registry", default=DEFAULT_REGISTRY, help=f"host[:port] (default {DEFAULT_REGISTRY})")
     ap.add_argument("--images", default=",".join(images.DEFAULT_IMAGES),
                     help="comma-separated image kinds (default: %(default)s)")

@@ -37,20 +37,20 @@ from pathlib import Path
 import stem
 import stem.control
 
-from .. import builds, constants, emulator, engine, faults, load, netns, prometheus, readiness, shaping
-from ..errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
-from ..fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
-from ..keys import node_keys
-from ..network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
-from ..records import RecordWriter
-from ..replay.trace import read as read_trace
-from ..scenario import Scenario
-from ..supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
-from ..torenv import child_env, tor_env
-from ..torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
-from ..variants import load_variant
-from ..workloads import Target, assign_flows, driver_config, replay_traces, server_group, trace_name, \
-    workload_entry  # noqa: F401 (assign_flows, trace_name re-exported)
+from . import builds, emulator, faults, netns, prometheus
+from ... import constants, engine, load, readiness, shaping
+from ...errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
+from ...fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
+from ...keys import node_keys
+from ...network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
+from ...records import RecordWriter
+from ...replay.trace import read as read_trace
+from ...scenario import Scenario
+from .supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
+from .torenv import child_env, tor_env
+from ...torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
+from ...variants import load_variant
+from ...workloads import Target, assign_flows, driver_config, replay_traces, server_group, trace_name, workload_entry  # noqa: F401 (assign_flows, trace_name re-exported)
 
 
 # Seconds from launching the processes to the first vote's valid-after time: tor takes
@@ -1220,7 +1220,7 @@ class _Load:
         return {n: rc for n, rc in self.sup.exited(names + self.workers).items() if rc not in (0, -signal.SIGTERM)}
 
 
-# Fault kinds: torbed.faults (one action class per kind). See docs/extending.md.
+# Fault kinds: torbed.backends.local.faults (one action class per kind). See docs/extending.md.
 FAULTS = faults.FAULTS
 
 

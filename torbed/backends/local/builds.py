@@ -24,9 +24,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import constants
-from .variants import Variant, stock_build_key
-from .errors import RunFailed
+from ... import constants
+from ...variants import Variant, stock_build_key
+from ...errors import RunFailed
 
 
 class BuildError(RunFailed):

@@ -1,11 +1,11 @@
 """linkemu from Python: build it, write its link table, run it in the switch namespace, and
 change links while it runs.
 
-linkemu (``torbed/linkemu``, Rust) is torbed's userspace link emulator, the local backend's
+linkemu (the crate in ``linkemu/`` at the top level, Rust) is torbed's userspace link emulator, the local backend's
 shaper when the kernel has no sch_netem or the scenario sets ``links.emulator: linkemu``. It
 takes the place of the switch namespace's bridge: it forwards Ethernet frames between the
 switch-side veth ends with AF_PACKET sockets and applies per (source node, destination node)
-delay, jitter, loss and rate with a drop-tail queue (see ``torbed/linkemu/src/link.rs`` for
+delay, jitter, loss and rate with a drop-tail queue (see ``linkemu/src/link.rs`` for
 the model). The control plane (collectors in the switch namespace) has its own, unshaped
 port (``netns.Topology`` with ``switch="linkemu"``).
 
@@ -49,12 +49,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import constants, netns, resources
-from .network import LinkSpec, Plan
+from ... import constants, resources
+from . import netns
+from ...network import LinkSpec, Plan
 from .supervise import Supervisor, tail
-from .errors import RunFailed
+from ...errors import RunFailed
 
-CRATE_DIR = resources.path("torbed/linkemu")
+CRATE_DIR = resources.path("linkemu")
 # Built outside the source tree (a checkout's or an installed copy's), so a fresh clone (CI)
 # reuses it: cargo's build directory is shared, the binary is kept under a key of the crate's
 # sources and the compiler.

@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from . import emulator as emulator_mod
-from .errors import RunFailed
-from .records import RecordWriter
-from .scenario import Fault, fault_nodes
+from ...errors import RunFailed
+from ...records import RecordWriter
+from ...scenario import Fault, fault_nodes
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000        # the kernel's default period; the quota is a share of it
@@ -301,7 +301,7 @@ class FaultRunner:
     def __init__(self, rep, t_work: float, emulator=None, ctx=None, kinds: dict | None = None):
         st = rep.state
         self.rep = rep
-        # Another backend (torbed.backends.k8s_faults) brings its own context and actions.
+        # Another backend (torbed.backends.k8s.faults) brings its own context and actions.
         self.ctx = ctx if ctx is not None else _Ctx(st["sup"], st["plan"], emulator, st["run_id"])
         kinds = kinds or FAULTS
         self.writer = RecordWriter(rep.dir / "faults.jsonl")

@@ -39,9 +39,9 @@ import subprocess
 import tempfile
 import threading
 
-from . import constants
-from .network import Node, Plan
-from .errors import RunFailed
+from ... import constants
+from ...network import Node, Plan
+from ...errors import RunFailed
 
 
 class NetnsError(RunFailed):

@@ -50,8 +50,9 @@ from pathlib import Path
 
 import yaml
 
-from . import constants, netns
-from .errors import RunFailed
+from ... import constants
+from . import netns
+from ...errors import RunFailed
 
 PORT = 9090                    # inside the switch namespace (its own loopback)
 READY_TIMEOUT = 30.0

@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import constants
-from .errors import RunFailed
+from ... import constants
+from ...errors import RunFailed
 
 
 # How long a benchmark waits for an interrupted `torbed run` to tear down (750 tors: ~1 min).

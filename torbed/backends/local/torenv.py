@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from . import resources
+from ... import resources
 
 # glibc malloc settings for tor, by environment variable: (torbed override, default).
 # Neither changes what tor does, only how freed memory goes back to the kernel; see tor_env.
