@@ -1,4 +1,5 @@
-"""Checks the circswitch variant's integration tests share (images/relay/variants/circswitch).
+"""What a run of the circswitch variant must show (images/relay/variants/circswitch): the checks
+its integration tests share.
 
 A small network where bulk downloads and paced web fetches of several clients share the
 guard's one connection to the middle, and the guard->middle link is the narrow one, so the
@@ -9,10 +10,10 @@ connection of the guard's pair and back; the guard completes each move.
 Public API:
 
 - ``scenario(name, duration, middle_variant="circswitch", exit_variant="kist", ...) -> dict``
-- ``analyse(run_dir, variant) -> dict``: ``bench_torchestra.analyse`` (transfers, completed
+- ``analyse(run_dir, variant) -> dict``: ``torchestra.analyse`` (transfers, completed
   switches per relay, torchestra counters, warnings) plus the guard's circswitch notice lines
   and ``tor_relay_circswitch_total`` counters per relay
-- ``problems(summary) -> list[str]``: ``bench_torchestra.problems`` (failed transfers, protocol
+- ``problems(summary) -> list[str]``: ``torchestra.problems`` (failed transfers, protocol
   closes, abandoned switches, warnings of lost or reordered cells)
 """
 
@@ -22,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from . import torchestra as bench_torchestra
+from . import torchestra
 
 # The patch's notice lines (images/relay/variants/circswitch/README.md, A.3).
 MOVE = re.compile(r"CircSwitch: (guard|middle \(toward the guard\)) moves circuit \d+ (to the second connection|back)")
@@ -61,7 +62,7 @@ def scenario(name: str, duration: str, guard_variant: str = "circswitch", middle
 
 
 def analyse(run_dir: Path, variant: str) -> dict:
-    summary = bench_torchestra.analyse(run_dir, variant)
+    summary = torchestra.analyse(run_dir, variant)
     rep = Path(run_dir) / variant / "rep-0"
     for log in sorted((rep / "logs").glob("*.log")):
         r = summary["relays"].get(log.stem)
@@ -87,4 +88,4 @@ def analyse(run_dir: Path, variant: str) -> dict:
 
 
 def problems(summary: dict) -> list[str]:
-    return bench_torchestra.problems(summary)
+    return torchestra.problems(summary)
