@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__, network, scenario as scenario_mod
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted, TorbedError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted, TorbedError
 from .workloads import WORKLOADS
 
 console = Console(stderr=True)
@@ -87,8 +87,10 @@ def cmd_plan(args) -> int:
     for pair, spec in p.group_links.items():
         t.add_row(" <-> ".join(sorted(pair)), spec.describe())
     out.print(t)
-    from . import shaping
-    out.print(f"shaper: {shaping.describe_shaper(p)}")
+    from .engine import BACKENDS, backend_module
+    for name in BACKENDS:
+        for line in backend_module(name).plan_lines(p):
+            out.print(line)
     for backend, missing in gaps.items():
         for feature, why in missing:
             out.print(f"[yellow]not on the {backend} backend[/yellow]: {feature}: {why}", highlight=False)
@@ -97,8 +99,7 @@ def cmd_plan(args) -> int:
 
 def _backend_gaps(s) -> dict[str, list[tuple[str, str]]]:
     """{backend: [(feature, why)]} for the scenario's features a backend lacks."""
-    from .backends import BACKENDS, backend_class
-    from .engine import unsupported
+    from .engine import BACKENDS, backend_class, unsupported
     gaps = {}
     for name in BACKENDS:
         try:
@@ -113,18 +114,6 @@ def _backend_gaps(s) -> dict[str, list[tuple[str, str]]]:
 
 def cmd_schema(args) -> int:
     print(json.dumps(scenario_mod.json_schema(), indent=2, sort_keys=True))
-    return EXIT_OK
-
-
-def cmd_chart_files(args) -> int:
-    from .backends.k8s import chart
-    if args.check:
-        stale = chart.check()
-        for rel in stale:
-            console.print(f"[red]error[/red] charts/torbed/{rel} is out of date: run `make schema`")
-        return EXIT_FAILED if stale else EXIT_OK
-    for rel in chart.write():
-        out.print(f"wrote charts/torbed/{rel}")
     return EXIT_OK
 
 
@@ -147,18 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the scenario JSON Schema", formatter_class=fmt)
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("chart-files", help="regenerate charts/torbed's generated files", formatter_class=fmt)
-    p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
-    p.set_defaults(func=cmd_chart_files)
-
-    for register in _extra_commands():
-        register(sub, fmt)
-    return parser
-
-
-def _extra_commands():
     from . import commands
-    return commands.REGISTER
+    from .engine import BACKENDS, backend_module
+    for register in commands.REGISTER:
+        register(sub, fmt)
+    for name in BACKENDS:   # clean, prometheus, variants, build (local); chart-files (k8s)
+        backend_module(name).register_commands(sub, fmt)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

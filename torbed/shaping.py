@@ -16,7 +16,7 @@ Public API:
 - ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem" | "linkemu"; raises
   ``ShapingError`` when ``links.emulator: tc`` asks for what the kernel cannot do
 - ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0
-- ``describe_shaper(plan) -> str`` one line for ``torbed plan``
+- ``torbed plan``'s shaper line is the local backend's (``torbed.backends.local.plan_lines``)
 """
 
 from __future__ import annotations
@@ -113,23 +113,6 @@ def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
         raise ShapingError(f"links.emulator is 'tc', but {why}. Use 'links.emulator: auto' (or linkemu) "
                            f"for torbed's userspace link emulator{kernel}.")
     return "linkemu"
-
-
-def describe_shaper(plan: Plan) -> str:
-    caps = probe_kernel()
-    try:
-        shaper = choose_shaper(plan, caps)
-    except ShapingError as e:
-        return f"[red]cannot run here[/red]: {e}"
-    kernel = f"kernel: htb {'yes' if caps.htb else 'no'}, netem {'yes' if caps.netem else 'no'}"
-    line = f"{shaper} ({plan.shaped_pair_count()} shaped node pairs; {kernel})"
-    if shaper == "linkemu":
-        from .backends.local import emulator
-        why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
-               else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
-               else _tc_limitation(plan, caps))
-        line += f"\n  userspace link emulator: {why}; {emulator.describe_binary()}"
-    return line
 
 
 def _netem_args(spec: LinkSpec) -> str:

@@ -14,7 +14,8 @@ import yaml
 from torbed.analysis.faults import fault_rows, planned_windows
 from torbed.analysis.load import load_run
 from torbed import scenario
-from torbed.backends.local.faults import faulted_props, link_pairs
+from torbed.backends.local.faults import faulted_props
+from torbed.fault_schedule import link_pairs
 from torbed.network import plan as make_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ def _fault(**kw):
 def test_sides_of_a_link_fault_match_the_local_pairs():
     """between: each side's pods toward the other side; target: the target's pods toward
     everyone else and everyone else toward the target, as the local backend's pairs."""
-    from torbed.backends.local.faults import link_pairs
+    from torbed.fault_schedule import link_pairs
     p = _plan()
     for f in (_fault(between=["bulk", "guard"], rate="1mbit"), _fault(target="middle0", partition=True)):
         pairs = {(src, dst) for nodes, peers in link_sides(p, f) for src in nodes for dst in peers}

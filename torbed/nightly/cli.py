@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,10 +23,8 @@ def _runner_for(args):
     """A function (scenario, out_dir, variants) -> run_dir on the chosen backend, through
     the run engine as `torbed run` does."""
     from .. import engine
-    from ..backends import backend_class
-    opts = argparse.Namespace(scenario=args.nightly, namespace=args.namespace, context=args.context,
-                              set=getattr(args, "set", None) or [], system_tor=False)
-    backend = backend_class(args.backend).from_args(opts, console)
+    face = engine.backend_module(args.backend)
+    backend = face.create(face.Options.from_args(args), console, Path(args.nightly))
 
     def run(s, out, variants):
         return engine.run(s, backend, Path(out), console, variants=variants, source=args.nightly)
@@ -98,6 +95,7 @@ def cmd_nightly(args) -> int:
 
 
 def register(sub, fmt) -> None:
+    from ..commands import add_backend_arguments
     p = sub.add_parser("nightly", formatter_class=fmt,
                        help="run a nightly benchmark matrix, add it to a history, flag changes -> report")
     p.add_argument("nightly", help="nightly definition file (kind: Nightly; see scenarios/nightly/)")
@@ -105,15 +103,11 @@ def register(sub, fmt) -> None:
                    help="history directory (history.sqlite, runs/, reports/); required unless --check")
     p.add_argument("--out", default=None, help="where run directories go (default: HISTORY/runs)")
     p.add_argument("--night", default=None, help="label of this night (default: today's UTC date)")
-    p.add_argument("--backend", choices=["local", "k8s"], default="local", help="where the scenarios run")
-    p.add_argument("--namespace", default="default", help="k8s: namespace of the releases")
-    p.add_argument("--context", default=None, help="k8s: kubeconfig context")
+    add_backend_arguments(p)   # --backend and each backend's own options, as `torbed run` has them
     p.add_argument("--fail-on", choices=runner.FAIL_ON, default="regression",
                    help="which flags make the exit status 3")
     p.add_argument("--detect-only", action="store_true",
                    help="run nothing: assess the night already in the history and rewrite its report")
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help="k8s: extra chart values for every release, e.g. images.registry=reg:5000 (repeatable)")
     p.add_argument("--check", action="store_true",
                    help="only validate the definition and every scenario it names (exit 0 or 2); nothing runs")
     p.add_argument("--json", action="store_true", help="print the nightly report's JSON on stdout")

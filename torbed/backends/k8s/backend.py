@@ -381,9 +381,10 @@ class K8sBackend:
         self.traces: dict = {}
 
     @classmethod
-    def from_args(cls, args, console) -> "K8sBackend":
-        return cls(console, Path(args.scenario), namespace=args.namespace, context=args.context,
-                   extra_set=args.set or [])
+    def from_options(cls, options, console, scenario_path: Path | None = None) -> "K8sBackend":
+        """From ``torbed.backends.k8s.Options``."""
+        return cls(console, scenario_path, namespace=options.namespace, context=options.context,
+                   extra_set=options.extra_set)
 
     def preflight(self, scenario: Scenario) -> dict:
         where = f"{self.scenario_path}: " if self.scenario_path else ""   # the file the errors name

@@ -1,5 +1,5 @@
 """Fault injection on the Kubernetes backend: the scenario's faults applied at their times by
-``torbed.backends.local.faults.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
+``torbed.fault_schedule.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
 backend) with actions that act on pods. Which path each kind takes (docs/faults.md):
 
 - With Chaos Mesh (the chart's ``<release>-faults`` ConfigMap exists, i.e. the rendered
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 from ...errors import RunFailed
-from ..local.faults import Action, FaultRunner
+from ...fault_schedule import Action, FaultRunner
 from ...pods.shaper import REPLY
 from ...network import LOAD_GROUP
 from ...scenario import fault_nodes
@@ -436,4 +436,4 @@ KINDS = {"kill": Kill, "restart": Restart, "pause": Pause, "cpu": Cpu, "link": L
 
 def make_runner(backend, rep, t_work: float, chaos: dict[int, dict] | None) -> FaultRunner:
     ctx = Ctx(backend.cluster, rep.state["plan"], rep.state["name"], chaos, rep.meta)
-    return FaultRunner(rep, t_work, ctx=ctx, kinds=KINDS)
+    return FaultRunner(rep, t_work, ctx, KINDS)

@@ -167,12 +167,12 @@ class LocalBackend:
         self.manifest: dict = {}
 
     @classmethod
-    def from_args(cls, args, console) -> "LocalBackend":
-        """``torbed run``'s options. Unprivileged (or TORBED_USERNS=1), this re-executes
-        torbed in a user namespace first (never returns then)."""
+    def from_options(cls, options, console) -> "LocalBackend":
+        """From ``torbed.backends.local.Options``. Unprivileged (or TORBED_USERNS=1), this
+        re-executes torbed in a user namespace first (never returns then)."""
         if os.geteuid() != 0 or (os.environ.get("TORBED_USERNS") == "1" and not os.environ.get("TORBED_IN_USERNS")):
             reexec_in_userns()
-        return cls(console, system_tor=args.system_tor)
+        return cls(console, system_tor=options.system_tor)
 
     # -- run -------------------------------------------------------------------------
 
@@ -1235,7 +1235,7 @@ class _Watch:
         st = rep.state
         self.plan, self.sup = st["plan"], st["sup"]
         self.tors = [n for n in self.plan.nodes if n.runs_tor]
-        self.faults = st["faults"] = faults.FaultRunner(rep, t_work, st.get("emulator"))
+        self.faults = st["faults"] = faults.make_runner(rep, t_work, st.get("emulator"))
         self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index,
                                          extra=background.processes if background else lambda: [])
         if background:

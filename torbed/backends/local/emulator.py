@@ -33,7 +33,7 @@ Public API:
   written, linkemu started under the ``Supervisor`` (name ``linkemu``) and answering
 - ``Emulator``: ``.set_link(src, dst, props, symmetric=True)``, ``.get_link(src, dst)``,
   ``.stats()``, ``.reload()`` (reread ``.table_path`` after editing it)
-- ``request(socket_path, obj) -> dict`` one control-socket request; ``set_link(socket_path,
+- ``request(socket_path, obj) -> dict`` one control-socket request (torbed.linkemu_control); ``set_link(socket_path,
   src, dst, props, symmetric=True) -> int`` the same as ``Emulator.set_link``
 - ``EmulatorError``: the binary cannot be built or started, or linkemu refused a request
 """
@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from ... import constants, resources
 from . import netns
 from ...network import LinkSpec, Plan
 from .supervise import Supervisor, tail
-from ...errors import RunFailed
+from ...linkemu_control import EmulatorError, request  # linkemu's control protocol (shared with the collectors)
 
 CRATE_DIR = resources.path("linkemu")
 # Built outside the source tree (a checkout's or an installed copy's), so a fresh clone (CI)
@@ -65,10 +64,6 @@ NETNS_DIR = Path("/run/netns")       # where `ip netns` keeps namespace handles
 REALTIME_PRIORITY = 10               # SCHED_FIFO; above every normal task, below kernel threads
 CONTROL_NODE = "control"             # the control plane's port in the table (never shaped)
 START_TIMEOUT = 10.0
-
-
-class EmulatorError(RunFailed):
-    pass
 
 
 def _cargo() -> str | None:
@@ -208,30 +203,6 @@ def disable_offloads(topo: netns.Topology, binary: Path) -> None:
     p = subprocess.run(args, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise EmulatorError(f"turning veth offloads off failed: {p.stderr.strip()}")
-
-
-def request(socket_path: str | Path, obj: dict, timeout: float = 5.0) -> dict:
-    """Send one request to linkemu's control socket; returns the answer. Raises EmulatorError."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(socket_path))
-            s.sendall(json.dumps(obj).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError as e:
-        raise EmulatorError(f"linkemu control socket {socket_path}: {e}") from None
-    try:
-        answer = json.loads(data)
-    except json.JSONDecodeError:
-        raise EmulatorError(f"linkemu control socket {socket_path}: unreadable answer {data[:200]!r}") from None
-    if not answer.get("ok"):
-        raise EmulatorError(f"linkemu refused {obj.get('op')}: {answer.get('error')}")
-    return answer
 
 
 def _props(props: LinkSpec | dict) -> dict:
