@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
@@ -174,7 +174,7 @@ class Repetition:
     index: int
     dir: Path
     meta: dict
-    state: dict = field(default_factory=dict)   # the backend's per-repetition state
+    state: Any = field(default_factory=dict)    # the backend's per-repetition state (its own type)
 
     @property
     def scenario(self) -> Scenario:

@@ -18,8 +18,7 @@ meta.json and handles signals; this module brings one repetition up, measures it
 it down. An API error anywhere becomes ``KubernetesError`` (a RunFailed): the repetition
 ends ``failed`` with the reason in meta.json.
 
-Public API: ``K8sBackend`` (the engine's Backend), ``run_scenario(scenario, scenario_path,
-run_root, console, ...) -> run_dir``, ``Cluster``, ``Release``, ``release_name``,
+Public API: ``K8sBackend`` (the engine's Backend), ``Cluster``, ``Release``, ``release_name``,
 ``fetch_records`` (``_fetch``: copy the results service's files), ``KubernetesError``.
 """
 
@@ -41,7 +40,7 @@ from . import chart
 from ... import constants, engine, network
 from . import faults as k8s_faults
 from ...pods import UNKNOWN_ARCH, bringup
-from ...errors import InputError, Interrupted, RunFailed  # noqa: F401 (Interrupted re-exported)
+from ...errors import InputError, RunFailed
 from ...scenario import Scenario
 
 CHART = chart.CHART_DIR
@@ -663,14 +662,6 @@ def _collect_load(cluster: Cluster, release: str, rep_dir: Path, fetched: dict[s
         code, data = cluster.proxy_get(f"{release}-locust:web", web_path, timeout=30)
         if code == 200:
             (out / name).write_bytes(data)
-
-
-def run_scenario(scenario: Scenario, scenario_path: Path, run_root: Path, console, namespace: str = "default",
-                 context: str | None = None, variants: list[str] | None = None,
-                 extra_set: list[str] | None = None) -> Path:
-    """The whole run on Kubernetes (``torbed run --backend k8s``): the engine with a K8sBackend."""
-    backend = K8sBackend(console, scenario_path, namespace, context, extra_set)
-    return engine.run(scenario, backend, run_root, console, variants, source=scenario_path)
 
 
 def _fetch(cluster: Cluster, fn: str, rep_dir: Path, fetched: dict[str, int], only: str | None = None) -> str:

@@ -16,7 +16,6 @@ A run killed with SIGKILL is cleaned by ``torbed clean`` (``clean``).
 Public API:
 
 - ``LocalBackend(console, system_tor=False)``: the engine's ``Backend``
-- ``run_scenario(scenario, run_root, console, system_tor=False, variants=None) -> Path``
 - ``preflight(scenario) -> shaper``; ``clean(console, force=False) -> int``
 """
 
@@ -37,10 +36,10 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, netns, prometheus
+from . import builds, emulator, faults, netns, prometheus, state
 from ... import constants, engine, load, readiness, shaping
-from ...errors import Interrupted, RunFailed  # noqa: F401 (re-exported: older callers import them here)
-from ...fileserver import files_key, prepare_files  # noqa: F401 (re-exported)
+from ...errors import RunFailed
+from ...fileserver import prepare_files
 from ...keys import node_keys
 from ...network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
 from ...records import RecordWriter
@@ -50,7 +49,7 @@ from .supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
 from .torenv import child_env, tor_env
 from ...torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
 from ...variants import load_variant
-from ...workloads import Target, assign_flows, driver_config, replay_traces, server_group, trace_name, workload_entry  # noqa: F401 (assign_flows, trace_name re-exported)
+from ...workloads import Target, assign_flows, driver_config, replay_traces, server_group, workload_entry
 
 
 # Seconds from launching the processes to the first vote's valid-after time: tor takes
@@ -154,7 +153,8 @@ def preflight(scenario: Scenario) -> str:
 
 class LocalBackend:
     """The engine's Backend for network namespaces on this machine. Per-repetition state
-    lives in ``rep.state``: plan, run_id, scratch, topo, sup, paths, ids, builds, t0."""
+    lives in ``rep.state``, a ``state.RepState`` (plan, run_id, scratch, topo, sup, paths, ids,
+    builds, t0, ...)."""
 
     name = "local"
     unsupported = {"placement": "ignored: placement chooses Kubernetes nodes"}
@@ -194,13 +194,13 @@ class LocalBackend:
     # -- one repetition ----------------------------------------------------------------
 
     def prepare(self, rep: engine.Repetition) -> None:
-        st, meta = rep.state, rep.meta
-        plan = st["plan"] = make_plan(rep.scenario, rep.variant)
-        st["run_id"] = run_id = secrets.token_hex(3)
-        st["scratch"] = scratch = Path(f"/tmp/torbed-{run_id}")
+        st, meta = state.of(rep), rep.meta
+        plan = st.plan = make_plan(rep.scenario, rep.variant)
+        st.run_id = run_id = secrets.token_hex(3)
+        st.scratch = scratch = Path(f"/tmp/torbed-{run_id}")
         scratch.mkdir(mode=0o700)
-        st["topo"] = topo = netns.Topology(run_id, plan, switch="linkemu" if self.shaper == "linkemu" else "bridge")
-        st["sup"] = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
+        st.topo = topo = netns.Topology(run_id, plan, switch="linkemu" if self.shaper == "linkemu" else "bridge")
+        st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
                                         "scratch": str(scratch), "run_dir": str(rep.dir)})
         meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={})
         rep.write_meta()
@@ -209,24 +209,25 @@ class LocalBackend:
         self._builds(rep)
         # Bring-up time counts from here: builds are cached work, not part of a network's start.
         meta["build_s"] = round(time.time() - meta["t_start"], 3)
-        st["t0"] = meta["t_setup"] = time.time()
+        st.t0 = meta["t_setup"] = time.time()
         self._keys(rep)
 
     def _builds(self, rep: engine.Repetition) -> None:
         """One tor build per variant in use; stock for authorities and clients."""
-        st = rep.state
-        variants = st["variants"] = {v: load_variant(v) for v in st["plan"].variants_in_use()}
+        st = state.of(rep)
+        variants = st.variants = {v: load_variant(v) for v in st.plan.variants_in_use()}
         stock = builds.ensure(None, self.console, self.system_tor)
-        st["build"] = {n.name: builds.ensure(variants[n.variant], self.console, self.system_tor)
-                       if n.variant else stock for n in st["plan"].nodes}
+        st.build = {n.name: builds.ensure(variants[n.variant], self.console, self.system_tor)
+                       if n.variant else stock for n in st.plan.nodes}
         rep.meta["builds"] = {"stock": stock.describe(),
                               **{v: builds.ensure(var, None, self.system_tor).describe() for v, var in variants.items()}}
-        st["stock"] = stock
+        st.stock = stock
 
     def _keys(self, rep: engine.Repetition) -> None:
         """Identity keys (tor-gencert, tor --list-fingerprint), in parallel, cached per scenario."""
-        st, meta, plan, scratch = rep.state, rep.meta, rep.state["plan"], rep.state["scratch"]
-        ids = st["ids"] = Identities()
+        st, meta = state.of(rep), rep.meta
+        plan, scratch = st.plan, st.scratch
+        ids = st.ids = Identities()
         paths: dict[str, NodePaths] = {}
         for n in plan.nodes:
             if not n.runs_tor:
@@ -237,11 +238,11 @@ class LocalBackend:
                                       extra_log=str(rep.logs / f"{n.name}.info.log")
                                       if os.environ.get("TORBED_INFO_LOGS") else None)
             data.mkdir(mode=0o700, exist_ok=True)
-        st["paths"] = paths
+        st.paths = paths
         key_cache = None if os.environ.get("TORBED_FRESH_KEYS") else constants.CACHE_DIR / "keys" / rep.scenario.name
         with ThreadPoolExecutor(max_workers=8) as pool:
-            futures = {n.name: pool.submit(node_keys, n, scratch / n.name, st["stock"].tor_gencert,
-                                           st["build"][n.name].tor, key_cache)
+            futures = {n.name: pool.submit(node_keys, n, scratch / n.name, st.stock.tor_gencert,
+                                           st.build[n.name].tor, key_cache)
                        for n in plan.nodes if n.role in ("authority", "relay")}
             sources: dict[str, int] = {}
             for name, fut in futures.items():
@@ -257,7 +258,7 @@ class LocalBackend:
                          f"({time.time() - st['t0']:.1f} s)")
 
     def bring_up(self, rep: engine.Repetition) -> None:
-        st = rep.state
+        st = state.of(rep)
         self._network(rep)
         # Prometheus first, so its TSDB holds the bring-up too; it gets ready while the tors
         # start (waiting for it first cost the bring-up 0.2-0.3 s).
@@ -277,11 +278,11 @@ class LocalBackend:
         boot["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
         boot["malloc_mmap_threshold"] = env.get("MALLOC_MMAP_THRESHOLD_")
         # Variants with their own environment (mtrelay's malloc arenas): recorded per variant.
-        variant_env = {v: var.env for v, var in st["variants"].items() if var.env}
+        variant_env = {v: var.env for v, var in st.variants.items() if var.env}
         if variant_env:
             boot["variant_env"] = variant_env
-        tors = [n for n in st["plan"].nodes if n.runs_tor]
-        emulated = [n.name for n in tors if cpu_prefix(st["plan"], n)]
+        tors = [n for n in st.plan.nodes if n.runs_tor]
+        emulated = [n.name for n in tors if cpu_prefix(st.plan, n)]
         if emulated:
             boot["emulated_cpu"] = {"qemu": qemu_binary(), "nodes": emulated}
         if boot["held_first_round"] is not None:
@@ -299,29 +300,29 @@ class LocalBackend:
         for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
-            st["sup"].start(n.name, netns.exec_prefix(st["topo"].ns(n.name)) + cpu_prefix(st["plan"], n) + [
-                st["build"][n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
+            st.sup.start(n.name, netns.exec_prefix(st.topo.ns(n.name)) + cpu_prefix(st.plan, n) + [
+                st.build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
                 rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
             if n.role == "authority" and rt is not None and not fast:
                 # At once: launching 750 tors takes a minute, and the authorities vote meanwhile.
-                rt = _set_realtime(st["sup"], [n.name], AUTHORITY_RT_PRIORITY)
+                rt = _set_realtime(st.sup, [n.name], AUTHORITY_RT_PRIORITY)
         if fast and rt is not None:
             # After the launch: a real-time authority generating its keys takes a core from
             # torbed, and launching the relays waited 130-220 ms behind each authority.
-            rt = _set_realtime(st["sup"], [n.name for n in tors if n.role == "authority"], AUTHORITY_RT_PRIORITY)
+            rt = _set_realtime(st.sup, [n.name for n in tors if n.role == "authority"], AUTHORITY_RT_PRIORITY)
         boot["authority_realtime_until_ready"] = rt
         phases = boot["phases_s"]
-        phases["tors_started"] = round(time.time() - st["t0"], 3)
+        phases["tors_started"] = round(time.time() - st.t0, 3)
         if fast:
             boot["fast_bringup"].update(_fast_first_round(rep, deadline))
         elif boot["held_first_round"] is not None:
             boot["held_first_round"].update(_held_first_round(rep, deadline))
-        st["prometheus"] = prometheus.ready(rep, self.console, launched)
+        st.prometheus = prometheus.ready(rep, self.console, launched)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
-        phases["consensus_seen"] = round(time.time() - st["t0"], 3)
+        phases["consensus_seen"] = round(time.time() - st.t0, 3)
         self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
         held = boot["held_first_round"] is not None
-        caches = set(directory_caches(st["plan"], rep.meta["consensus_flags"]))
+        caches = set(directory_caches(st.plan, rep.meta["consensus_flags"]))
         # A held (large) network: the caches first (what the clients need), the other relays
         # once the caches are complete. At 750 tors most of the others had fetched on their
         # own timers by then; this order was not measured against all at once.
@@ -329,14 +330,14 @@ class LocalBackend:
         later = [r for r in relays if held and r not in caches]
         for name in relays:
             if name not in later:
-                st["sup"].signal(name, signal.SIGHUP)
+                st.sup.signal(name, signal.SIGHUP)
         why = _wait_caches(rep, min(deadline, time.time() + CACHE_WAIT_S * (HELD_CACHE_WAIT_FACTOR if held else 1)),
                            FAST_POLL_S if fast else POLL_S)
-        boot["caches_ready_s"] = round(time.time() - st["t0"], 3) if why is None else None
+        boot["caches_ready_s"] = round(time.time() - st.t0, 3) if why is None else None
         if why is not None:
             boot["caches_not_ready"] = why   # clients go online anyway: the old, slower path
         for name in later:
-            st["sup"].signal(name, signal.SIGHUP)
+            st.sup.signal(name, signal.SIGHUP)
         if held:
             boot["held_first_round"]["sighup_caches_first"] = len(relays) - len(later)
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
@@ -347,28 +348,28 @@ class LocalBackend:
             # of reading the torrc and command line (whose DisableNetwork 1 would go offline).
             boot["fast_bringup"]["clients_reload_torrc_on_sighup"] = False
         boot["clients_online_after_caches"] = True
-        phases["clients_online"] = round(time.time() - st["t0"], 3)
+        phases["clients_online"] = round(time.time() - st.t0, 3)
         kicked = _wait_clients(rep, deadline, kick=fast)
         if fast:
             boot["fast_bringup"]["client_circuits_started"] = kicked
         _relax_voting(rep)
         if boot["authority_realtime_until_ready"] is not None:
-            _set_realtime(st["sup"], [n.name for n in tors if n.role == "authority"], None)
+            _set_realtime(st.sup, [n.name for n in tors if n.role == "authority"], None)
         if boot.get("torbed_realtime_until_ready") is not None:
             _self_realtime(None)
-        rep.ready(st["t0"])
+        rep.ready(st.t0)
         boot["traffic_to_ready"] = _bringup_traffic(rep)
-        plan = st["plan"]
+        plan = st.plan
         self.console.log(f"[green]ready[/green] in {rep.meta['ready_s']:.1f} s (consensus with "
                          f"{len(plan.by_role('relay'))} relays, {len(plan.by_role('client'))} clients bootstrapped)")
 
     def _network(self, rep: engine.Repetition) -> None:
         """Namespaces and link shaping."""
-        st = rep.state
-        plan, topo = st["plan"], st["topo"]
+        st = state.of(rep)
+        plan, topo = st.plan, st.topo
         topo.create()
         if self.shaper == "linkemu":
-            st["emulator"] = emulator.start(st["sup"], topo, plan, st["scratch"], rep.logs / "linkemu.log",
+            st.emulator = emulator.start(st.sup, topo, plan, st.scratch, rep.logs / "linkemu.log",
                                             stats_file=rep.dir / "linkemu.stats.json")
         elif self.shaper != "none":
             for n in plan.nodes:
@@ -384,8 +385,8 @@ class LocalBackend:
         """The layered torrcs. The voting schedule is shifted so the first vote falls
         VOTE_LEAD seconds after the relays start: they upload their descriptors within ~1 s,
         so the first consensus already lists them (instead of the next 10 s interval)."""
-        st, meta = rep.state, rep.meta
-        plan, ids = st["plan"], st["ids"]
+        st, meta = state.of(rep), rep.meta
+        plan, ids = st.plan, st.ids
         torrc_dir = rep.dir / "torrc"
         torrc_dir.mkdir(parents=True, exist_ok=True)
         t_launch = time.time() + 0.3
@@ -405,27 +406,27 @@ class LocalBackend:
                              # Relays' MaxConsensusAgeForDiffs (constants.DIFF_ROUNDS_KEPT).
                              "consensus_diff_max_age_s": diff_age,
                              # Where the bring-up time goes (bring_up), from the setup's start.
-                             "phases_s": {"network_ready": round(time.time() - st["t0"], 3),
-                                          "first_valid_after": round(int(t_launch + lead) - st["t0"], 3)}}
-        st["fallback_valid_after"] = int(t_launch + lead)
-        for name, text in render_fragments(plan, ids, st["variants"], voting_offset, torrc_schedule,
+                             "phases_s": {"network_ready": round(time.time() - st.t0, 3),
+                                          "first_valid_after": round(int(t_launch + lead) - st.t0, 3)}}
+        st.fallback_valid_after = int(t_launch + lead)
+        for name, text in render_fragments(plan, ids, st.variants, voting_offset, torrc_schedule,
                                            diff_age).items():
             (torrc_dir / name).write_text(text)
         for n in plan.nodes:
             if n.runs_tor:
-                text = render_node(n, plan, st["paths"][n.name], str(torrc_dir))
+                text = render_node(n, plan, st.paths[n.name], str(torrc_dir))
                 if n.role == "loadworker":
                     text += "".join(line + "\n" for line in load.torrc_lines(rep.scenario, plan, ids.fingerprints))
                 (torrc_dir / f"{n.name}.torrc").write_text(text)
         meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
-                          "build": st["build"][n.name].key if n.runs_tor else None} for n in plan.nodes]
+                          "build": st.build[n.name].key if n.runs_tor else None} for n in plan.nodes]
         rep.write_meta()
         return torrc_dir
 
     def _start_servers(self, rep: engine.Repetition) -> None:
-        st = rep.state
-        sup, topo = st["sup"], st["topo"]
-        for n in st["plan"].by_role("server"):
+        st = state.of(rep)
+        sup, topo = st.sup, st.topo
+        for n in st.plan.by_role("server"):
             if "http" in n.ports:
                 sup.start(n.name, netns.exec_prefix(topo.ns(n.name)) + [
                     sys.executable, "-m", "torbed.fileserver", "--dir", self.manifest[n.group]["_dir"],
@@ -443,7 +444,7 @@ class LocalBackend:
                     rep.logs / f"{n.name}.replay.stderr.log", env=child_env())
 
     def measure(self, rep: engine.Repetition) -> None:
-        st = rep.state
+        st = state.of(rep)
         t_work = time.time() + 1.0
         rep.meta.update(t_workload_start=t_work)
         cfg_dir = rep.dir / "config"
@@ -455,8 +456,8 @@ class LocalBackend:
         t_end = t_work + rep.scenario.measure.duration.seconds
         hard_end = t_end + min(longest, 300) + 10
         _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
-        st["faults"].finish("end")
-        sup = st["sup"]
+        st.faults.finish("end")
+        sup = st.sup
         sup.stop(drivers, grace=10)
         failed = {d: rc for d, rc in sup.exited(drivers).items() if rc not in (0, -signal.SIGTERM)}
         if background:
@@ -471,29 +472,29 @@ class LocalBackend:
 
     def _start_collector(self, rep: engine.Repetition, cfg_dir: Path) -> None:
         """Collectors run in the switch namespace: they reach every relay's MetricsPort."""
-        st, s = rep.state, rep.scenario
+        st, s = state.of(rep), rep.scenario
         cfg = {"variant": rep.variant, "rep": rep.index, "output": str(rep.dir),
                "collect": [c for c in s.measure.collect if c != "transfers"],
                "bw_interval_s": s.measure.bw_interval.seconds,
                "metrics_interval_s": s.measure.metrics_interval.seconds,
                "relays": [{"name": r.name, "group": r.group,
-                           "control": {"socket": st["paths"][r.name].control_socket},
+                           "control": {"socket": st.paths[r.name].control_socket},
                            "metrics_url": f"http://{r.address}:{r.ports['metrics']}/metrics"}
-                          for r in st["plan"].by_role("relay")]}
+                          for r in st.plan.by_role("relay")]}
         if s.measure.prometheus.enabled:
             cfg["metrics_listen"] = ["127.0.0.1", constants.COLLECTOR_METRICS_PORT]
-            if st.get("emulator"):
-                cfg["linkemu_socket"] = str(st["emulator"].socket)
+            if st.emulator:
+                cfg["linkemu_socket"] = str(st.emulator.socket)
         (cfg_dir / "collector.json").write_text(json.dumps(cfg, indent=1))
-        st["sup"].start("collector", netns.exec_prefix(st["topo"].switch) + [
+        st.sup.start("collector", netns.exec_prefix(st.topo.switch) + [
             sys.executable, "-m", "torbed.collectors", str(cfg_dir / "collector.json")],
             rep.logs / "collector.log", env=child_env())
 
     def _start_drivers(self, rep: engine.Repetition, cfg_dir: Path, t_work: float) -> tuple[list[str], float]:
         """One measurement driver per client node, in the client's namespace. Returns the
         drivers' process names and the longest per-transfer timeout."""
-        st, s = rep.state, rep.scenario
-        plan = st["plan"]
+        st, s = state.of(rep), rep.scenario
+        plan = st.plan
         drivers, longest = [], 0.0
         replay_groups: dict[str, tuple[dict, float]] = {}
         for c in plan.by_role("client"):
@@ -517,8 +518,8 @@ class LocalBackend:
                          "offset_s": c.index * period / cg.count if wl.distribute == "each" else 0.0,
                          "cells_output": rep.dir / "cells.jsonl"}
             cfg = driver_config(s, plan, client=c.name, group=c.group, variant=rep.variant, rep=rep.index,
-                                fingerprints=st["ids"].fingerprints,
-                                control={"socket": st["paths"][c.name].control_socket},
+                                fingerprints=st.ids.fingerprints,
+                                control={"socket": st.paths[c.name].control_socket},
                                 socks_port=c.ports["socks"], output=rep.dir / "transfers.jsonl",
                                 workload=workload_entry(wl, target, **extra), t_work=t_work,
                                 debug=bool(os.environ.get("TORBED_DEBUG")))
@@ -528,29 +529,29 @@ class LocalBackend:
             path = cfg_dir / f"{c.name}.driver.json"
             path.write_text(json.dumps(cfg, indent=1))
             name = f"{c.name}.driver"
-            st["sup"].start(name, netns.exec_prefix(st["topo"].ns(c.name)) + [
+            st.sup.start(name, netns.exec_prefix(st.topo.ns(c.name)) + [
                 sys.executable, "-m", "torbed.client.driver", str(path)], rep.logs / f"{name}.log", env=child_env())
             drivers.append(name)
         return drivers, longest
 
     def teardown(self, rep: engine.Repetition) -> None:
-        st = rep.state
+        st = state.of(rep)
         if (rep.meta.get("bootstrap") or {}).get("torbed_realtime_until_ready") is not None:
             _self_realtime(None)    # a bring-up that failed before ready
-        if st.get("faults") is not None:
+        if st.faults is not None:
             # First: a stopped tor would ignore the SIGTERM below; quotas and link changes go too.
-            st["faults"].finish("teardown")
-        if st.get("prometheus") is not None:
-            st["prometheus"].close()
-        sup = st.get("sup")
+            st.faults.finish("teardown")
+        if st.prometheus is not None:
+            st.prometheus.close()
+        sup = st.sup
         if sup is not None:
             sup.stop_all()
             rep.meta["unexpected_exits"] = {k: v for k, v in sup.exited().items()
                                             if v not in (0, -signal.SIGTERM, -signal.SIGKILL)}
-        if "topo" in st:
-            st["topo"].destroy()
-        if "scratch" in st:
-            shutil.rmtree(st["scratch"], ignore_errors=True)
+        if st.topo is not None:
+            st.topo.destroy()
+        if st.scratch is not None:
+            shutil.rmtree(st.scratch, ignore_errors=True)
         if sup is not None:
             sup.forget()
 
@@ -568,12 +569,6 @@ def reexec_in_userns() -> None:
     os.environ["TORBED_IN_USERNS"] = "1"
     os.execv(unshare, [unshare, "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
                        "sh", "-c", inner, sys.executable, "-m", "torbed.cli", *sys.argv[1:]])
-
-
-def run_scenario(scenario: Scenario, run_root: Path, console, system_tor: bool = False,
-                 variants: list[str] | None = None) -> Path:
-    """The whole run on this machine (``torbed run``): the engine with a LocalBackend."""
-    return engine.run(scenario, LocalBackend(console, system_tor), run_root, console, variants)
 
 
 # ---------------------------------------------------------------------------------------
@@ -690,15 +685,15 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
     reschedule replaces the pending one), so a slow relay delays the round instead of being
     left out of it. Returns what it did for meta.json; "fallback" says why the torrc's own
     schedule was left to run (torbed could not reach the authorities before it voted)."""
-    st = rep.state
-    plan, ids, sup, paths, t0 = st["plan"], st["ids"], st["sup"], st["paths"], st["t0"]
+    st = state.of(rep)
+    plan, ids, sup, paths, t0 = st.plan, st.ids, st.sup, st.paths, st.t0
     phases = rep.meta["bootstrap"]["phases_s"]
     names = list(sup.procs)
     auths = {a.name: None for a in plan.by_role("authority")}
     relays = plan.by_role("relay")
     interval = rep.meta["bootstrap"]["voting_schedule_s"]["interval"]
     # The first SETCONF must reach the authorities before the torrc's fallback round votes.
-    fallback_vote = st["fallback_valid_after"] - constants.VOTE_DELAY - constants.DIST_DELAY
+    fallback_vote = st.fallback_valid_after - constants.VOTE_DELAY - constants.DIST_DELAY
     out: dict = {"postponed": 0}
     try:
         while None in auths.values():
@@ -790,12 +785,12 @@ def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
     and compress each one while the rest were still starting (a 750-tor run had 403 runnable
     tasks, and clients not yet started after 11 minutes). Returns what it did for meta.json;
     "fallback" says why the placeholder round was left to run."""
-    st = rep.state
-    plan, ids, sup, paths, t0 = st["plan"], st["ids"], st["sup"], st["paths"], st["t0"]
+    st = state.of(rep)
+    plan, ids, sup, paths, t0 = st.plan, st.ids, st.sup, st.paths, st.t0
     phases = rep.meta["bootstrap"]["phases_s"]
     _, vote_delay, dist_delay = constants.LARGE_VOTING
     interval = constants.HELD_VOTING_INTERVAL
-    placeholder_vote = st["fallback_valid_after"] - vote_delay - dist_delay
+    placeholder_vote = st.fallback_valid_after - vote_delay - dist_delay
     auths: dict[str, stem.control.Controller | None] = {a.name: None for a in plan.by_role("authority")}
     relays = plan.by_role("relay")
     names = list(sup.procs)
@@ -824,7 +819,7 @@ def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
         phases["descriptors_in"] = round(now - t0, 3)
         phases["first_valid_after"] = round(valid_after - t0, 3)
         return {"descriptors_in_s": round(now - t0, 3), "first_valid_after_s": round(valid_after - t0, 3),
-                "placeholder_valid_after_s": round(st["fallback_valid_after"] - t0, 3),
+                "placeholder_valid_after_s": round(st.fallback_valid_after - t0, 3),
                 "voting_schedule_s": [interval, vote_delay, dist_delay]}
     finally:
         for ctl in auths.values():
@@ -835,8 +830,8 @@ def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
 def _wait_consensus(rep: engine.Repetition, deadline: float, poll: float = POLL_S) -> dict:
     """Until every authority has a consensus listing every relay with its expected flags.
     Returns the relays' flags in the accepted consensus."""
-    st = rep.state
-    plan, ids, sup, paths = st["plan"], st["ids"], st["sup"], st["paths"]
+    st = state.of(rep)
+    plan, ids, sup, paths = st.plan, st.ids, st.sup, st.paths
     names = list(sup.procs)
     pending = {a.name for a in plan.by_role("authority")}
     last: dict[str, str] = {}
@@ -880,9 +875,9 @@ def _relax_voting(rep: engine.Repetition) -> None:
     a held network every HELD_VOTING_INTERVAL: every consensus makes every relay and client
     fetch it (and caches compress it and diffs), load that belongs to bring-up, not to a
     scheduling experiment. Takes effect from the next vote; recorded in meta.json."""
-    interval = after_ready_interval(first_round(rep.state["plan"]))
-    for a in rep.state["plan"].by_role("authority"):
-        with _controller(rep.state["paths"][a.name].control_socket) as ctl:
+    interval = after_ready_interval(first_round(rep.state.plan))
+    for a in rep.state.plan.by_role("authority"):
+        with _controller(rep.state.paths[a.name].control_socket) as ctl:
             ctl.set_options({"V3AuthVotingInterval": str(interval)})
     rep.meta.setdefault("bootstrap", {})["voting_interval_after_ready_s"] = interval
 
@@ -926,19 +921,19 @@ def _bringup_traffic(rep: engine.Repetition) -> dict:
     """Bytes sent and received from setup to ready, summed by role (before ready this is
     the directory protocol: descriptor uploads, votes, consensus and microdescriptor fetches,
     and the clients' bootstrap circuits), and the size of an authority's directory files."""
-    st = rep.state
+    st = state.of(rep)
     try:
-        ports = st["topo"].port_bytes()
+        ports = st.topo.port_bytes()
     except (netns.NetnsError, ValueError, KeyError) as e:
         return {"error": str(e)}
     by_role: dict[str, dict] = {}
-    for n in st["plan"].nodes:
+    for n in st.plan.nodes:
         if n.name in ports:
             r = by_role.setdefault(n.role, {"nodes": 0, "sent_bytes": 0, "received_bytes": 0})
             r["nodes"] += 1
             r["sent_bytes"] += ports[n.name]["sent"]
             r["received_bytes"] += ports[n.name]["received"]
-    auth = Path(st["paths"][st["plan"].by_role("authority")[0].name].datadir)
+    auth = Path(st.paths[st.plan.by_role("authority")[0].name].datadir)
     return {"by_role": by_role,
             "authority_files_bytes": {f: (auth / f).stat().st_size for f in DIRECTORY_FILES if (auth / f).exists()}}
 
@@ -975,8 +970,8 @@ def _wait_caches(rep: engine.Repetition, until: float, poll: float = POLL_S) -> 
     and V2Dir in the consensus; every V2Dir relay if none is a guard) holds the
     microdescriptor consensus and every relay's microdescriptor; returns None then, or what
     one still lacked at ``until``."""
-    st = rep.state
-    plan, paths, sup = st["plan"], st["paths"], st["sup"]
+    st = state.of(rep)
+    plan, paths, sup = st.plan, st.paths, st.sup
     relays = plan.by_role("relay")
     caches = directory_caches(plan, rep.meta["consensus_flags"])
     names = list(sup.procs)
@@ -999,7 +994,7 @@ def _clients_online(rep: engine.Repetition, reload: bool = False) -> None:
     consensus at once instead of at the client's next once-a-second timer, with
     __ReloadTorrcOnSIGHUP 0 so the reload keeps the options set here (reading the command
     line again would turn the network off)."""
-    plan, paths, sup = rep.state["plan"], rep.state["paths"], rep.state["sup"]
+    plan, paths, sup = rep.state.plan, rep.state.paths, rep.state.sup
     conf = "SETCONF DisableNetwork=0" + (" __ReloadTorrcOnSIGHUP=0" if reload else "")
 
     def online(name: str) -> None:
@@ -1025,8 +1020,8 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
     with enough directory information and its path relays' descriptors gets a circuit along
     its path at once (closed again when it is ready) instead of waiting for tor's
     once-a-second circuit timer. Returns how many such circuits were started."""
-    st = rep.state
-    plan, ids, sup, paths = st["plan"], st["ids"], st["sup"], st["paths"]
+    st = state.of(rep)
+    plan, ids, sup, paths = st.plan, st.ids, st.sup, st.paths
     names = list(sup.procs)
     ctls: dict[str, stem.control.Controller] = {}
     kicked: dict[str, str] = {}     # client -> circuit id
@@ -1051,7 +1046,7 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
     # When the last client and the last relay were seen ready, and when the check's controllers
     # were closed (phases_s): two 750-tor runs became ready ~205 s after their last client
     # logged Bootstrapped 100%, and nothing recorded where that time went.
-    phases, t0 = rep.meta["bootstrap"]["phases_s"], st["t0"]
+    phases, t0 = rep.meta["bootstrap"]["phases_s"], st.t0
 
     def mark(phase: str, done: bool) -> None:
         if done and phase not in phases:
@@ -1155,8 +1150,8 @@ class _Load:
 
     def __init__(self, rep: engine.Repetition, cfg_dir: Path, t_work: float, manifest: dict):
         self.rep, self.t_work = rep, t_work
-        st, s = rep.state, rep.scenario
-        self.plan, self.sup, self.topo = st["plan"], st["sup"], st["topo"]
+        st, s = state.of(rep), rep.scenario
+        self.plan, self.sup, self.topo = st.plan, st.sup, st.topo
         self.t_start = t_work + s.load.start.seconds
         self.t_stop = t_work + (s.load.stop or s.measure.duration).seconds
         cfg = load.locust_config(s, self.plan, manifest[s.load_server()], variant=rep.variant, rep=rep.index,
@@ -1232,10 +1227,10 @@ class _Watch:
                  background: "_Load | None" = None):
         self.rep, self.drivers, self.t_work, self.t_end, self.hard_end = rep, drivers, t_work, t_end, hard_end
         self.background = background
-        st = rep.state
-        self.plan, self.sup = st["plan"], st["sup"]
+        st = state.of(rep)
+        self.plan, self.sup = st.plan, st.sup
         self.tors = [n for n in self.plan.nodes if n.runs_tor]
-        self.faults = st["faults"] = faults.make_runner(rep, t_work, st.get("emulator"))
+        self.faults = st.faults = faults.make_runner(rep, t_work, st.emulator)
         self.resources = ResourceSampler(self.sup, self.tors, rep.dir / "resources.jsonl", rep.variant, rep.index,
                                          extra=background.processes if background else lambda: [])
         if background:

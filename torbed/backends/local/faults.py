@@ -263,4 +263,4 @@ FAULTS: dict[str, type[Action]] = {"kill": Kill, "pause": Pause, "restart": Rest
 def make_runner(rep, t_work: float, emulator=None) -> FaultRunner:
     """The repetition's faults on this backend's actions (``emulator``: linkemu, for link faults)."""
     st = rep.state
-    return FaultRunner(rep, t_work, _Ctx(st["sup"], st["plan"], emulator, st["run_id"]), FAULTS)
+    return FaultRunner(rep, t_work, _Ctx(st.sup, st.plan, emulator, st.run_id), FAULTS)

@@ -163,7 +163,7 @@ def launch(rep) -> dict | None:
     st = rep.state
     path = binary()
     interval = cfg.scrape_interval.seconds
-    conf = scrape_config(st["plan"], release=rep.run.run_dir.name, variant=rep.variant, rep=rep.index,
+    conf = scrape_config(st.plan, release=rep.run.run_dir.name, variant=rep.variant, rep=rep.index,
                          interval_s=interval, driver_port=constants.DRIVER_METRICS_PORT,
                          collector_port=constants.COLLECTOR_METRICS_PORT)
     cfg_dir = rep.dir / "config"
@@ -174,8 +174,8 @@ def launch(rep) -> dict | None:
     tsdb.mkdir(exist_ok=True)
     log = rep.logs / "prometheus.log"
     t_start = time.time()
-    ns = st["topo"].switch
-    proc = st["sup"].start("prometheus", netns.exec_prefix(ns) + _argv(path, config, tsdb, f"127.0.0.1:{PORT}"), log)
+    ns = st.topo.switch
+    proc = st.sup.start("prometheus", netns.exec_prefix(ns) + _argv(path, config, tsdb, f"127.0.0.1:{PORT}"), log)
     return {"proc": proc, "log": log, "ns": ns, "t_start": t_start, "path": path, "interval": interval, "conf": conf}
 
 
