@@ -255,7 +255,7 @@ class LocalBackend:
         meta["keys"] = sources
         self.console.log(f"keys for {len(futures)} relays and authorities: "
                          f"{', '.join(f'{n} {k}' for k, n in sorted(sources.items()))} "
-                         f"({time.time() - st['t0']:.1f} s)")
+                         f"({time.time() - st.t0:.1f} s)")
 
     def bring_up(self, rep: engine.Repetition) -> None:
         st = state.of(rep)
@@ -320,7 +320,7 @@ class LocalBackend:
         st.prometheus = prometheus.ready(rep, self.console, launched)
         rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
         phases["consensus_seen"] = round(time.time() - st.t0, 3)
-        self.console.log(f"consensus lists every relay ({time.time() - st['t0']:.1f} s)")
+        self.console.log(f"consensus lists every relay ({time.time() - st.t0:.1f} s)")
         held = boot["held_first_round"] is not None
         caches = set(directory_caches(st.plan, rep.meta["consensus_flags"]))
         # A held (large) network: the caches first (what the clients need), the other relays
@@ -341,7 +341,7 @@ class LocalBackend:
         if held:
             boot["held_first_round"]["sighup_caches_first"] = len(relays) - len(later)
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
-                         f"({time.time() - st['t0']:.1f} s); clients online")
+                         f"({time.time() - st.t0:.1f} s); clients online")
         _clients_online(rep, reload=fast)
         if fast:
             # Stays so during the run: a later SIGHUP re-applies the options in force instead
@@ -379,7 +379,7 @@ class LocalBackend:
                 if p.returncode != 0:
                     raise RunFailed(f"tc on {n.name}: {p.stderr.strip()}")
         self.console.log(f"network: {len(plan.nodes)} namespaces, shaper {self.shaper} "
-                         f"({time.time() - st['t0']:.1f} s)")
+                         f"({time.time() - st.t0:.1f} s)")
 
     def _torrc(self, rep: engine.Repetition) -> Path:
         """The layered torrcs. The voting schedule is shifted so the first vote falls
