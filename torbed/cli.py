@@ -156,21 +156,27 @@ def main(argv: list[str] | None = None) -> int:
     args.argv_after_dashdash = rest
     try:
         return args.func(args)
-    except Interrupted as e:
+    except (TorbedError, KeyboardInterrupt) as e:
+        return report(e)
+
+
+def report(e: TorbedError | KeyboardInterrupt) -> int:
+    """The one mapper from an error to what the user sees (stderr, never a traceback) and the
+    exit code, which is the error class's own (torbed.errors). ``main`` calls it, and so do
+    the analysis and replay commands' guards, which tests also call directly."""
+    if isinstance(e, Interrupted):
         console.print(f"[yellow]interrupted[/yellow] ({e}): everything started was stopped and removed; "
                       "records measured so far are kept", highlight=False)
-        return e.exit_code
-    except InputError as e:
+    elif isinstance(e, InputError):
         # One line per problem, each naming its file and field.
         for line in str(e).splitlines() or [type(e).__name__]:
             console.print(f"[red]error[/red] {line}", highlight=False, soft_wrap=True)
-        return e.exit_code
-    except TorbedError as e:
+    elif isinstance(e, TorbedError):
         console.print(f"[red]error[/red] {e}", highlight=False)
-        return e.exit_code
-    except KeyboardInterrupt:
+    else:
         console.print("[yellow]interrupted[/yellow]")
         return EXIT_INTERRUPTED
+    return e.exit_code
 
 
 if __name__ == "__main__":

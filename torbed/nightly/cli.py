@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import runner, spec as spec_mod
+from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from .history import HistoryError
 
 console = Console(stderr=True)
@@ -61,29 +62,29 @@ def cmd_nightly(args) -> int:
         console = Console(file=_Tee(sys.stderr, open(log_dir / f"nightly-{stamp}.log", "a")), width=160)
     try:
         spec = spec_mod.load(args.nightly)
-    except spec_mod.NightlyError as e:
+    except spec_mod.NightlyError as e:   # printed here too: this console also writes --log's file
         for line in str(e).splitlines():
             console.print(f"[red]error[/red] {line}", highlight=False)
-        return 2
+        return e.exit_code
     if args.check:
         entries = ", ".join(f"{e.scenario} x {', '.join(e.variants or ['all variants'])}" for e in spec.matrix)
         console.print(f"[green]ok[/green] {args.nightly}: nightly {spec.name}, {entries}", highlight=False)
-        return 0
+        return EXIT_OK
     if not args.history:
         console.print("[red]error[/red] --history DIR is required (where the history store and reports live)")
-        return 2
+        return EXIT_BAD_INPUT
     if args.backend == "local" and not args.detect_only:
         import os
         if os.geteuid() != 0:
             console.print("[red]error[/red] the local backend needs root (network namespaces)")
-            return 2
+            return EXIT_BAD_INPUT
     try:
         code, report = runner.run_night(spec, Path(args.history), _runner_for(args), console,
                                         out_dir=Path(args.out) if args.out else None, night=args.night,
                                         fail_on=args.fail_on, detect_only=args.detect_only)
-    except (runner.NightlyBusy, HistoryError) as e:
+    except (runner.NightlyBusy, HistoryError) as e:   # RunFailed: exit 1
         console.print(f"[red]error[/red] {e}", highlight=False)
-        return 1
+        return e.exit_code
     where = Path(args.history) / "reports" / report["night"]
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
