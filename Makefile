@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv lock test unit integration experiments lint demo schema clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
+.PHONY: setup deps venv lock test unit integration experiments lint demo schema docs docs-ref clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -22,12 +22,12 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml setup.py hack/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c hack/constraints.txt -e ".[test]"
+	$(BIN)/pip install -q -c hack/constraints.txt -e ".[test,docs]"
 	@touch $@
 
 lock: venv  ## re-pin hack/constraints.txt to the newest versions pyproject.toml allows
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install -q --upgrade pip && .lock-venv/bin/pip install -q ".[test]"
+	.lock-venv/bin/pip install -q --upgrade pip && .lock-venv/bin/pip install -q ".[test,docs]"
 	{ sed -n '/^#/p' hack/constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -vi '^torbed[= ]'; } > hack/constraints.txt.new
 	mv hack/constraints.txt.new hack/constraints.txt && rm -rf .lock-venv
 
@@ -54,6 +54,15 @@ tools: venv  ## helm, helm-unittest, kubeconform + offline Kubernetes/CRD schema
 
 chart-test: tools  ## lint, render and validate charts/torbed for every scenario x variant; its unit tests
 	$(BIN)/pytest -q tests/chart $(PYTEST_ARGS)
+
+docs-ref: venv  ## regenerate the docs' reference pages (docs/reference/scenario.md, cli.md) from the scenario model and the CLI's parsers
+	$(BIN)/torbed docs-ref
+
+# The site: docs/ with mkdocs.yml's nav, into build/site. --strict: a broken link, a page
+# missing from the nav or a nav entry without a page fails. tests/unit/test_docs.py runs it too.
+# NO_MKDOCS_2_WARNING: the theme's banner about its own end of life (May 2027), not about these docs.
+docs: docs-ref  ## regenerate the reference pages, then build the documentation site (MkDocs, strict) into build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 schema: venv  ## regenerate the chart's generated files (values.schema.json, files/torrc, files/variants.yaml)
 	$(BIN)/torbed chart-files

@@ -5,6 +5,7 @@
                            what each backend cannot run
     schema                 print the scenario's JSON Schema
     chart-files            regenerate the chart's generated files (values schema, torrc, variants, dashboards)
+    docs-ref               regenerate the docs' reference pages (scenario fields, this command line)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
     run SCENARIO           bring the network up, measure, tear down -> RUN_DIR (on stdout)
@@ -31,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__, network, scenario as scenario_mod
-from .errors import EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted, TorbedError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError, Interrupted, TorbedError
 from .workloads import WORKLOADS
 
 console = Console(stderr=True)
@@ -117,6 +118,18 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+def cmd_docs_ref(args) -> int:
+    from . import docsref
+    if args.check:
+        stale = docsref.check()
+        for rel in stale:
+            console.print(f"[red]error[/red] {rel} is out of date: run `make docs-ref`")
+        return EXIT_FAILED if stale else EXIT_OK
+    for rel in docsref.write():
+        out.print(f"wrote {rel}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="torbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the scenario JSON Schema", formatter_class=fmt)
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("docs-ref", help="regenerate the docs' reference pages (docs/reference/, from the scenario "
+                       "model and these parsers)", formatter_class=fmt)
+    p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
+    p.set_defaults(func=cmd_docs_ref)
 
     from . import commands
     from .engine import BACKENDS, backend_module
