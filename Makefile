@@ -82,7 +82,7 @@ registry-down:  ## stop the local registry (its data stays)
 	hack/registry.sh down
 images-push: venv  ## push every built architecture of each image under one tag (manifest list) and the chart (OCI) to REGISTRY
 	$(if $(filter 127.0.0.1:5000,$(REGISTRY)),hack/registry.sh up)
-	$(BIN)/python -m torbed.registry --registry $(REGISTRY) --chart $(IMAGES_ARGS)
+	$(BIN)/python -m torbed.backends.k8s.registry --registry $(REGISTRY) --chart $(IMAGES_ARGS)
 
 images-test: images  ## tests/images against the built images
 	$(BIN)/pytest -q tests/images $(PYTEST_ARGS)

@@ -58,8 +58,8 @@ setup(
     # The trace-capture scenario (hack/capture-traces.sh) beside its scripts; tor's option list
     # (torbed.torrc_policy), so installed copies (the client image) check torrc lines too.
     package_data={"torbed.replay.capture": ["*.yaml"], "torbed": ["data/*.txt"]},
-    # Not MANIFEST.in's files as package data too: linkemu's crate and replay/traces lie inside
-    # package folders but ship once, under torbed/_data.
+    # Not MANIFEST.in's files as package data too: replay/traces lies inside a package folder
+    # but ships once, under torbed/_data (as does linkemu/, the crate beside the package).
     include_package_data=False,
     cmdclass={"build_py": BuildWithData},
 )

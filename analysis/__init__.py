@@ -17,6 +17,8 @@ Modules, one concern each:
     compare    compare(run_a, run_b, force=False, out_dir=None) -> comparison dict
     aa         A/A calibration: one variant's repetitions split into two arms
     reproduce  ``make reproduce``: the seed papers' experiments -> docs/reproduction.md
+    torchestra, circswitch  what a run of that variant must show (its notice lines, counters,
+               transfers) and the small network that shows it; integration tests and make bench
     cli        register(subparsers, formatter_class): the ``report``, ``compare`` and ``aa`` commands
 
 The re-exported names are loaded on first use (PEP 562 ``__getattr__``): importing

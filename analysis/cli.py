@@ -30,9 +30,9 @@ from rich.table import Table
 
 # Only light imports here: `torbed` registers these commands on every start, and the report's
 # modules (scipy, matplotlib) take seconds to import, so each command imports them itself.
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RunFailed, TorbedError  # noqa: F401 (EXIT_*: tests)
 from .errors import InputError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 # `torbed aa`'s default repetitions per arm: stats.MIN_REPS (a test checks they agree).
 AA_REPETITIONS = 3
 
@@ -40,23 +40,20 @@ console = Console(stderr=True)
 out = Console()
 
 
-def _error(msg: str) -> None:
-    console.print(f"[red]error[/red] {msg}", highlight=False, markup=True, soft_wrap=True)
-
-
 def _guard(fn):
-    """Run a command body, mapping InputError to exit 2 and any other exception to 1."""
+    """Run a command body; torbed's errors (InputError: exit 2) go to the CLI's one mapper
+    (torbed.cli.report), any other exception as a RunFailed naming its type (exit 1, no
+    traceback: a report that cannot be written is a failure, not a crash)."""
     def wrapped(args) -> int:
+        from ..cli import report
         try:
             return fn(args)
-        except InputError as e:
-            _error(str(e))
-            return EXIT_BAD_INPUT
         except KeyboardInterrupt:
             raise
+        except TorbedError as e:
+            return report(e)
         except Exception as e:  # noqa: BLE001 - a failure, reported and mapped to exit 1
-            _error(f"{type(e).__name__}: {e}")
-            return EXIT_FAILED
+            return report(RunFailed(f"{type(e).__name__}: {e}"))
     wrapped.__name__ = fn.__name__
     wrapped.__doc__ = fn.__doc__
     return wrapped

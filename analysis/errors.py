@@ -1,11 +1,12 @@
-"""The exceptions of torbed.analysis (one tree, so callers can map them to exit codes).
+"""The exceptions of torbed.analysis, a branch of torbed's one tree (torbed.errors).
 
-    AnalysisError                 anything this package raises on purpose
-      InputError                  the input is wrong; the command exits 2
-        RunDirError               not a run directory (no or unreadable run.json, ...)
-        RecordError               a malformed record: carries the file and line number
-        UnknownVariantError       --baseline (or a compare argument) names no variant of the run
-        ScenarioMismatchError     compare: the two runs are of different scenarios
+    torbed.errors.TorbedError
+      AnalysisError               anything this package raises on purpose (exit 1)
+        InputError                the input is wrong (also a torbed.errors.InputError): exit 2
+          RunDirError             not a run directory (no or unreadable run.json, ...)
+          RecordError             a malformed record: carries the file and line number
+          UnknownVariantError     --baseline (or a compare argument) names no variant of the run
+          ScenarioMismatchError   compare: the two runs are of different scenarios
 
 Anything else escaping a command (an OSError writing the report, a bug) is a failure: exit 1.
 """
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import errors
 
-class AnalysisError(Exception):
+
+class AnalysisError(errors.TorbedError):
     """Base class of the errors raised on purpose by torbed.analysis."""
 
 
-class InputError(AnalysisError):
+class InputError(AnalysisError, errors.InputError):
     """The input (a run directory, an argument) is wrong; the CLI exits 2."""
 
 

@@ -13,7 +13,7 @@ packages=(
   gcc make pkg-config dpkg-dev libssl-dev libevent-dev zlib1g-dev liblzma-dev libzstd-dev libcap-dev
   autoconf automake
   tcpdump             # torbed capture (and its integration test)
-  prometheus          # live metrics of local runs (torbed.prometheus); Debian's 2.42
+  prometheus          # live metrics of local runs (torbed.backends.local.prometheus); Debian's 2.42
   chromium            # the browser check of Prometheus' graph page (tests/integration)
 )
 # `hack/install-deps.sh --capture`: what hack/capture-traces.sh needs to make the project's

@@ -1,4 +1,4 @@
 #!/usr/bin/env bash
 # Prints linkemu's cargo build directory: outside the source tree, in torbed's cache, so a fresh
-# clone reuses the compiled dependencies (the same place torbed.emulator builds the binary).
+# clone reuses the compiled dependencies (the same place torbed.backends.local.emulator builds the binary).
 echo "${TORBED_CACHE:-$HOME/.cache/torbed}/linkemu/target"

@@ -42,7 +42,7 @@ pytest_stage() {   # pytest_stage NAME PYTEST-ARGS...
 linkemu_tests() {
   # linkemu's build directory is outside the source tree, keyed by the crate's lock file and
   # the toolchain, so a fresh clone reuses it (cargo rebuilds what changed).
-  CARGO_TARGET_DIR=$(hack/linkemu-target.sh) "$cargo" test --quiet --locked --manifest-path torbed/linkemu/Cargo.toml
+  CARGO_TARGET_DIR=$(hack/linkemu-target.sh) "$cargo" test --quiet --locked --manifest-path linkemu/Cargo.toml
 }
 
 wait_background() {

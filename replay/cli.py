@@ -25,12 +25,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InputError
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
 from . import convert
 from .trace import TraceError, info, merge, read, slice_trace, write
 
 console = Console(stderr=True)
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _meta(args) -> dict:
@@ -43,15 +42,16 @@ def _meta(args) -> dict:
 
 
 def _guard(fn):
+    """A file the command cannot read or write is bad input (exit 2): an InputError for the
+    CLI's one mapper (torbed.cli.report), like TraceError and PcapError, which name the file."""
     def wrapped(args) -> int:
+        from ..cli import report
         try:
             return fn(args)
-        except InputError as e:   # TraceError, PcapError: the file is named in the message
-            console.print(f"[red]error[/red] {e}", highlight=False)
-            return EXIT_BAD_INPUT
+        except InputError as e:
+            return report(e)
         except OSError as e:
-            console.print(f"[red]error[/red] {e}", highlight=False)
-            return EXIT_BAD_INPUT
+            return report(InputError(str(e)))
     return wrapped
 
 

@@ -90,8 +90,10 @@ def cmd_plan(args) -> int:
     for pair, spec in p.group_links.items():
         t.add_row(" <-> ".join(sorted(pair)), spec.describe())
     out.print(t)
-    from . import shaping
-    out.print(f"shaper: {shaping.describe_shaper(p)}")
+    from .engine import BACKENDS, backend_module
+    for name in BACKENDS:
+        for line in backend_module(name).plan_lines(p):
+            out.print(line)
     for backend, missing in gaps.items():
         for feature, why in missing:
             out.print(f"[yellow]not on the {backend} backend[/yellow]: {feature}: {why}", highlight=False)
@@ -100,8 +102,7 @@ def cmd_plan(args) -> int:
 
 def _backend_gaps(s) -> dict[str, list[tuple[str, str]]]:
     """{backend: [(feature, why)]} for the scenario's features a backend lacks."""
-    from .backends import BACKENDS, backend_class
-    from .engine import unsupported
+    from .engine import BACKENDS, backend_class, unsupported
     gaps = {}
     for name in BACKENDS:
         try:
@@ -116,18 +117,6 @@ def _backend_gaps(s) -> dict[str, list[tuple[str, str]]]:
 
 def cmd_schema(args) -> int:
     print(json.dumps(scenario_mod.json_schema(), indent=2, sort_keys=True))
-    return EXIT_OK
-
-
-def cmd_chart_files(args) -> int:
-    from . import chart
-    if args.check:
-        stale = chart.check()
-        for rel in stale:
-            console.print(f"[red]error[/red] charts/torbed/{rel} is out of date: run `make schema`")
-        return EXIT_FAILED if stale else EXIT_OK
-    for rel in chart.write():
-        out.print(f"wrote charts/torbed/{rel}")
     return EXIT_OK
 
 
@@ -162,24 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the scenario JSON Schema", formatter_class=fmt)
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("chart-files", help="regenerate charts/torbed's generated files", formatter_class=fmt)
-    p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
-    p.set_defaults(func=cmd_chart_files)
-
     p = sub.add_parser("docs-ref", help="regenerate the docs' reference pages (docs/reference/, from the scenario "
                        "model and these parsers)", formatter_class=fmt)
     p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
     p.set_defaults(func=cmd_docs_ref)
 
-    for register in _extra_commands():
-        register(sub, fmt)
-    return parser
-
-
-def _extra_commands():
     from . import commands
+    from .engine import BACKENDS, backend_module
     from .generate import command as generate_command
-    return [*commands.REGISTER, generate_command.register]
+    for register in [*commands.REGISTER, generate_command.register]:
+        register(sub, fmt)
+    for name in BACKENDS:   # clean, prometheus, variants, build (local); chart-files (k8s)
+        backend_module(name).register_commands(sub, fmt)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,21 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     args.argv_after_dashdash = rest
     try:
         return args.func(args)
-    except Interrupted as e:
+    except (TorbedError, KeyboardInterrupt) as e:
+        return report(e)
+
+
+def report(e: TorbedError | KeyboardInterrupt) -> int:
+    """The one mapper from an error to what the user sees (stderr, never a traceback) and the
+    exit code, which is the error class's own (torbed.errors). ``main`` calls it, and so do
+    the analysis and replay commands' guards, which tests also call directly."""
+    if isinstance(e, Interrupted):
         console.print(f"[yellow]interrupted[/yellow] ({e}): everything started was stopped and removed; "
                       "records measured so far are kept", highlight=False)
-        return e.exit_code
-    except InputError as e:
+    elif isinstance(e, InputError):
         # One line per problem, each naming its file and field.
         for line in str(e).splitlines() or [type(e).__name__]:
             console.print(f"[red]error[/red] {line}", highlight=False, soft_wrap=True)
-        return e.exit_code
-    except TorbedError as e:
+    elif isinstance(e, TorbedError):
         console.print(f"[red]error[/red] {e}", highlight=False)
-        return e.exit_code
-    except KeyboardInterrupt:
+    else:
         console.print("[yellow]interrupted[/yellow]")
         return EXIT_INTERRUPTED
+    return e.exit_code
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ class Exporter:
             yield from self._linkemu()
 
     def _linkemu(self):
-        from .emulator import EmulatorError, request
+        from .linkemu_control import EmulatorError, request
         now = time.monotonic()
         if self._linkemu_stats is None or now - self._linkemu_at >= LINKEMU_STATS_MIN_S:
             try:

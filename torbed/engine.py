@@ -25,18 +25,22 @@ Public API:
   cannot do (``torbed plan`` prints it)
 - ``link_node_names(scenario, fault) -> [(field, node)]``: single nodes a link fault names
   that share their pods' addresses with their group (Kubernetes: servers, load nodes)
+- ``BACKENDS``, ``backend_module(name)``, ``backend_class(name)``: the backends by name
+  (torbed/backends/__init__.py says what a backend's package provides)
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import random
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from types import ModuleType
+from typing import Any, Protocol
 
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
@@ -48,6 +52,20 @@ from .scenario import Scenario, group_sizes
 
 # A feature a backend lacks: {feature: why}; features are named as in ``features_used``.
 Capabilities = dict[str, str]
+
+# The backends, each the package torbed.backends.<name>. The core reaches a backend only
+# through this table, at run time: no core module imports one (tests/unit/test_layout.py).
+# Imported on use: the k8s backend needs the kubernetes client, the local one root tools.
+BACKENDS = ("local", "k8s")
+
+
+def backend_module(name: str) -> ModuleType:
+    """The backend's package: its options, ``create``, its subcommands (torbed/backends/__init__.py)."""
+    return importlib.import_module(f"torbed.backends.{name}")
+
+
+def backend_class(name: str) -> type:
+    return backend_module(name).backend_class()
 
 
 class Backend(Protocol):
@@ -158,7 +176,7 @@ class Repetition:
     index: int
     dir: Path
     meta: dict
-    state: dict = field(default_factory=dict)   # the backend's per-repetition state
+    state: Any = field(default_factory=dict)    # the backend's per-repetition state (its own type)
 
     @property
     def scenario(self) -> Scenario:

@@ -1,15 +1,21 @@
-"""torbed's exception tree: every error a user can meet carries its exit code.
+"""torbed's exception tree and exit codes: every error a user can meet carries its exit code.
 
     TorbedError (exit 1)
-    +-- InputError (exit 2)    bad input: scenario, trace, pcap, values, arguments; raised
-    |   |                      before anything starts; the message names the file and field
+    +-- InputError (exit 2)    bad input: scenario, trace, pcap, values, arguments, a run
+    |   |                      directory; raised before anything starts; the message names
+    |   |                      the file and field
     |   +-- HostBusy (exit 2)  `torbed run --require-quiet` on a busy machine (torbed.hostload)
     +-- RunFailed (exit 1)     a run, build or repetition failed
     +-- Interrupted (exit 130) SIGINT or SIGTERM during a run; cleanup has happened
 
-The CLI maps them once (``torbed.cli.main``). Module errors subclass these (ScenarioError,
-TraceError, PcapError, VariantError are InputErrors; BuildError, NodeFailed, NetnsError are
-RunFailed), so a caller catches the class it means, never a tuple of unrelated ones.
+The CLI maps them once (``torbed.cli.main``, by ``exit_code``). Module errors subclass these:
+ScenarioError, NightlyError, TraceError, PcapError, VariantError and the analysis' RunDirError,
+RecordError, ... are InputErrors; BuildError, NodeFailed, NetnsError, KubernetesError,
+HistoryError, NightlyBusy are RunFailed; torbed.analysis.errors.AnalysisError is the root of the
+analysis' own. A caller catches the class it means, never a tuple of unrelated ones.
+
+Exit codes (defined here only): 0 ok; 1 failed; 2 bad input; 3 ``torbed nightly`` flagged a
+regression (a result, not an error: a failed run takes precedence); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_REGRESSION = 3
 EXIT_INTERRUPTED = 130
 
 

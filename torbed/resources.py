@@ -33,7 +33,7 @@ SHIPPED = (
     "images/relay/build-tor.sh",
     "scenarios",
     "replay/traces",
-    "torbed/linkemu",
+    "linkemu",
 )
 # Never shipped: build output and caches inside those folders.
 EXCLUDED = ("target", "__pycache__", "*.pyc")

@@ -7,7 +7,7 @@ both directions of a pair are shaped, each by its sender. Unshaped traffic takes
 class (no limit that matters: 10gbit).
 
 Kernels without sch_netem (and scenarios with ``links.emulator: linkemu``) use linkemu
-instead (``torbed.emulator``): it replaces the switch's bridge and applies every property,
+instead (``torbed.backends.local.emulator``): it replaces the switch's bridge and applies every property,
 rate included, so no tc is set up then.
 
 Public API:
@@ -16,7 +16,7 @@ Public API:
 - ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem" | "linkemu"; raises
   ``ShapingError`` when ``links.emulator: tc`` asks for what the kernel cannot do
 - ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0
-- ``describe_shaper(plan) -> str`` one line for ``torbed plan``
+- ``torbed plan``'s shaper line is the local backend's (``torbed.backends.local.plan_lines``)
 """
 
 from __future__ import annotations
@@ -115,23 +115,6 @@ def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
     return "linkemu"
 
 
-def describe_shaper(plan: Plan) -> str:
-    caps = probe_kernel()
-    try:
-        shaper = choose_shaper(plan, caps)
-    except ShapingError as e:
-        return f"[red]cannot run here[/red]: {e}"
-    kernel = f"kernel: htb {'yes' if caps.htb else 'no'}, netem {'yes' if caps.netem else 'no'}"
-    line = f"{shaper} ({plan.shaped_pair_count()} shaped node pairs; {kernel})"
-    if shaper == "linkemu":
-        from . import emulator
-        why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
-               else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
-               else _tc_limitation(plan, caps))
-        line += f"\n  userspace link emulator: {why}; {emulator.describe_binary()}"
-    return line
-
-
 def _netem_args(spec: LinkSpec) -> str:
     args = []
     if spec.delay_s:
@@ -159,7 +142,7 @@ def _burst(rate_bps: int) -> int:
 def class_lines(dev: str, minor: int, spec: LinkSpec) -> list[str]:
     """The htb class 1:<minor> of one shaped link, with netem (delay/jitter/loss) or a
     bounded drop-tail queue under it. Used per destination node here and per peer group by
-    the Kubernetes shaper (torbed.k8s.shaper)."""
+    the Kubernetes shaper (torbed.pods.shaper)."""
     rate = f"{spec.rate_bps}bit" if spec.rate_bps else UNLIMITED
     burst = _burst(spec.rate_bps) if spec.rate_bps else 1514 * 64
     cid = f"1:{minor:x}"

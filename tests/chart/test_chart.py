@@ -351,7 +351,7 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
     tor, resizes pods and creates, lists and deletes Chaos objects. A list of a Chaos kind the
     Role does not name is refused (403) even where the CRD is absent, which once aborted the
     uninstall's sweep and left the night's relay pods behind."""
-    from torbed.backends.k8s import CHAOS_PLURALS
+    from torbed.backends.k8s.backend import CHAOS_PLURALS
     p = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(NIGHTLY_VALUES))
     assert p.returncode == 0, show(p)
     runner = next(d for d in yaml.safe_load_all(p.stdout)

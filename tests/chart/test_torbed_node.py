@@ -1,6 +1,6 @@
 """The chart's pods start tor with torbed-node (images/common/torbed-node). Here it runs on
 the host against what the chart and the keygen hook really produce: the ConfigMap data of
-`helm template` and the keys of torbed.k8s.keygen, with the authorities' Service names
+`helm template` and the keys of torbed.pods.keygen, with the authorities' Service names
 resolved through NSS (a private /etc/hosts in a mount namespace), and the torrc it writes
 must pass `tor --verify-config` with the real tor, for every role."""
 
@@ -40,7 +40,7 @@ def release(tmp_path_factory):
     scenario_json = cm["tb-scenario"]["scenario.json"]
     # What the keygen hook would store, made by its own code.
     sys.path.insert(0, str(REPO))
-    from torbed.k8s import keygen
+    from torbed.pods import keygen
     import os
     old = {k: os.environ.get(k) for k in ("TORBED_SCENARIO_JSON", "TORBED_VARIANT")}
     os.environ.update(TORBED_SCENARIO_JSON=scenario_json, TORBED_VARIANT=VARIANT)
@@ -120,11 +120,11 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
         assert "Address 10.244.0.7\n" in torrc and f"%include {release['etc']}/torrc/group-{group}.torrc\n" in torrc
     if role == "loadworker":
         # Each Locust user's own SOCKS credentials get their own circuits; the Python side
-        # (torbed.k8s.locust) names the node as torbed-node does.
+        # (torbed.pods.locust) names the node as torbed-node does.
         assert "SocksPort 127.0.0.1:9050 IsolateSOCKSAuth\n" in torrc
         import os
         from unittest import mock
-        from torbed.k8s import locust
+        from torbed.pods import locust
         with mock.patch.dict(os.environ, {"POD_NAME": pod}):
             assert locust.node() == nick
     elif role != "client":
@@ -136,7 +136,7 @@ def test_torrc_of_every_role_passes_tor_verify_config(release, role, group, pod,
 @pytest.mark.integration
 def test_client_can_start_offline(release):
     """The chart's client Jobs start tor with its network off; the driver turns it on once
-    the directory guards can answer (torbed.k8s.bringup)."""
+    the directory guards can answer (torbed.pods.bringup)."""
     proc, torrc, _ = run_node(release, "client", "bulk", "tb-bulk-0-x7f2q", 0, extra_env={"TORBED_START_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr + torrc
     assert "DisableNetwork 1\n" in torrc

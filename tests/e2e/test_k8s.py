@@ -29,7 +29,7 @@ def test_quickstart_runs_and_reports(kube, tmp_path):
     print(f"torbed run (one variant, 45 s workload): {time.time() - t0:.0f} s; network ready "
           f"{meta['ready_s']:.1f} s after helm install began: helm install (key hook) {b['install_s']:.1f} s, "
           f"containers started {b['containers_s']:.1f} s later, clients ready {b['readiness_s']:.1f} s after that")
-    # Bring-up help (torbed.k8s.bringup): every client started offline and went online, and
+    # Bring-up help (torbed.pods.bringup): every client started offline and went online, and
     # the guard reported holding the consensus and every microdescriptor.
     ready = [r for r in records(rep / "clients.jsonl") if r.get("event") == "ready"]
     print("clients online after " + ", ".join(f"{r['client']} {r['online_s']:.1f} s ({r['caches_ready']}/{r['caches']} "
@@ -222,8 +222,8 @@ def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
     # circuits to the exit on separate channels, where none is heavy against its channel.
     assert meta["bootstrap"]["relays_ready_at_start"] == 3, meta["bootstrap"]
     # No circuit closed for a protocol violation, except stock tor's own tiny-network close (a
-    # path that would leave through the hop it came from), as torbed.bench_torchestra counts.
-    from torbed.bench_torchestra import TINY_NETWORK_CLOSE
+    # path that would leave through the hop it came from), as torbed.analysis.torchestra counts.
+    from torbed.analysis.torchestra import TINY_NETWORK_CLOSE
     for relay, s in last.items():
         pod_log = rep / "logs" / f"{meta['release']}-{relay[:-1]}-{relay[-1]}.tor.log"
         tiny = pod_log.read_text(errors="replace").count(TINY_NETWORK_CLOSE) if pod_log.exists() else 0
@@ -239,7 +239,7 @@ def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
     that two bulk downloads fill. The middle sees its buffer toward the guard congested and
     moves circuits to the second connection of the pair; the guard completes every move; the
     stock exit sees nothing; transfers are checksummed and nothing is left behind."""
-    from torbed import bench_circswitch
+    from torbed.analysis import circswitch as bench_circswitch
     scenario = tmp_path / "circswitch.yaml"
     scenario.write_text(yaml.safe_dump(bench_circswitch.scenario("e2e-circswitch", "60s")))
     p, run_dir = torbed_run(tmp_path, scenario)

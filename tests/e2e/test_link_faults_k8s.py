@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import QUICKSTART, exec_in, leftovers, records, torbed_run
-from torbed.k8s.shaper import DROP_CLASS, tree_summary
+from torbed.pods.shaper import DROP_CLASS, tree_summary
 
 pytestmark = pytest.mark.e2e
 TREE = "tc class show dev eth0; echo ====; tc filter show dev eth0"
@@ -24,7 +24,7 @@ RATE_BPS = 1_000_000
 
 
 class TreeWatch:
-    """Every pod's tc tree (summarised, torbed.k8s.shaper.tree_summary), read through the
+    """Every pod's tc tree (summarised, torbed.pods.shaper.tree_summary), read through the
     shaper container at each point of the fault timeline: when the workload starts
     ('before'), after each fault's apply and after each undo."""
 

@@ -44,7 +44,7 @@ def _manifest_list(repo: str, tag: str) -> dict:
 
 def test_chart_and_images_from_the_registry_run_the_quickstart(kube, helm, registry):
     from torbed import __version__, images as imgs
-    p = subprocess.run([sys.executable, "-m", "torbed.registry", "--registry", registry, "--chart",
+    p = subprocess.run([sys.executable, "-m", "torbed.backends.k8s.registry", "--registry", registry, "--chart",
                         "--variants", "vanilla,ewma"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     host = imgs.host_arch()

@@ -107,7 +107,7 @@ def test_every_dashboard_panel_query_returns_series(kube, release):
     """As tests/integration/test_prometheus.py does against a local run's Prometheus: each
     panel's query, template variables filled in as Grafana would, must return series (the
     linkemu panels excepted: no linkemu on Kubernetes)."""
-    from torbed import dashboards
+    from torbed.backends.k8s import dashboards
     # A transfer must have finished in every group for the TTLB panels to have data.
     groups = set(yaml.safe_load(QUICKSTART.read_text())["clients"])
     _wait("a finished transfer in every group", lambda: {r["metric"]["group"] for r in _series(

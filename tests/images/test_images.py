@@ -160,7 +160,7 @@ def test_config_only_families_share_the_unpatched_tor(docker, built):
 
 def test_client_python_and_tc(docker, built):
     code = ("import torbed.client.driver, torbed.collectors, torbed.fileserver, torbed.keys, torbed.variants\n"
-            "import torbed.k8s.results\n"
+            "import torbed.pods.results\n"
             "import importlib.util as u\n"
             "assert not any(u.find_spec(m) for m in ('numpy', 'scipy', 'matplotlib')), 'analysis stack installed'\n"
             "from torbed.variants import list_families\n"
@@ -187,7 +187,7 @@ def test_locust_image_runs_the_pinned_locust_beside_torbed(docker, built):
                args=tuple(READ_ONLY))
     assert proc.returncode == 0, proc.stderr
     proc = run(docker, built["locust"], "python", "-c",
-               "import torbed.k8s.locust as m, torbed.load as l, os; print(m.locust_argv()[0], l.LOCUSTFILE.exists())",
+               "import torbed.pods.locust as m, torbed.load as l, os; print(m.locust_argv()[0], l.LOCUSTFILE.exists())",
                args=tuple(READ_ONLY))
     assert proc.returncode == 0 and proc.stdout.split() == ["/opt/locust/bin/locust", "True"], proc.stdout + proc.stderr
     proc = run(docker, built["locust"], "tor", "--version")

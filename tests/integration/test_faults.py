@@ -255,7 +255,7 @@ def test_cpu_quota_lowers_relay_throughput(tmp_path):
 def test_leftover_fault_cgroups_are_removed(tmp_path):
     """What ``torbed clean`` does with a SIGKILLed run's cgroup: its processes go back to
     the parent and the cgroup is removed (a real cgroup and process)."""
-    from torbed.faults import check_cpu_cgroups, remove_cgroups
+    from torbed.backends.local.faults import check_cpu_cgroups, remove_cgroups
     assert check_cpu_cgroups() is None
     group = CGROUP_CPU / f"torbed-test{os.getpid()}-fault0"
     group.mkdir()

@@ -65,9 +65,9 @@ def test_the_wheel_has_its_packages_and_data(installed):
     assert installed["package"].is_relative_to(installed["purelib"])      # not the checkout's
     assert installed["root"] == installed["purelib"] / "torbed" / "_data"
     for rel in ("charts/torbed/Chart.yaml", "images/relay/variants/vanilla/variant.yaml",
-                "images/relay/build-tor.sh", "scenarios/quickstart.yaml", "torbed/linkemu/Cargo.toml"):
+                "images/relay/build-tor.sh", "scenarios/quickstart.yaml", "linkemu/Cargo.toml"):
         assert (installed["root"] / rel).is_file(), rel
-    assert not (installed["root"] / "torbed" / "linkemu" / "target").exists()
+    assert not (installed["root"] / "linkemu" / "target").exists()
     run, torbed = installed["run"], installed["torbed"]
     p = run(torbed, "--version")
     assert p.returncode == 0 and p.stdout.strip() == f"torbed {__version__}", p.stdout + p.stderr

@@ -20,8 +20,9 @@ import pytest
 from tests.conftest import require_root
 from tests.integration.helpers import (namespaces, only_run_dir, processes_mentioning, records, run_torbed, wait_for,
                                        small_scenario, write_scenario)
-from torbed import emulator, netns, network, scenario
-from torbed.supervise import Supervisor
+from torbed.backends.local import emulator, netns
+from torbed import network, scenario
+from torbed.backends.local.supervise import Supervisor
 
 pytestmark = pytest.mark.integration
 

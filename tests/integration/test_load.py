@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import require_root
 from tests.integration.helpers import (namespaces, only_run_dir, records, run_torbed,
                                        small_scenario, start_torbed, wait_for, write_scenario)
-from torbed import constants, prometheus
+from torbed import constants
+from torbed.backends.local import prometheus
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import require_root
 from tests.integration.helpers import (namespaces, only_run_dir, processes_mentioning, records,
                                        run_torbed, small_scenario, start_torbed, wait_for, write_scenario)
-from torbed import constants, netns, network, scenario, shaping
+from torbed import constants, network, scenario, shaping
+from torbed.backends.local import netns
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import require_root
 from tests.integration.helpers import checked_build, only_run_dir, run_torbed, write_scenario
-from torbed import bench_torchestra
+from torbed.analysis import torchestra as bench_torchestra
 from torbed.variants import load_variant
 
 pytestmark = pytest.mark.integration

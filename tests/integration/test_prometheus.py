@@ -1,4 +1,4 @@
-"""Prometheus beside a real local run (torbed.prometheus): what it scraped, serving the TSDB
+"""Prometheus beside a real local run (torbed.backends.local.prometheus): what it scraped, serving the TSDB
 afterwards, what a person sees in its graph page (headless Chromium), and the generated
 dashboards' queries against it.
 
@@ -36,7 +36,7 @@ def run(tmp_path_factory):
     for tool in ("prometheus", "chromium"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} is not installed: `make setup` installs it (hack/install-deps.sh)")
-    from torbed import prometheus
+    from torbed.backends.local import prometheus
     tmp = tmp_path_factory.mktemp("prom")
     s = small_scenario("prom-it", **{
         "links.emulator": "linkemu",
@@ -79,7 +79,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(run):
-    from torbed import prometheus
+    from torbed.backends.local import prometheus
     with prometheus.serve(run["rep"] / "prometheus") as s:
         yield s.url
 
@@ -229,7 +229,7 @@ def test_browser_shows_live_relay_throughput(run):
 def test_every_dashboard_panel_query_returns_series(run, served):
     """Each panel of the generated dashboards, its template variables filled in as Grafana
     would, against the run's real Prometheus: none may come back empty."""
-    from torbed import dashboards
+    from torbed.backends.k8s import dashboards
     meta, release = run["meta"], run["dir"].name
     empty, n = [], 0
     for name, model in dashboards.dashboards().items():

@@ -2,7 +2,7 @@
 network (stock guard, Torchestra middle and exit) and an all-Torchestra network carrying
 sha256-checked transfers while the exit moves circuits between light and heavy connections.
 
-The several-minute stress run is `make bench` (torbed.bench_torchestra); these runs are
+The several-minute stress run is `make bench` (torbed.analysis.torchestra); these runs are
 one minute each.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import require_root
 from tests.integration.helpers import checked_build, only_run_dir, run_torbed, write_scenario
-from torbed import bench_torchestra
+from torbed.analysis import torchestra as bench_torchestra
 from torbed.variants import load_variant
 
 pytestmark = pytest.mark.integration

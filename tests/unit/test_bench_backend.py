@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from torbed import bench_backend as bb
+from torbed.bench import backend as bb
 
 
 def _run(ready: float, soak: float, rss: float) -> dict:

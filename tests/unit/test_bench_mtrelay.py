@@ -1,10 +1,10 @@
-"""The arithmetic and printing of the mtrelay throughput bench (torbed.bench_mtrelay)."""
+"""The arithmetic and printing of the mtrelay throughput bench (torbed.bench.mtrelay)."""
 
 from __future__ import annotations
 
 import pytest
 
-from torbed import bench_mtrelay as b
+from torbed.bench import mtrelay as b
 
 
 def test_medians_ranges_and_ratios_within_repetition_blocks():

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from torbed.backends.local import _cache_problem, _microdescs_held
+from torbed.backends.local.backend import _cache_problem, _microdescs_held
 
 MD = b"onion-key\n-----BEGIN RSA PUBLIC KEY-----\nAAAA\n-----END RSA PUBLIC KEY-----\nntor-onion-key x=\nid ed25519 y\n"
 

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from torbed import chart
+from torbed.backends.k8s import chart
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))

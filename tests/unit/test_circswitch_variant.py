@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torbed import bench_circswitch, constants
-from torbed.chart import CHART_DIR
+from torbed.analysis import circswitch as bench_circswitch
+from torbed import constants
+from torbed.backends.k8s.chart import CHART_DIR
 from torbed.variants import VariantError, load_variant
 from tests.unit.patchtext import c_format
 

@@ -11,8 +11,8 @@ import pytest
 
 from tests.unit.test_scenario import BASE
 from torbed import engine, scenario
-from torbed.backends import local
-from torbed.backends.k8s import K8sBackend
+from torbed.backends.local import backend as local
+from torbed.backends.k8s.backend import K8sBackend
 from torbed.errors import InputError
 from torbed.network import plan as make_plan
 

@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from torbed import emulator, netns, network, scenario, shaping
+from torbed.backends.local import emulator, netns
+from torbed import network, scenario, shaping
 from torbed.network import LinkSpec
 
 BASE = {

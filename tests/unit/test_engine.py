@@ -113,7 +113,7 @@ def test_a_failed_repetition_says_why_and_the_run_goes_on(tmp_path, step):
 
 
 def test_an_api_error_in_a_repetition_ends_failed_with_its_reason(tmp_path):
-    from torbed.backends.k8s import KubernetesError
+    from torbed.backends.k8s.backend import KubernetesError
     b = Scripted({("ewma-66", 1, "measure"): KubernetesError("Kubernetes API: list pods of r: HTTP 403 Forbidden")})
     run_dir = _run(tmp_path, b)
     m = _meta(run_dir, "ewma-66", 1)
@@ -239,11 +239,11 @@ def test_unsupported_features_by_backend():
 
 
 def test_error_tree_exit_codes():
-    from torbed.builds import BuildError
+    from torbed.backends.local.builds import BuildError
     from torbed.replay.pcap import PcapError
     from torbed.replay.trace import TraceError
     from torbed.shaping import ShapingError
-    from torbed.supervise import NodeFailed
+    from torbed.backends.local.supervise import NodeFailed
     from torbed.variants import VariantError
     for cls in (scenario.ScenarioError, TraceError, PcapError, VariantError, ShapingError):
         assert issubclass(cls, InputError) and cls.exit_code == EXIT_BAD_INPUT, cls
@@ -291,7 +291,7 @@ def api_server(tmp_path, monkeypatch):
 
 
 def test_k8s_api_errors_become_run_failures(api_server):
-    from torbed.backends.k8s import Cluster, KubernetesError
+    from torbed.backends.k8s.backend import Cluster, KubernetesError
     c = Cluster("default")
     assert c.server_version() == "v1.33.13"
     with pytest.raises(KubernetesError, match="list pods of r1: HTTP 403"):

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_scenario import BASE
-from torbed import builds, constants, scenario
-from torbed.backends import local
+from torbed.backends.local import builds
+from torbed import constants, scenario
+from torbed.backends.local import backend as local
 from torbed.errors import RunFailed
 from torbed.network import plan as make_plan
 from torbed.torrc import NodePaths

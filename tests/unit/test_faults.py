@@ -14,7 +14,8 @@ import yaml
 from torbed.analysis.faults import fault_rows, planned_windows
 from torbed.analysis.load import load_run
 from torbed import scenario
-from torbed.faults import faulted_props, link_pairs
+from torbed.backends.local.faults import faulted_props
+from torbed.fault_schedule import link_pairs
 from torbed.network import plan as make_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,7 +227,7 @@ def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster(
     (rate and partition link faults too: the shaper sidecar)."""
     from pathlib import Path
 
-    from torbed.backends.k8s import K8sBackend
+    from torbed.backends.k8s.backend import K8sBackend
     from torbed.engine import unsupported
     from torbed.errors import InputError
     ok = [{"at": "10s", "kind": "kill", "target": "middle0"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from torbed.backends.k8s import _pod_is
+from torbed.backends.k8s.backend import _pod_is
 from torbed.provenance import cpu_model, host_info
 
 X86 = """processor\t: 0
@@ -79,7 +79,7 @@ class _Cluster:
 def _hardware(tmp_path, records: list[dict]) -> dict:
     from types import SimpleNamespace
 
-    from torbed.backends.k8s import _record_hardware
+    from torbed.backends.k8s.backend import _record_hardware
     (tmp_path / "hardware.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     rep = SimpleNamespace(dir=tmp_path, meta={"nodes": [{"name": r["node"]} for r in records]})
     _record_hardware(_Cluster({"main": "amd64", "pi": "amd64"}), "rel", rep)
@@ -109,7 +109,7 @@ def test_the_collector_waits_for_tors_answer_and_says_unknown_without_one(tmp_pa
     import threading
     import time
 
-    from torbed.k8s import write_hardware
+    from torbed.pods import write_hardware
     monkeypatch.setenv("NODE_NAME", "pi")
     monkeypatch.setenv("TORBED_VARIANT", "vanilla")
     machine = tmp_path / "machine"

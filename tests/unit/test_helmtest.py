@@ -1,4 +1,4 @@
-"""`helm test`'s check (torbed.k8s.helmtest) against a real results service on loopback."""
+"""`helm test`'s check (torbed.pods.helmtest) against a real results service on loopback."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from torbed.k8s import helmtest
-from torbed.k8s.results import make_handler
+from torbed.pods import helmtest
+from torbed.pods.results import make_handler
 
 
 @pytest.fixture

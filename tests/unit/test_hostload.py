@@ -150,14 +150,20 @@ def test_run_warns_and_records_the_reading(monkeypatch, capsys, tmp_path):
         raise KeyboardInterrupt                 # stop here: nothing else of the run is under test
 
     class FakeBackend:
+        class Options:
+            @classmethod
+            def from_args(cls, args):
+                return cls()
+
         @classmethod
-        def from_args(cls, args, console):
+        def create(cls, options, console, scenario_path=None):
             return cls()
     monkeypatch.setattr(hostload, "measure", lambda proc="/proc": hostload.judge(dict(BUSY)))
     monkeypatch.setattr(engine, "run", fake_run)
-    monkeypatch.setattr("torbed.backends.backend_class", lambda name: FakeBackend)
+    args = cli.build_parser().parse_args(["run", quickstart(), "--out", str(tmp_path)])
+    monkeypatch.setattr(engine, "backend_module", lambda name: FakeBackend)
     with pytest.raises(KeyboardInterrupt):
-        commands.cmd_run(cli.build_parser().parse_args(["run", quickstart(), "--out", str(tmp_path)]))
+        commands.cmd_run(args)
     assert "warning" in capsys.readouterr().err
     assert seen["host_load"]["busy"] and seen["host_load"]["top"][0]["name"] == "make"
 

@@ -1,4 +1,4 @@
-"""Bring-up help on Kubernetes (torbed.k8s.bringup): which relays are directory caches, the
+"""Bring-up help on Kubernetes (torbed.pods.bringup): which relays are directory caches, the
 authority's consensus as the relays' collector reads it (a canned consensus served over real
 HTTP), and the results service's cache reports the client drivers wait for."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from torbed import network, readiness, scenario
-from torbed.k8s import bringup
+from torbed.pods import bringup
 from tests.unit.test_k8s_runtime import results_server
 from tests.unit.test_scenario import BASE
 

@@ -1,4 +1,4 @@
-"""The programs of the chart's pods (torbed.k8s), exercised for real outside a cluster:
+"""The programs of the chart's pods (torbed.pods), exercised for real outside a cluster:
 the results service and the shipper over HTTP on loopback, key generation with the real
 tor-gencert and tor, the shaper's tc tree in a throwaway network namespace."""
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from torbed import scenario as scenario_mod
-from torbed.k8s import Shipper, keygen, results, shaper
+from torbed.pods import Shipper, keygen, results, shaper
 from torbed.network import plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,7 +275,7 @@ def test_start_barrier_waits_for_every_client(tmp_path):
             assert r.status == 204
         body = post("/ready/web0")
         assert body["ready"] == 2 and body["t_workload"] > body["t_all_ready"]
-        from torbed.k8s.client import wait_start
+        from torbed.pods.client import wait_start
         import time as _t
         assert wait_start(url, "web0", _t.time() + 5) == body["t_workload"]
 
@@ -373,7 +373,7 @@ def test_think_config_is_seconds():
 
 
 def test_replay_container_replays_ships_cells_and_answers_the_clock(service, tmp_path):
-    """torbed.k8s.replayserver as the chart runs it (its scenario from the environment, the
+    """torbed.pods.replayserver as the chart runs it (its scenario from the environment, the
     traces found by file name in TORBED_TRACE_DIRS): one flow of the SSH trace over TCP on
     loopback (no tor), clock exchanges over UDP on the same port number, and its upstream
     cells arriving at the results service."""
@@ -395,7 +395,7 @@ def test_replay_container_replays_ships_cells_and_answers_the_clock(service, tmp
     env = {**os.environ, "TORBED_SCENARIO_JSON": json.dumps(gopal), "TORBED_RESULTS_URL": url,
            "TORBED_VARIANT": "vanilla", "TORBED_TRACE_DIRS": str(REPO / "replay" / "traces"),
            "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "torbed.k8s.replayserver", "--scenario", "/nonexistent",
+    proc = subprocess.Popen([sys.executable, "-m", "torbed.pods.replayserver", "--scenario", "/nonexistent",
                              "--group", "replay", "--port", str(port), "--results", str(tmp_path / "results")],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -453,7 +453,7 @@ def test_bringup_breakdown_adds_up_to_ready_time():
     import datetime as dt
     from types import SimpleNamespace as NS
 
-    from torbed.backends.k8s import _bringup_breakdown
+    from torbed.backends.k8s.backend import _bringup_breakdown
 
     def cs(t):
         return NS(state=NS(running=NS(started_at=dt.datetime.fromtimestamp(t, dt.timezone.utc))))

@@ -92,8 +92,8 @@ def test_scenario_files_include_the_load_files():
 
 
 def test_both_backends_run_load():
-    from torbed.backends.k8s import K8sBackend
-    from torbed.backends.local import LocalBackend
+    from torbed.backends.k8s.backend import K8sBackend
+    from torbed.backends.local.backend import LocalBackend
     s = loaded()
     assert "load" in engine.features_used(s)
     assert engine.unsupported(s, LocalBackend) == []

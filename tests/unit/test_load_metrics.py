@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_load import loaded
-from torbed import constants, load, network, prometheus
+from torbed import constants, load, network
+from torbed.backends.local import prometheus
 from torbed.client.metrics import TIME_BUCKETS
 
 CHILD = textwrap.dedent("""

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from torbed import load
-from torbed.prometheus import pump
+from torbed.backends.local.prometheus import pump
 
 BODY = b"x" * 2048
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torbed import constants
-from torbed.torenv import tor_env
+from torbed.backends.local.torenv import tor_env
 from torbed.variants import VariantError, load_variant
 
 PATCH = constants.VARIANTS_DIR / "mtrelay" / "0001-mtrelay-connection-threads.patch"

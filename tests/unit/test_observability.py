@@ -11,7 +11,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from torbed import chart, collectors, constants, dashboards, prometheus, scenario as scenario_mod
+from torbed.backends.k8s import chart, dashboards
+from torbed import collectors, constants, scenario as scenario_mod
+from torbed.backends.local import prometheus
 from torbed.client.metrics import DriverMetrics
 from torbed.collectors import Exporter
 from torbed.network import plan as make_plan

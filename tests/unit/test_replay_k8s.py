@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torbed import chart, constants
-from torbed.k8s.replayserver import traces_for
+from torbed.backends.k8s import chart
+from torbed import constants
+from torbed.pods.replayserver import traces_for
 from torbed.scenario import parse
 
 GOPAL = constants.SCENARIOS_DIR / "gopal-heninger-2012-exp2.yaml"
@@ -79,7 +80,7 @@ def test_client_pod_replay_workload(monkeypatch, tmp_path):
     n) for both the stream and the clock exchanges."""
     import socket
 
-    from torbed.k8s import client as k8s_client
+    from torbed.pods import client as k8s_client
     from torbed.network import plan
     monkeypatch.setenv("TORBED_RELEASE", "rel")
     monkeypatch.setenv("TORBED_NAMESPACE", "default")

@@ -327,7 +327,7 @@ def test_server_replays_at_recorded_times_on_loopback(tmp_path):
 def test_flows_are_dealt_to_clients_by_circuit_key():
     from types import SimpleNamespace
 
-    from torbed.backends.local import assign_flows
+    from torbed.workloads import assign_flows
     t = Trace([Flow("a", [Packet(0.0, DOWN, 5)], "k1"), Flow("b", [Packet(0.1, DOWN, 5)], None),
                Flow("c", [Packet(0.2, DOWN, 5)], "k1"), Flow("d", [Packet(0.3, DOWN, 5)], None)])
     clients = [SimpleNamespace(name="web0"), SimpleNamespace(name="web1")]

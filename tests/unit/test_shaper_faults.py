@@ -1,4 +1,4 @@
-"""Link faults on Kubernetes through the shaper sidecar (torbed.k8s.shaper, docs/faults.md):
+"""Link faults on Kubernetes through the shaper sidecar (torbed.pods.shaper, docs/faults.md):
 which pods change toward which peers, the names a peer's addresses come from, the tc
 commands of a fault, the fault table kept in step with requests and changing addresses,
 the `fault apply|undo` command channel against a running table, and (integration) the
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from torbed import scenario as scenario_mod
-from torbed.backends.k8s_faults import link_sides, peer_args
-from torbed.k8s import shaper
+from torbed.backends.k8s.faults import link_sides, peer_args
+from torbed.pods import shaper
 from torbed.network import LinkSpec, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def _fault(**kw):
 def test_sides_of_a_link_fault_match_the_local_pairs():
     """between: each side's pods toward the other side; target: the target's pods toward
     everyone else and everyone else toward the target, as the local backend's pairs."""
-    from torbed.faults import link_pairs
+    from torbed.fault_schedule import link_pairs
     p = _plan()
     for f in (_fault(between=["bulk", "guard"], rate="1mbit"), _fault(target="middle0", partition=True)):
         pairs = {(src, dst) for nodes, peers in link_sides(p, f) for src in nodes for dst in peers}
@@ -168,7 +168,7 @@ def test_a_failed_tc_change_is_acknowledged_as_an_error(tmp_path):
 
 
 def _fault_cmd(state: Path, *args, timeout: float = 10) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torbed.k8s.shaper", "fault", *args, "--state-dir", str(state)],
+    return subprocess.run([sys.executable, "-m", "torbed.pods.shaper", "fault", *args, "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=timeout + 20)
 
 
@@ -301,7 +301,7 @@ class StubCtx:
 
 
 def test_backend_link_fault_visits_each_side_and_undo_skips_recreated_pods():
-    from torbed.backends.k8s_faults import Link
+    from torbed.backends.k8s.faults import Link
     from torbed.errors import RunFailed
     p = _plan()
     ctx = StubCtx(p)

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from torbed import constants
-from torbed.supervise import Supervisor, run_child
+from torbed.backends.local.supervise import Supervisor, run_child
 
 CHILD = """
 import signal, sys, time

@@ -1,6 +1,6 @@
-"""tor's glibc malloc environment (torbed.torenv.tor_env)."""
+"""tor's glibc malloc environment (torbed.backends.local.torenv.tor_env)."""
 
-from torbed.torenv import tor_env as _tor_env
+from torbed.backends.local.torenv import tor_env as _tor_env
 
 
 def test_defaults(monkeypatch):

@@ -7,8 +7,9 @@ import re
 import pytest
 import yaml
 
-from torbed import bench_torchestra, constants
-from torbed.chart import CHART_DIR
+from torbed.analysis import torchestra as bench_torchestra
+from torbed import constants
+from torbed.backends.k8s.chart import CHART_DIR
 from torbed.variants import VariantError, load_variant
 from tests.unit.patchtext import c_format
 

@@ -1,23 +1,16 @@
-"""Backends: where a scenario's network runs. The engine (``torbed.engine``) drives them.
+"""Backends: where a scenario's network runs, one folder each. The engine drives them.
 
-Adding a backend: a module here with a class implementing ``torbed.engine.Backend``
-(and ``from_args(args, console)`` to build it from ``torbed run``'s options), plus its row
-in ``BACKENDS``. ``torbed run --backend NAME`` and ``torbed plan`` pick it up from there.
+Adding a backend NAME: a package ``torbed/backends/NAME/`` whose ``__init__`` is its face to
+the core (keep it light: import the backend itself on use):
 
-Public API: ``BACKENDS`` {name: "module:Class"}, ``backend_class(name) -> type``.
+- ``HELP``: one line for ``torbed run --backend``
+- ``Options``: a dataclass of its command-line options, ``Options.from_args(args)``
+- ``add_arguments(parser)``: those options (``torbed run`` and ``torbed nightly`` add them)
+- ``backend_class() -> type``: the class implementing ``torbed.engine.Backend``
+- ``create(options, console, scenario_path) -> Backend``
+- ``plan_lines(plan) -> [str]``: what ``torbed plan`` prints for it (may be empty)
+- ``register_commands(sub, fmt)``: subcommands only it has (may add none)
+
+plus its name in ``torbed.engine.BACKENDS``. Nothing outside ``torbed/backends`` imports a
+backend (tests/unit/test_layout.py): the core reaches them by name through that table.
 """
-
-from __future__ import annotations
-
-import importlib
-
-# Imported on use: the k8s backend needs the kubernetes client, the local one root tools.
-BACKENDS = {
-    "local": "torbed.backends.local:LocalBackend",
-    "k8s": "torbed.backends.k8s:K8sBackend",
-}
-
-
-def backend_class(name: str) -> type:
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)

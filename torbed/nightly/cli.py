@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import runner, spec as spec_mod
+from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from .history import HistoryError
 
 console = Console(stderr=True)
@@ -24,10 +24,8 @@ def _runner_for(args):
     """A function (scenario, out_dir, variants) -> run_dir on the chosen backend, through
     the run engine as `torbed run` does."""
     from .. import engine
-    from ..backends import backend_class
-    opts = argparse.Namespace(scenario=args.nightly, namespace=args.namespace, context=args.context,
-                              set=getattr(args, "set", None) or [], system_tor=False)
-    backend = backend_class(args.backend).from_args(opts, console)
+    face = engine.backend_module(args.backend)
+    backend = face.create(face.Options.from_args(args), console, Path(args.nightly))
 
     def run(s, out, variants):
         return engine.run(s, backend, Path(out), console, variants=variants, source=args.nightly)
@@ -64,29 +62,29 @@ def cmd_nightly(args) -> int:
         console = Console(file=_Tee(sys.stderr, open(log_dir / f"nightly-{stamp}.log", "a")), width=160)
     try:
         spec = spec_mod.load(args.nightly)
-    except spec_mod.NightlyError as e:
+    except spec_mod.NightlyError as e:   # printed here too: this console also writes --log's file
         for line in str(e).splitlines():
             console.print(f"[red]error[/red] {line}", highlight=False)
-        return 2
+        return e.exit_code
     if args.check:
         entries = ", ".join(f"{e.scenario} x {', '.join(e.variants or ['all variants'])}" for e in spec.matrix)
         console.print(f"[green]ok[/green] {args.nightly}: nightly {spec.name}, {entries}", highlight=False)
-        return 0
+        return EXIT_OK
     if not args.history:
         console.print("[red]error[/red] --history DIR is required (where the history store and reports live)")
-        return 2
+        return EXIT_BAD_INPUT
     if args.backend == "local" and not args.detect_only:
         import os
         if os.geteuid() != 0:
             console.print("[red]error[/red] the local backend needs root (network namespaces)")
-            return 2
+            return EXIT_BAD_INPUT
     try:
         code, report = runner.run_night(spec, Path(args.history), _runner_for(args), console,
                                         out_dir=Path(args.out) if args.out else None, night=args.night,
                                         fail_on=args.fail_on, detect_only=args.detect_only)
-    except (runner.NightlyBusy, HistoryError) as e:
+    except (runner.NightlyBusy, HistoryError) as e:   # RunFailed: exit 1
         console.print(f"[red]error[/red] {e}", highlight=False)
-        return 1
+        return e.exit_code
     where = Path(args.history) / "reports" / report["night"]
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
@@ -98,6 +96,7 @@ def cmd_nightly(args) -> int:
 
 
 def register(sub, fmt) -> None:
+    from ..commands import add_backend_arguments
     p = sub.add_parser("nightly", formatter_class=fmt,
                        help="run a nightly benchmark matrix, add it to a history, flag changes -> report")
     p.add_argument("nightly", help="nightly definition file (kind: Nightly; see scenarios/nightly/)")
@@ -105,15 +104,11 @@ def register(sub, fmt) -> None:
                    help="history directory (history.sqlite, runs/, reports/); required unless --check")
     p.add_argument("--out", default=None, help="where run directories go (default: HISTORY/runs)")
     p.add_argument("--night", default=None, help="label of this night (default: today's UTC date)")
-    p.add_argument("--backend", choices=["local", "k8s"], default="local", help="where the scenarios run")
-    p.add_argument("--namespace", default="default", help="k8s: namespace of the releases")
-    p.add_argument("--context", default=None, help="k8s: kubeconfig context")
+    add_backend_arguments(p)   # --backend and each backend's own options, as `torbed run` has them
     p.add_argument("--fail-on", choices=runner.FAIL_ON, default="regression",
                    help="which flags make the exit status 3")
     p.add_argument("--detect-only", action="store_true",
                    help="run nothing: assess the night already in the history and rewrite its report")
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help="k8s: extra chart values for every release, e.g. images.registry=reg:5000 (repeatable)")
     p.add_argument("--check", action="store_true",
                    help="only validate the definition and every scenario it names (exit 0 or 2); nothing runs")
     p.add_argument("--json", action="store_true", help="print the nightly report's JSON on stdout")

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from ..errors import RunFailed
 
 SCHEMA_VERSION = 1
 FILENAME = "history.sqlite"
@@ -60,7 +61,7 @@ DESCRIPTION = {
 }
 
 
-class HistoryError(RuntimeError):
+class HistoryError(RunFailed):
     """The history store cannot be used (unreadable, newer schema, bad run directory)."""
 
 

@@ -11,8 +11,8 @@ not failed, unless --fail-on any), 3 a regression flagged, 1 a run failed (takes
 over 3 when both), 2 bad input, 130 interrupted. Two nightlies never share a history at
 once: DIR/.lock is held for the whole night.
 
-Public API: ``run_night(spec, history_dir, ...) -> (exit_code, report_dict)``,
-``EXIT_REGRESSION``
+Public API: ``run_night(spec, history_dir, ...) -> (exit_code, report_dict)`` (the codes are
+torbed.errors'; ``EXIT_REGRESSION`` is 3)
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 from .. import scenario as scenario_mod
-from ..errors import Interrupted
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, Interrupted, RunFailed
 from .history import History
 from .spec import NightlySpec
 
-EXIT_OK, EXIT_FAILED, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 3, 130
 FAIL_ON = ("regression", "any", "never")
 
 
-class NightlyBusy(RuntimeError):
+class NightlyBusy(RunFailed):
     """Another nightly holds the history directory."""
 
 

@@ -153,7 +153,7 @@ Args: (list $root $group).
   image: {{ include "torbed.image.client" $root }}
   imagePullPolicy: {{ $root.Values.images.pullPolicy }}
   restartPolicy: Always
-  command: ["/opt/torbed/bin/python", "-m", "torbed.k8s.shaper"]
+  command: ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper"]
   args: ["--scenario", "/etc/torbed/scenario/scenario.json", "--group", {{ $group | quote }},
          "--release", {{ include "torbed.fullname" $root | quote }},
          "--namespace", {{ $root.Release.Namespace | quote }},

@@ -1,0 +1,439 @@
+"""Fault injection on the Kubernetes backend: the scenario's faults applied at their times by
+``torbed.fault_schedule.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
+backend) with actions that act on pods. Which path each kind takes (docs/faults.md):
+
+- With Chaos Mesh (the chart's ``<release>-faults`` ConfigMap exists, i.e. the rendered
+  values had ``chaosMesh.enabled`` and faults): kill, restart and cpu are the Chaos Mesh
+  objects that ConfigMap holds (PodChaos pod-kill, PodChaos container-kill, StressChaos),
+  created at the fault's time and deleted when it ends (one-shot kinds at teardown). Chaos
+  Mesh carries out a one-shot PodChaos as soon as it exists, so the objects are not created
+  by helm.
+- Without: kill deletes the pods (their StatefulSet recreates them with the same keys);
+  restart sends SIGTERM to tor in the pod (``kubectl exec``), the kubelet starts the
+  container again; cpu lowers the tor container's CPU limit in place (the pod's ``resize``
+  subresource, InPlacePodVerticalScaling) and sets it back.
+- link, either way: the shaper sidecar of every pod on a side of the fault changes its own
+  tc tree (``python -m torbed.pods.shaper fault apply|undo`` through the API's exec into the
+  ``shaper`` container; the shaper acknowledges once tc has changed): a rate fault an htb
+  class per peer group, a partition the drop class, for the peers' addresses. Chaos Mesh's
+  NetworkChaos needs chaos-daemon and sch_netem and would replace the root qdisc the shaper
+  owns.
+- pause, either way: SIGSTOP / SIGCONT to tor through ``kubectl exec`` (the chart shares the
+  relay pods' process namespace when the scenario has a pause fault: tor is not the
+  namespace's init then, which would ignore SIGSTOP sent from inside). Chaos Mesh has no
+  kind for it that works without chaos-daemon (pod-failure replaces the container's image:
+  tor exits, that is a kill and restart, not a pause).
+
+Public API: ``make_runner(backend, rep, t_work, chaos) -> FaultRunner``,
+``chaos_objects(cluster, release) -> {fault index: manifest} | None``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import yaml
+
+from ...errors import RunFailed
+from ...fault_schedule import Action, FaultRunner
+from ...pods.shaper import REPLY
+from ...network import LOAD_GROUP
+from ...scenario import fault_nodes
+
+GROUP, VERSION = "chaos-mesh.org", "v1alpha1"
+RESIZE_TIMEOUT_S = 20.0
+# The tor processes of the pod (tor is PID 1 of its container, or a child of the pod's
+# pause process when the pod shares its process namespace), signalled; prints their pids.
+SIGNAL_TOR = ('p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = tor ] && p="$p ${d#/proc/}"; done; '
+              '[ -n "$p" ] || { echo "no tor process in the container"; exit 0; }; kill -%s $p && echo "signalled:$p"')
+# The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
+CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
+SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper", "fault"]   # the chart's shaper image
+EXEC_PARALLEL = 8   # pods changed at once by a link fault (each exec is a short Python start in the pod)
+
+
+def chaos_objects(cluster, release: str) -> dict[int, dict] | None:
+    """The Chaos Mesh manifests the chart rendered for this release's faults (its
+    ``<release>-faults`` ConfigMap), by fault index; None when it has none (Chaos Mesh off)."""
+    try:
+        data = cluster.core.read_namespaced_config_map(f"{release}-faults", cluster.ns).data or {}
+    except cluster.ApiException as e:
+        if e.status == 404:
+            return None
+        raise RunFailed(f"Kubernetes API: read configmap {release}-faults: HTTP {e.status} {e.reason}") from None
+    return {int(k.removeprefix("fault-").removesuffix(".yaml")): yaml.safe_load(v) for k, v in data.items()}
+
+
+def check_chaos_mesh(cluster, objects: dict[int, dict]) -> None:
+    """Every Chaos Mesh kind the faults need is served by the cluster (its CRDs installed),
+    checked before the workload starts rather than at the fault's time."""
+    for plural in sorted({o["kind"].lower() for o in objects.values()}):
+        try:
+            cluster.custom.list_namespaced_custom_object(GROUP, VERSION, cluster.ns, plural, limit=1)
+        except cluster.ApiException as e:
+            why = "not served (Chaos Mesh's CRDs are not installed)" if e.status == 404 else f"HTTP {e.status} {e.reason}"
+            raise RunFailed(f"chaosMesh.enabled: the faults need {GROUP}/{VERSION} {plural}: {why}") from None
+
+
+class Ctx:
+    """What the Kubernetes actions use: the API, the release, its Chaos Mesh manifests."""
+
+    def __init__(self, cluster, plan, release: str, chaos: dict[int, dict] | None, meta: dict | None = None):
+        self.cluster, self.plan, self.release, self.chaos = cluster, plan, release, chaos
+        self.created: dict[str, str] = {}   # Chaos Mesh object name -> plural, until deleted
+        self.meta = meta if meta is not None else {}   # the repetition's meta.json
+
+    def pods(self, nodes: list[str]) -> list[str]:
+        return [f"{self.release}-{self.plan.node(n).group}-{self.plan.node(n).index}" for n in nodes]
+
+    def chaos_object(self, i: int) -> dict | None:
+        return (self.chaos or {}).get(i)
+
+    def create(self, obj: dict) -> str:
+        plural, name = obj["kind"].lower(), obj["metadata"]["name"]
+        self.cluster._call(f"create {plural} {name}", self.cluster.custom.create_namespaced_custom_object,
+                           GROUP, VERSION, self.cluster.ns, plural, obj)
+        self.created[name] = plural
+        return f"Chaos Mesh {obj['kind']} {name} created"
+
+    def delete(self, name: str) -> str:
+        self._keep_status(name)
+        plural = self.created.pop(name)
+        try:
+            self.cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, self.cluster.ns, plural, name)
+        except self.cluster.ApiException as e:
+            if e.status != 404:
+                self.created[name] = plural
+                raise RunFailed(f"Kubernetes API: delete {plural} {name}: HTTP {e.status} {e.reason}") from None
+        except self.cluster.TransportError as e:
+            self.created[name] = plural
+            raise RunFailed(f"Kubernetes API: delete {plural} {name}: {e}") from None
+        return f"{plural} {name} deleted"
+
+    def _keep_status(self, name: str) -> None:
+        """meta.json ``chaos_objects``: what Chaos Mesh says it did with the object (the pods
+        it injected), read before the object is deleted: a cluster whose CRDs exist but whose
+        controller does not run accepts the object and does nothing."""
+        try:
+            obj = self.cluster.custom.get_namespaced_custom_object(GROUP, VERSION, self.cluster.ns,
+                                                                   self.created[name], name)
+        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            self.meta.setdefault("chaos_objects", {})[name] = {"status": f"not readable: {e}"}
+            return
+        recs = ((obj.get("status") or {}).get("experiment") or {}).get("containerRecords") or []
+        injected = sorted(r.get("id") for r in recs if any(
+            e.get("operation") == "Apply" and e.get("type") == "Succeeded" for e in r.get("events") or []))
+        self.meta.setdefault("chaos_objects", {})[name] = {"kind": obj["kind"], "injected": injected}
+
+    def cleanup(self) -> list[str]:
+        """Delete the Chaos Mesh objects still there (one-shot kinds stay until now, so their
+        status can be read during the run); returns what failed."""
+        errors = []
+        for name in list(self.created):
+            try:
+                self.delete(name)
+            except RunFailed as e:
+                errors.append(str(e))
+        return errors
+
+    def exec_tor(self, pod: str, script: str, what: str) -> str:
+        """Run a bash script in the pod's tor container; its output."""
+        from kubernetes.stream import stream
+        try:
+            return stream(self.cluster.core.connect_get_namespaced_pod_exec, pod, self.cluster.ns, container="tor",
+                          command=["bash", "-c", script], stderr=True, stdin=False, stdout=True, tty=False,
+                          _request_timeout=30)
+        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            raise RunFailed(f"exec in {pod} ({what}): {e}") from None
+
+    def exec_shaper(self, pod: str, argv: list[str], what: str) -> dict:
+        """Run ``torbed.pods.shaper fault ...`` in the pod's shaper container; its JSON reply.
+        Thread-safe: the client's exec swaps its ApiClient's request method while it runs,
+        so each call has an ApiClient of its own."""
+        from kubernetes import client
+        from kubernetes.stream import stream
+        try:
+            with client.ApiClient() as api:
+                out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, self.cluster.ns,
+                             container="shaper", command=argv, stderr=True, stdin=False, stdout=True, tty=False,
+                             _request_timeout=60)
+        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            raise RunFailed(f"exec in {pod} ({what}): {e}") from None
+        reply = [line for line in out.splitlines() if line.startswith(REPLY)]
+        try:
+            return json.loads(reply[-1][len(REPLY):])
+        except (IndexError, ValueError):
+            raise RunFailed(f"{what} in {pod}: {out.strip()[-300:] or 'no answer from the shaper'}") from None
+
+    def node_pods(self) -> dict[str, object]:
+        """The running pod of each node (the plan's names: auth0, guard0, bulk1, load0 ...)."""
+        out, load = {}, []
+        for p in self.cluster.pods(self.release):
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
+                continue
+            labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
+            comp = labels.get("app.kubernetes.io/component")
+            group = "auth" if comp == "authority" else labels.get("torbed.io/group")
+            if group is None:
+                continue   # results, Prometheus: not nodes
+            if comp == "load-worker":   # a Deployment: no pod is a given load node
+                load.append(p)
+            elif "batch.kubernetes.io/job-completion-index" in ann:
+                out[f"{group}{ann['batch.kubernetes.io/job-completion-index']}"] = p
+            elif "statefulset.kubernetes.io/pod-name" in labels:
+                out[f"{group}{p.metadata.name.rsplit('-', 1)[1]}"] = p
+            else:
+                out[f"{group}0"] = p   # the Locust master
+        for k, p in enumerate(sorted(load, key=lambda p: p.metadata.name)):
+            out[f"{LOAD_GROUP}{k}"] = p
+        return out
+
+    def signal_tor(self, pod: str, sig: str) -> str:
+        """Send ``sig`` (STOP, CONT, TERM) to tor in the pod's tor container; its pids."""
+        out = self.exec_tor(pod, SIGNAL_TOR % sig, f"SIG{sig} to tor")
+        if "signalled:" not in out:
+            raise RunFailed(f"SIG{sig} to tor in {pod}: {out.strip()[-300:]}")
+        return " ".join(out.split("signalled:", 1)[1].split()) or "?"
+
+    def tor_cpu(self, pod: str) -> tuple[dict, dict]:
+        """The tor container's resources as the spec asks and as the kubelet applied them."""
+        p = self.cluster._call(f"read pod {pod}", self.cluster.core.read_namespaced_pod, pod, self.cluster.ns)
+        spec = next(c for c in p.spec.containers if c.name == "tor").resources
+        st = next((c for c in p.status.container_statuses or [] if c.name == "tor"), None)
+        applied = st.resources if st is not None and st.resources is not None else None
+        return ({"requests": dict(spec.requests or {}), "limits": dict(spec.limits or {})},
+                {"requests": dict(applied.requests or {}), "limits": dict(applied.limits or {})} if applied else {})
+
+    def resize(self, pod: str, resources: dict) -> float:
+        """Set the tor container's CPU in place and wait until the container's cgroup has
+        the new CFS quota (read inside the container: the API's container status may report
+        the allocation before the kubelet has written the cgroup); returns how long it took."""
+        t0 = time.time()
+        self.cluster._call(f"resize pod {pod}", self.cluster.core.patch_namespaced_pod_resize, pod, self.cluster.ns,
+                           {"spec": {"containers": [{"name": "tor", "resources": resources}]}})
+        # The kubelet's CFS period is 100 ms: a limit of N millicores is a quota of N * 100 us.
+        want = str(_millicores(resources["limits"]["cpu"]) * 100)
+        while True:
+            got = self.exec_tor(pod, CPU_QUOTA, "read the CPU quota").strip()
+            if got == want:
+                return time.time() - t0
+            if time.time() - t0 > RESIZE_TIMEOUT_S:
+                raise RunFailed(f"pod {pod}: the tor container's CFS quota is {got!r}, not {want} us per 100 ms, "
+                                f"{RESIZE_TIMEOUT_S:.0f} s after the resize to {resources['limits']['cpu']} "
+                                f"(status: {self.tor_cpu(pod)[1]})")
+            time.sleep(0.2)
+
+
+def _millicores(q: str | None) -> int | None:
+    if q is None:
+        return None
+    q = str(q)
+    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+
+
+class Kill(Action):
+    undoable = False
+
+    def apply(self, ctx):
+        self.pods = ctx.pods(self.nodes)
+        obj = ctx.chaos_object(self.index)
+        if obj is not None:
+            how = ctx.create(obj) + " (pod-kill)"
+        else:
+            for pod in self.pods:
+                ctx.cluster.delete_pod(pod)
+            how = "pod deleted"
+        self.record = {"pods": self.pods, "how": how, "note": "the StatefulSet recreates the pod with the same keys"}
+        return f"{how}: {', '.join(self.pods)}"
+
+    def undo(self, ctx, reason):
+        return "nothing to undo (the pod comes back by itself)"
+
+
+class Restart(Action):
+    undoable = False   # the kubelet starts the container again at once: nothing to undo
+
+    def apply(self, ctx):
+        self.pods = ctx.pods(self.nodes)
+        obj = ctx.chaos_object(self.index)
+        if obj is not None:
+            how = ctx.create(obj) + " (container-kill of tor: carried out by chaos-daemon)"
+        else:
+            pids = {pod: ctx.signal_tor(pod, "TERM") for pod in self.pods}
+            self.pids = pids
+            how = "SIGTERM to tor (kubectl exec); the kubelet starts the container again"
+        self.record = {"pods": self.pods, "how": how}
+        return f"{how}: {', '.join(self.pods)}"
+
+    def undo(self, ctx, reason):
+        return "nothing to undo"
+
+
+class Pause(Action):
+    def apply(self, ctx):
+        self.pods = ctx.pods(self.nodes)
+        self.stopped: list[str] = []
+        self.pids = {}
+        for pod in self.pods:
+            self.pids[pod] = ctx.signal_tor(pod, "STOP")
+            self.stopped.append(pod)
+        self.record = {"pods": self.pods, "how": "SIGSTOP to tor (kubectl exec)"}
+        return "SIGSTOP tor in " + ", ".join(f"{p} (pid {self.pids[p]})" for p in self.pods)
+
+    def undo(self, ctx, reason):
+        done, errors = [], []
+        for pod in self.stopped:
+            try:
+                ctx.signal_tor(pod, "CONT")
+                done.append(pod)
+            except RunFailed as e:
+                errors.append(str(e))
+        self.stopped = []
+        if errors:
+            raise RunFailed("; ".join(errors))
+        return "SIGCONT tor in " + ", ".join(done)
+
+
+class Cpu(Action):
+    def apply(self, ctx):
+        self.pods = ctx.pods(self.nodes)
+        self.obj = ctx.chaos_object(self.index)
+        if self.obj is not None:
+            how = ctx.create(self.obj) + " (a stressor next to tor: carried out by chaos-daemon)"
+            self.record = {"pods": self.pods, "how": how}
+            return f"{how}: {', '.join(self.pods)}"
+        milli = max(1, round(self.fault.cpu.fraction * 1000))
+        self.saved: dict[str, dict] = {}
+        took = {}
+        for pod in self.pods:
+            spec, _ = ctx.tor_cpu(pod)
+            if "cpu" not in spec["limits"]:
+                raise RunFailed(f"pod {pod}: the tor container has no CPU limit to lower (the chart sets one "
+                                "for groups a cpu fault targets)")
+            req = _millicores(spec["requests"].get("cpu")) or 0
+            new = {"limits": {"cpu": f"{milli}m"}, "requests": {"cpu": f"{min(req, milli)}m"}} if req else \
+                {"limits": {"cpu": f"{milli}m"}}
+            self.saved[pod] = {"limits": {"cpu": spec["limits"]["cpu"]},
+                               **({"requests": {"cpu": spec["requests"]["cpu"]}} if req else {})}
+            took[pod] = round(ctx.resize(pod, new), 3)
+        how = f"in-place resize of the tor container's CPU limit to {milli}m"
+        self.record = {"pods": self.pods, "how": how, "resize_s": took,
+                       "limits_before": {p: s["limits"]["cpu"] for p, s in self.saved.items()}}
+        return f"{how}: " + ", ".join(f"{p} (applied after {t:.1f} s)" for p, t in took.items())
+
+    def undo(self, ctx, reason):
+        if self.obj is not None:
+            return ctx.delete(self.obj["metadata"]["name"])
+        saved, self.saved = self.saved, {}
+        for pod, res in saved.items():
+            ctx.resize(pod, res)
+        return "CPU limit set back: " + ", ".join(f"{p} {r['limits']['cpu']}" for p, r in saved.items())
+
+
+def link_sides(plan, fault) -> list[tuple[list[str], list[str]]]:
+    """(nodes, their peers) per side of a link fault: whose pods change their egress, and
+    toward which nodes. ``between: [a, b]``: a's nodes toward b's and b's toward a's;
+    ``target: x``: x's nodes toward every other node and every other node toward x's."""
+    s = plan.scenario
+    if fault.between is not None:
+        a, b = (fault_nodes(s, side) for side in fault.between)
+        return [(a, b), (b, a)]
+    mine = fault_nodes(s, fault.target)
+    others = [n.name for n in plan.nodes if n.name not in mine]
+    return [(mine, others), (others, mine)]
+
+
+def peer_args(plan, nodes: list[str]) -> list[str]:
+    """Nodes as the shaper's peers: a whole group by its name (its Service records), the
+    rest one by one (their pods' own records)."""
+    want, out = set(nodes), []
+    groups: dict[str, list[str]] = {}
+    for n in plan.nodes:
+        groups.setdefault(n.group, []).append(n.name)
+    for g, members in groups.items():
+        if set(members) <= want:
+            out.append(g)
+        else:
+            out += [m for m in members if m in want]
+    return out
+
+
+class Link(Action):
+    done: dict[str, dict] = {}   # pods whose shaper has (or may have) the fault: what undo visits
+
+    def apply(self, ctx):
+        f = self.fault
+        self.done = {}
+        pods = ctx.node_pods()
+        todo: dict[str, dict] = {}   # pod -> {"uid", "nodes", "peers"}
+        self.skipped: list[str] = []
+        for nodes, peers in link_sides(ctx.plan, f):
+            args = peer_args(ctx.plan, peers)
+            for n in nodes:
+                p = pods.get(n)
+                if p is None:
+                    self.skipped.append(n)   # not running now (a finished client): sends nothing
+                    continue
+                e = todo.setdefault(p.metadata.name, {"uid": p.metadata.uid, "nodes": [], "peers": []})
+                e["nodes"].append(n)
+                e["peers"] += [a for a in args if a not in e["peers"]]
+        what = ["--partition"] if f.partition else ["--rate-bps", str(f.rate.bps)]
+        errors = []
+
+        def one(pod):
+            e = todo[pod]
+            argv = [*SHAPER_FAULT, "apply", "--id", str(self.index), *sum((["--peer", a] for a in e["peers"]), []), *what]
+            return pod, ctx.exec_shaper(pod, argv, f"link fault {self.index}")
+
+        with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
+            for fut in [pool.submit(one, pod) for pod in sorted(todo)]:
+                try:
+                    pod, reply = fut.result()
+                except RunFailed as e:
+                    errors.append(str(e))
+                    continue
+                self.done[pod] = {**todo[pod], "classes": reply["classes"], "addresses": reply["addresses"],
+                                  "took_s": reply["took_s"]}
+        # Pods that failed may still have the request: undo visits them too.
+        for pod in todo:
+            self.done.setdefault(pod, {**todo[pod], "error": True})
+        if errors:
+            raise RunFailed("; ".join(errors))
+        self.pods = sorted(self.done)
+        desc = "partition (drop class)" if f.partition else f"rate {f.rate}"
+        how = f"shaper sidecar: {desc} on the pods' egress toward the fault's peers (kubectl exec)"
+        self.record = {"pods": self.pods, "how": how, "skipped": self.skipped,
+                       "shaper": {p: {k: v for k, v in d.items() if k != "uid"} for p, d in self.done.items()}}
+        return f"{how}: {len(self.done)} pods" + (f"; not running: {', '.join(self.skipped)}" if self.skipped else "")
+
+    def undo(self, ctx, reason):
+        done, self.done = self.done, {}
+        current = {p.metadata.name: p for p in ctx.node_pods().values()}
+        gone = sorted(p for p, d in done.items() if p not in current or current[p].metadata.uid != d["uid"])
+        errors, undone = [], []
+
+        def one(pod):
+            return pod, ctx.exec_shaper(pod, [*SHAPER_FAULT, "undo", "--id", str(self.index)],
+                                        f"undo of link fault {self.index}")
+
+        with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
+            for fut in [pool.submit(one, pod) for pod in sorted(set(done) - set(gone))]:
+                try:
+                    undone.append(fut.result()[0])
+                except RunFailed as e:
+                    errors.append(str(e))
+        if errors:
+            raise RunFailed("; ".join(errors))
+        # A recreated pod starts with an empty state directory: its shaper never had the fault.
+        return f"shaper sidecar: fault removed in {len(undone)} pods" + \
+            (f"; ended or recreated since: {', '.join(gone)}" if gone else "")
+
+
+KINDS = {"kill": Kill, "restart": Restart, "pause": Pause, "cpu": Cpu, "link": Link}
+
+
+def make_runner(backend, rep, t_work: float, chaos: dict[int, dict] | None) -> FaultRunner:
+    ctx = Ctx(backend.cluster, rep.state["plan"], rep.state["name"], chaos, rep.meta)
+    return FaultRunner(rep, t_work, ctx, KINDS)

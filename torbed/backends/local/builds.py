@@ -1,0 +1,112 @@
+"""tor binaries per variant: built once by images/relay/build-tor.sh, cached by content hash.
+
+Config-only variants (kist, kistlite, ewma-H) share the unpatched "stock" build, so every
+variant of a comparison is the same compiler output except for its patches. Authorities and
+clients always run the stock build.
+
+Public API:
+
+- ``Build``: key, directory, tor, tor_gencert, info (build.json) ; ``Build.describe()``
+- ``cached(key) -> Build | None``
+- ``ensure(variant_or_None, console=None, system_tor=False) -> Build`` builds when missing;
+  with ``system_tor`` config-only variants use the tor on PATH instead (quick experiments;
+  recorded as such in meta.json)
+- ``BuildError``
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import constants
+from ...variants import Variant, stock_build_key
+from ...errors import RunFailed
+
+
+class BuildError(RunFailed):
+    pass
+
+
+@dataclass(frozen=True)
+class Build:
+    key: str
+    directory: Path | None
+    tor: str
+    tor_gencert: str
+    info: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        sha = self.info.get("tor_sha256") or self.info.get("binaries", {}).get("tor", {}).get("sha256")
+        return {"key": self.key, "tor": self.tor, "tor_sha256": sha, "tor_version": self.info.get("tor_version"),
+                "patches": [p.get("file") for p in self.info.get("patches", [])]}
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_dir(key: str) -> Path:
+    return constants.CACHE_DIR / "tor" / key
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_info(key: str, mtime: float) -> dict:
+    return json.loads((build_dir(key) / "build.json").read_text())
+
+
+def cached(key: str) -> Build | None:
+    d = build_dir(key)
+    tor, gencert, info = d / "bin" / "tor", d / "bin" / "tor-gencert", d / "build.json"
+    if tor.exists() and gencert.exists() and info.exists():
+        return Build(key=key, directory=d, tor=str(tor), tor_gencert=str(gencert),
+                     info=_cached_info(key, info.stat().st_mtime))
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def system_build() -> Build:
+    tor, gencert = shutil.which("tor"), shutil.which("tor-gencert")
+    if not tor or not gencert:
+        raise BuildError("--system-tor: no tor/tor-gencert on PATH (apt-get install tor)")
+    version = subprocess.run([tor, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    return Build(key="system", directory=None, tor=tor, tor_gencert=gencert,
+                 info={"tor_version": version.removeprefix("Tor version ").rstrip("."), "tor_sha256": _sha256(tor)})
+
+
+def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> Build:
+    patches = tuple(variant.patches) if variant else ()
+    if system_tor and not patches:
+        return system_build()
+    key = variant.build_key if variant else stock_build_key()
+    hit = cached(key)
+    if hit:
+        return hit
+    if not constants.BUILD_SCRIPT.exists():
+        raise BuildError(f"{constants.BUILD_SCRIPT} is missing")
+    cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(build_dir(key))]
+    for p in patches:
+        cmd += ["--patch", str(p)]
+    name = variant.name if variant else "stock"
+    if console:
+        console.log(f"building tor for variant {name} (key {key}); a few minutes, cached afterwards")
+    log = constants.CACHE_DIR / "logs" / f"build-{key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise BuildError(f"building variant {name} failed (exit {rc}); log: {log}\n"
+                         + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+    hit = cached(key)
+    if not hit:
+        raise BuildError(f"build script succeeded but {build_dir(key)} is incomplete")
+    return hit

@@ -1,0 +1,85 @@
+"""`helm test` of a release: did a transfer cross the private network?
+
+Runs in the chart's test hook pod (templates/tests/transfer.yaml). It reads the clients'
+records from the results service (the same transfers.jsonl `torbed run` fetches) until one
+transfer has status ok and carried its whole file, then prints it (client, path, size,
+time to last byte) and exits 0. It exits 1 when the deadline passes first, printing what it
+saw instead: how many transfers, and the causes of the failed ones. Records of the warmup
+count too: the question is whether the network carries traffic at all, not the measurement.
+
+``python -m torbed.pods.helmtest --results URL [--timeout S]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+
+POLL_S = 3.0
+
+
+def crossed(records: list[dict]) -> dict | None:
+    """The first transfer that carried its whole file, or None."""
+    for r in records:
+        if r.get("type") == "transfer" and r.get("status") == "ok" and r.get("bytes") == r.get("size") \
+                and r.get("size"):
+            return r
+    return None
+
+
+def summary(records: list[dict]) -> str:
+    transfers = [r for r in records if r.get("type") == "transfer"]
+    causes = Counter((r.get("error") or {}).get("cause", "?") for r in transfers if r.get("status") != "ok")
+    return f"{len(transfers)} transfers, failed by cause: {dict(causes) or 'none'}"
+
+
+def fetch(url: str) -> list[dict]:
+    try:
+        with urllib.request.urlopen(f"{url}/files/transfers.jsonl", timeout=10) as resp:
+            text = resp.read().decode()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []      # no client has written a record yet
+        raise
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass           # a line being appended: read again at the next poll
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True, help="the results service's URL")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a transfer")
+    args = ap.parse_args(argv)
+    deadline = time.time() + args.timeout
+    records: list[dict] = []
+    last_error = ""
+    while time.time() < deadline:
+        try:
+            records = fetch(args.results)
+            last_error = ""
+        except (OSError, urllib.error.URLError) as e:
+            last_error = f"results service {args.results}: {e}"
+        r = crossed(records)
+        if r is not None:
+            path = "-".join(h.get("node", "?") for h in (r.get("circuit") or {}).get("path", [])) or "tor's choice"
+            print(f"ok: {r['client']} fetched {r['file']} ({r['size']} B) from {r['server']} through "
+                  f"{path} in {r['ttlb_s']:.2f} s; {summary(records)}")
+            return 0
+        time.sleep(POLL_S)
+    print(f"FAILED: no transfer crossed the network within {args.timeout:.0f} s; {summary(records)}"
+          + (f"; {last_error}" if last_error else ""), file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
