@@ -50,7 +50,6 @@ def cmd_resume(args) -> int:
     """``torbed run --resume RUN_DIR``: the run's own scenario file and overrides (run.json
     ``source``, ``overrides``), checked against the fingerprint taken when it began."""
     from . import engine, resume, scenario as scenario_mod
-    from .backends import backend_class
     from .shaping import ShapingError
     run_dir = Path(args.resume)
     run_json = run_dir / "run.json"
@@ -69,7 +68,8 @@ def cmd_resume(args) -> int:
     if args.backend != info.get("backend", "local"):
         raise InputError(f"{run_json}: backend: the run used '{info.get('backend')}', not '{args.backend}'")
     host_load = check_host_load(require_quiet=args.require_quiet)
-    backend = backend_class(args.backend).from_args(args, console)
+    face = engine.backend_module(args.backend)
+    backend = face.create(face.Options.from_args(args), console, Path(source))
     try:
         engine.resume(run_dir, s, backend, console, host_load=host_load)
     except ShapingError as e:
