@@ -4,7 +4,7 @@ k8s`; its per-cell delays against a local-backend run of the same scenario, and 
 clients' clock offset to their replay server, which on this one machine must come out ~0.
 
 Shortened: one variant (ewma-66: config-only, so the local run needs no patched tor build),
-one repetition, 60 s of workload after 10 s of warm-up, two heavy clients instead of four
+one repetition, 60 s of workload (the helm-install test: 30 s) after 10 s of warm-up, two heavy clients instead of four
 (a 2-core machine runs the whole network twice here)."""
 
 from __future__ import annotations
