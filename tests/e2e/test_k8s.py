@@ -256,7 +256,9 @@ def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
     stock exit sees nothing; transfers are checksummed and nothing is left behind."""
     from torbed import bench_circswitch
     scenario = tmp_path / "circswitch.yaml"
-    scenario.write_text(yaml.safe_dump(bench_circswitch.scenario("e2e-circswitch", "60s")))
+    # 25 s: in a 60 s run the middle had moved 6 circuits by 6.6 s into the workload (the
+    # guard completing each), and 14 transfers had completed by 25 s (>= 5 needed).
+    scenario.write_text(yaml.safe_dump(bench_circswitch.scenario("e2e-circswitch", "25s")))
     p, run_dir = torbed_run(tmp_path, scenario)
     assert p.returncode == 0 and run_dir, p.stdout[-3000:] + p.stderr[-3000:]
     rep = run_dir / "circswitch" / "rep-0"
