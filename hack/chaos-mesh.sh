@@ -146,6 +146,9 @@ spec:
     metadata: {labels: {app.kubernetes.io/component: chaos-controller-manager}}
     spec:
       serviceAccountName: chaos-controller-manager
+      # Nothing to hand over (one replica, no leader election): \`down\` waited the default
+      # 30 s for a controller that does not exit on SIGTERM at once.
+      terminationGracePeriodSeconds: 2
       containers:
         - name: controller-manager
           image: $IMAGE

@@ -52,14 +52,17 @@ class QuotaWatch:
 
 def test_pause_restart_and_cpu_faults_on_kubernetes(kube, tmp_path):
     data = yaml.safe_load(QUICKSTART.read_text())
-    data["faults"] = [{"at": "10s", "kind": "cpu", "target": "exit0", "cpu": "5%", "duration": "12s"},
-                      {"at": "28s", "kind": "pause", "target": "exit0", "duration": "8s"},
-                      {"at": "40s", "kind": "restart", "target": "guard0"}]
+    # Gaps sized from a run on the 2-core machine: the kubelet resized the quota 0.5 s after
+    # the patch and back in 0.2 s (the watch reads it about once a second: 7 s during, 5 s
+    # after), and the first transfer succeeded 1.4 s after guard0's restart (11 s left here).
+    data["faults"] = [{"at": "5s", "kind": "cpu", "target": "exit0", "cpu": "5%", "duration": "9s"},
+                      {"at": "19s", "kind": "pause", "target": "exit0", "duration": "8s"},
+                      {"at": "31s", "kind": "restart", "target": "guard0"}]
     scenario = tmp_path / "faults.yaml"
     scenario.write_text(yaml.safe_dump(data))
     watch = QuotaWatch(kube)
     try:
-        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "60s")
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "42s")
     finally:
         watch.close()
     assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]

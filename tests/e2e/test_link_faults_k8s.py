@@ -132,7 +132,10 @@ def test_partition_and_rate_link_faults_on_kubernetes(kube, tmp_path):
     t_on, t_off = part["t_done"], ev[(0, "undo")]["t"]
     through = [t for t in transfers if t.get("t_last_byte") and t_on + 0.5 < t["t_last_byte"] < t_off]
     assert not through, through
-    failed = [t for t in transfers if t_on <= t["t_start"] < t_off and t["status"] != "ok"]
+    # Typed errors for what started once the partition was being applied: on a loaded machine
+    # the shapers of the ten pods took 6.4 s to apply it (2026-11-26), and the one transfer
+    # started in between timed out; from its end (t_on) to the undo no new one started.
+    failed = [t for t in transfers if part["t"] <= t["t_start"] < t_off and t["status"] != "ok"]
     assert failed and {t["error"]["cause"] for t in failed} <= {"timeout", "circuit_failed", "stream_detached"}, failed
     ok_after = sorted(t["t_last_byte"] for t in transfers if t["status"] == "ok" and t["t_last_byte"] > t_off)
     assert ok_after and ok_after[0] - ev[(0, "undo")]["t_done"] < 20, "no transfer succeeded after the partition"

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def _nightly(tmp_path, scenario_path):
     n = {"apiVersion": "torbed/v1", "kind": "Nightly", "name": "itest",
-         "matrix": [{"scenario": str(scenario_path), "repetitions": 1, "duration": "15s"}],
+         "matrix": [{"scenario": str(scenario_path), "repetitions": 1, "duration": "8s"}],
          "metrics": ["ttlb_s/*"], "lookback": 5, "min_history": 3,
          # Three nights are few: Student's t with 2 degrees of freedom at z = 3's level needs
          # a 19-sd change; z = 2 (4.6% nominal) keeps the test short and still demands a

@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         errors = collectors.run(cfg, stop)
     finally:
-        shipped = shipper.stop()
+        # Stopped by SIGTERM: the pod is being deleted. Mid-run (a kill fault) the results
+        # service takes the last records at the first attempt; at uninstall it is being
+        # deleted too (the backend fetched everything before), and retrying (30 s by
+        # default) only held the pod for its whole grace period.
+        shipped = shipper.stop(attempts=3)
     for e in errors:
         log(f"collector: {e}")
     if not shipped:
