@@ -28,7 +28,7 @@ def test_interrupted_run_resumes_and_its_records_are_a_straight_runs(tmp_path):
         "links.pairs": [{"between": ["guard", "middle"], "rate": "4mbit"}],
         "clients.web.workload": {"kind": "fetch", "file": "small", "repeat": 1000, "pause": "1s"},
         "clients.bulk": {"path": ["guard", "middle", "exit"], "workload": {"kind": "bulk", "file": "bulk"}},
-        "measure.duration": "20s",
+        "measure.duration": "12s",
     })
     path = write_scenario(tmp_path, data)
     out = tmp_path / "runs"
