@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import resources
+from . import resources, syncfiles
 
 
 def _root() -> Path:
@@ -338,18 +338,8 @@ def generated_files() -> dict[str, str]:
 
 
 def write(root: Path | None = None) -> list[str]:
-    root = root or _root()
-    changed = []
-    for rel, text in generated_files().items():
-        path = root / rel
-        if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            changed.append(rel)
-    return changed
+    return syncfiles.write(root or _root(), generated_files())
 
 
 def check(root: Path | None = None) -> list[str]:
-    root = root or _root()
-    return [rel for rel, text in generated_files().items()
-            if not (root / rel).exists() or (root / rel).read_text() != text]
+    return syncfiles.stale(root or _root(), generated_files())

@@ -5,6 +5,7 @@ Public API:
 - ``utc_now() -> str``                 ISO 8601, seconds, UTC ("2026-11-23T20:01:02Z")
 - ``host_info() -> dict``              hostname, kernel, arch, CPU model, cpus, memory, python
 - ``cpu_model(cpuinfo=None)``          the CPU's model name from /proc/cpuinfo
+- ``file_sha256(path) -> str``        hex SHA-256 of a file's bytes, read in 1 MiB blocks
 - ``python_dependencies() -> dict``    {distribution: installed version} of every package
   torbed's metadata requires (pyproject's dependencies), e.g. for run.json / summary.json
 """
@@ -12,12 +13,21 @@ Public API:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import platform
 import re
 import socket
 from importlib import metadata
 from pathlib import Path
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def utc_now() -> str:

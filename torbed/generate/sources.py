@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..provenance import file_sha256
 
 CONSENSUS_TYPE = "network-status-consensus-3 1.0"
 MICRODESC_CONSENSUS_TYPE = "network-status-microdesc-consensus-3 1.0"
@@ -85,14 +86,6 @@ class Relay:
         exit_ = "Exit" in self.flags and "BadExit" not in self.flags
         guard = "Guard" in self.flags
         return "guardexit" if guard and exit_ else "guard" if guard else "exit" if exit_ else "middle"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _iso(t) -> str | None:
@@ -171,7 +164,7 @@ def read_consensus(path: str | Path) -> tuple[list[ConsensusRelay], SourceDocume
             descriptor_digest=(entry.digest.upper() if getattr(entry, "digest", None) else None)))
     if not relays:
         raise SourceError(f"{path}: the consensus lists no relays")
-    info = SourceDocument(kind="consensus", path=str(path), sha256=sha256_file(path), entries=len(relays),
+    info = SourceDocument(kind="consensus", path=str(path), sha256=file_sha256(path), entries=len(relays),
                           valid_after=_iso(doc.valid_after))
     return relays, info
 
@@ -203,7 +196,7 @@ def read_descriptors(paths: list[str | Path]) -> tuple[dict[str, list[Descriptor
         files = [given] if is_tar else _descriptor_files(given)
         for f in files:
             # Directories are hashed over their files' names and contents, in sorted order.
-            file_hash = sha256_file(f)
+            file_hash = file_sha256(f)
             digest.update(f"{f.relative_to(given) if given.is_dir() else f.name}\0{file_hash}\n".encode())
             try:
                 if is_tar:
@@ -237,7 +230,7 @@ def read_descriptors(paths: list[str | Path]) -> tuple[dict[str, list[Descriptor
             raise SourceError(f"{given}: holds no server descriptors")
         published = sorted(p for p in published if p)
         infos.append(SourceDocument(kind="server-descriptors", path=str(given),
-                                    sha256=sha256_file(given) if given.is_file() else digest.hexdigest(),
+                                    sha256=file_sha256(given) if given.is_file() else digest.hexdigest(),
                                     entries=count,
                                     published=f"{published[0]} .. {published[-1]}" if published else None))
     return by_fp, infos

@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field
 
-from ... import constants, resources, torrc, torrc_policy
+from ... import constants, resources, syncfiles, torrc, torrc_policy
 from ...scenario import Scenario, Strict
 from ...variants import _read_family, list_families
 
@@ -286,20 +286,12 @@ def generated_files() -> dict[str, str]:
 
 def write(chart_dir: Path = CHART_DIR) -> list[str]:
     """Write the generated files; returns the ones whose content changed."""
-    changed = []
-    for rel, text in generated_files().items():
-        path = chart_dir / rel
-        if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            changed.append(rel)
-    return changed
+    return syncfiles.write(chart_dir, generated_files())
 
 
 def check(chart_dir: Path = CHART_DIR) -> list[str]:
     """Generated files that are missing or differ from what the sources give."""
-    return [rel for rel, text in generated_files().items()
-            if not (chart_dir / rel).exists() or (chart_dir / rel).read_text() != text]
+    return syncfiles.stale(chart_dir, generated_files())
 
 
 __all__ = ["ChartValues", "values_schema", "generated_files", "write", "check", "Scenario"]

@@ -17,7 +17,6 @@ Public API:
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 from ... import constants
 from ...variants import Variant, stock_build_key
 from ...errors import RunFailed
+from ...provenance import file_sha256
 
 
 class BuildError(RunFailed):
@@ -45,14 +45,6 @@ class Build:
         sha = self.info.get("tor_sha256") or self.info.get("binaries", {}).get("tor", {}).get("sha256")
         return {"key": self.key, "tor": self.tor, "tor_sha256": sha, "tor_version": self.info.get("tor_version"),
                 "patches": [p.get("file") for p in self.info.get("patches", [])]}
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_dir(key: str) -> Path:
@@ -80,7 +72,7 @@ def system_build() -> Build:
         raise BuildError("--system-tor: no tor/tor-gencert on PATH (apt-get install tor)")
     version = subprocess.run([tor, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     return Build(key="system", directory=None, tor=tor, tor_gencert=gencert,
-                 info={"tor_version": version.removeprefix("Tor version ").rstrip("."), "tor_sha256": _sha256(tor)})
+                 info={"tor_version": version.removeprefix("Tor version ").rstrip("."), "tor_sha256": file_sha256(tor)})
 
 
 def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> Build:
