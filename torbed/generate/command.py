@@ -15,24 +15,22 @@ from . import budget as budget_mod, build
 console = Console(stderr=True)
 
 
-def _positive_int(text: str) -> int:
+def _whole(text: str, least: int) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {v}" if least else f"must be 0 or more, got {v}")
     return v
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
 
 
 def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
+    return _whole(text, 0)
 
 
 def _fraction(text: str) -> float:
