@@ -34,7 +34,9 @@ def test_interrupted_run_resumes_and_its_records_are_a_straight_runs(tmp_path):
     out = tmp_path / "runs"
     proc = start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / "session1.log")
     try:
-        run_dir = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
+        # The run directory is made before its run.json is written (atomically): wait for the file.
+        run_dir = wait_for(lambda: out.exists() and any(out.iterdir()) and (only_run_dir(out) / "run.json").is_file()
+                           and only_run_dir(out), 60, "run directory with its run.json")
         order = [tuple(x) for x in json.loads((run_dir / "run.json").read_text())["order"]]
         second = run_dir / order[1][0] / f"rep-{order[1][1]}"
         wait_for(lambda: len(records(second / "transfers.jsonl")) >= 1, 300, "a transfer of the second repetition")
