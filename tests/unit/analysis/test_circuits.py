@@ -149,11 +149,14 @@ def test_a_tie_between_channels_is_left_unlabelled_not_guessed(tmp_path):
 
 
 def test_a_restarted_relay_numbers_channels_again_and_sessions_keep_them_apart(tmp_path):
-    web = client_records(tmp_path, "web0", "web", [("7", "2", "1000")])
+    web = client_records(tmp_path, "web0", "web", [("7", "2", "1000"), ("8", "2", "1001")])
     before = relay("guard0", exit_hop(1000, 11))
     after = relay("guard0", exit_hop(1000, 11))
     after["session"] = 2.0
     assert circuits.hop_key(before) != circuits.hop_key(after)
+    # web0's channel carried 1000 and 1001 to the first session's channel 11
+    att = circuits.attribute([before, relay("guard0", exit_hop(1001, 11)), after], web)
+    assert att.label_of(before).node == "web0" and att.label_of(after) is None
 
 
 def test_a_chain_that_leaves_the_clients_path_is_not_labelled(tmp_path):
