@@ -71,3 +71,15 @@ def test_web_and_bulk_circuits_are_labelled_at_guard_middle_and_exit(tmp_path):
     assert not unlabelled, unlabelled
     assert by_group["web"] >= 3 and by_group["bulk"] >= 6
     assert not att.mismatched and namespaces(run_dir) == []
+
+    # The report's queue wait per client group and position comes from the same labels.
+    p = run_torbed(["report", str(run_dir)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())["metrics"]
+    for g in ("web", "bulk"):
+        for pos in ("guard", "middle", "exit"):
+            entry = summary[f"cell_wait_ms/client:{g}/{pos}/inbound"]["variants"]["kist"]
+            assert entry["n"] > 0, (g, pos)
+    web, bulk = (summary[f"cell_wait_ms/client:{g}/middle/inbound"]["variants"]["kist"]["wait_per_cell_ms"]
+                 for g in ("web", "bulk"))
+    print(f"queue wait at the middle (inbound): web {web:.1f} ms/cell, bulk {bulk:.1f} ms/cell")
