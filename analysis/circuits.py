@@ -11,7 +11,8 @@ What the records give (docs/records.md):
 - circuits.jsonl (every client's driver): ``event: "link"`` records give, for each of the
   client tor's circuits (``id``, the id transfers.jsonl names), its channel to the guard and
   the circuit id on it (from the client's own CELL_STATS).
-- transfers.jsonl: which circuits (client, ``circuit.id``) carried the workload.
+- transfers.jsonl and circuits.jsonl's ``event: "stream"`` records: which circuits (client,
+  circuit ID) carried the workload's streams.
 
 Method (``attribute``):
 
@@ -246,6 +247,9 @@ def attribute(cellstats, client_circuits, transfers=(), names: dict[str, str] | 
         c = t.get("circuit")
         if isinstance(c, dict) and _s(c.get("id")) is not None:
             att.workload.add((str(t.get("client")), str(c["id"])))
+    for rec in client_circuits:
+        if rec.get("event") == "stream" and _s(rec.get("id")) is not None:
+            att.workload.add((str(rec.get("client")), str(rec["id"])))
 
     def chain(origin: _Hop) -> list[_Hop]:
         out, h, seen = [], origin, set()

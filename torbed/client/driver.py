@@ -208,6 +208,11 @@ class Driver:
         if self.cfg.get("debug"):
             print(f"STREAM {event.id} {event.status} circ={event.circ_id} src={event.source_address}:{event.source_port}"
                   f" purpose={event.purpose} reason={event.reason}", file=sys.stderr, flush=True)
+        if event.status == "SUCCEEDED" and event.circ_id and event.purpose in (None, "USER"):
+            # Which circuit carried the workload's streams, also when tor chose the path (no
+            # fixed path: transfers.jsonl then names no circuit).
+            self.circuit_log.write({**self._circuit_base(), "event": "stream", "id": str(event.circ_id),
+                                    "stream": str(event.id), "target": f"{event.target_address}:{event.target_port}"})
         with self.lock:
             if event.status in ("NEW", "NEWRESOLVE") and event.source_port is not None:
                 self.streams[event.id] = int(event.source_port)

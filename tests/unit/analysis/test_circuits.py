@@ -53,6 +53,10 @@ def client_records(tmp_path, client, group, circuits_):
             d._on_cellstats(event(f"650 CELL_STATS ID={cid} OutboundQueue={q} OutboundConn={conn} "
                                   f"OutboundRemoved=create2:1,relay_early:2 OutboundTime=create2:0,relay_early:0"))
     d._on_cellstats(event("650 CELL_STATS InboundQueue=5 InboundConn=1 InboundRemoved=relay:1 InboundTime=relay:0"))
+    return _read(d, tmp_path, client)
+
+
+def _read(d, tmp_path, client):
     d.circuit_log.close()
     recs = read_records(tmp_path / client / "circuits.jsonl")
     for r in recs:
@@ -103,6 +107,18 @@ def test_driver_records_each_circuit_link_once_with_its_path(tmp_path):
     assert built["path"] == [FP["guard0"], FP["middle0"], FP["exit0"]] and built["purpose"] == "GENERAL"
     assert (link["id"], link["conn"], link["queue"]) == ("7", "2", "1000")
     assert link["group"] == "web" and link["client"] == "web0" and link["type"] == "client_circuit"
+
+
+def test_streams_name_the_workload_circuits_when_tor_chose_the_path(tmp_path):
+    d = Driver({"seed": 1, "client": "web0", "group": "web", "variant": "v", "rep": 0,
+                "output": str(tmp_path / "web0" / "transfers.jsonl")})
+    d.controller = _Ctl()
+    d._on_stream(event("650 STREAM 31 SUCCEEDED 12 10.77.0.16:80 SOURCE_ADDR=127.0.0.1:40001 PURPOSE=USER"))
+    d._on_stream(event("650 STREAM 32 SUCCEEDED 3 10.77.0.12:7000 PURPOSE=DIR_FETCH"))
+    d._on_stream(event("650 STREAM 33 SENTCONNECT 12 10.77.0.16:80 PURPOSE=USER"))
+    recs = _read(d, tmp_path, "web0")
+    assert [(r["event"], r["id"], r["stream"]) for r in recs] == [("stream", "12", "31")]
+    assert circuits.attribute([], recs).workload == {("web0", "12")}
 
 
 def test_every_hop_of_every_client_circuit_is_labelled_despite_colliding_ids(tmp_path):
