@@ -208,9 +208,11 @@ class Driver:
         if self.cfg.get("debug"):
             print(f"STREAM {event.id} {event.status} circ={event.circ_id} src={event.source_address}:{event.source_port}"
                   f" purpose={event.purpose} reason={event.reason}", file=sys.stderr, flush=True)
-        if event.status == "SUCCEEDED" and event.circ_id and event.purpose in (None, "USER"):
+        if event.status == "SUCCEEDED" and event.circ_id and event.purpose in (None, "USER") \
+                and event.target_address == self.cfg.get("workload", {}).get("address"):
             # Which circuit carried the workload's streams, also when tor chose the path (no
-            # fixed path: transfers.jsonl then names no circuit).
+            # fixed path: transfers.jsonl then names no circuit). Only streams to the
+            # workload's server: bring-up probes through this tor are not the workload.
             self.circuit_log.write({**self._circuit_base(), "event": "stream", "id": str(event.circ_id),
                                     "stream": str(event.id), "target": f"{event.target_address}:{event.target_port}"})
         with self.lock:

@@ -111,8 +111,9 @@ def test_driver_records_each_circuit_link_once_with_its_path(tmp_path):
 
 def test_streams_name_the_workload_circuits_when_tor_chose_the_path(tmp_path):
     d = Driver({"seed": 1, "client": "web0", "group": "web", "variant": "v", "rep": 0,
-                "output": str(tmp_path / "web0" / "transfers.jsonl")})
+                "output": str(tmp_path / "web0" / "transfers.jsonl"), "workload": {"address": "10.77.0.16"}})
     d.controller = _Ctl()
+    d._on_stream(event("650 STREAM 30 SUCCEEDED 2 10.77.0.13.$" + "A" * 40 + ".exit:5000 PURPOSE=USER"))
     d._on_stream(event("650 STREAM 31 SUCCEEDED 12 10.77.0.16:80 SOURCE_ADDR=127.0.0.1:40001 PURPOSE=USER"))
     d._on_stream(event("650 STREAM 32 SUCCEEDED 3 10.77.0.12:7000 PURPOSE=DIR_FETCH"))
     d._on_stream(event("650 STREAM 33 SENTCONNECT 12 10.77.0.16:80 PURPOSE=USER"))
