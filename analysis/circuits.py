@@ -38,6 +38,8 @@ Public API:
 - ``attribute(cellstats, client_circuits, transfers=(), names=None) -> Attribution``
 - ``Attribution``: ``labels`` (hop key -> Label), ``label_of(record) -> Label | None``,
   ``pairs``, ``ambiguous``, ``workload`` ({(client, circuit id)}), ``summary() -> dict``
+- ``coverage(attribution, cellstats) -> dict``: workload circuits found at every hop, relay-side
+  hops that carried data and are unlabelled (the report's per-repetition ``circuits``)
 - ``hop_key(record) -> tuple | None`` (a cellstats record's hop), ``Label``
 - ``position_name(i, n) -> str``; ``SLACK_S``
 """
@@ -88,6 +90,7 @@ class Attribution:
     ambiguous: set[tuple] = field(default_factory=set)          # channel ends left unpaired (ties)
     workload: set[tuple[str, str]] = field(default_factory=set)
     mismatched: set[tuple] = field(default_factory=set)         # client circuits whose chain left their path
+    paths: dict[tuple[str, str], list] = field(default_factory=dict)    # (client, circuit) -> its relays (names, else fingerprints)
     hops: int = 0                                               # relay-side hops seen
 
     def label_of(self, rec: dict) -> Label | None:
@@ -100,6 +103,39 @@ class Attribution:
                 "client": sum(lb.origin == "client" for lb in relay_side),
                 "relay_own": sum(lb.origin == "relay" for lb in relay_side),
                 "channel_pairs": len(self.pairs) // 2, "ambiguous_channel_ends": len(self.ambiguous)}
+
+
+DATA_CELLS = 20    # coverage(): a hop "carried data" from this many relay cells (10 KB)
+
+
+def coverage(att: Attribution, cellstats, data_cells: int = DATA_CELLS) -> dict:
+    """How complete the attribution of one repetition is: ``workload_circuits`` (client
+    circuits that carried transfers), ``workload_complete`` (of those, found at every relay
+    of their path that records CELL_STATS, or at one relay at least when the path is
+    unknown), ``data_hops`` (relay-side hops with at least ``data_cells`` relay cells),
+    ``data_hops_unlabelled``, and ``summary()``'s counts."""
+    cellstats = list(cellstats)
+    collected = {str(r.get("relay")) for r in cellstats}
+    found: dict[tuple, set] = defaultdict(set)
+    for lb in att.labels.values():
+        if lb.origin == "client":
+            found[(lb.node, lb.circuit)].add(lb.relay)
+    complete = sum(1 for k in att.workload if found.get(k) and
+                   {n for n in att.paths.get(k, ()) if n in collected} <= found[k])
+    cells: dict[tuple, float] = defaultdict(float)
+    for rec in cellstats:
+        key = hop_key(rec)
+        if key is None:
+            continue
+        for side in ("inbound", "outbound"):
+            s = rec.get(side)
+            if isinstance(s, dict):
+                v = (s.get("removed") or {}).get("relay", 0)
+                cells[key] += v if isinstance(v, (int, float)) else 0
+    data = [k for k, n in cells.items() if n >= data_cells]
+    return {**att.summary(), "workload_circuits": len(att.workload), "workload_complete": complete,
+            "data_hops": len(data), "data_hops_unlabelled": sum(k not in att.labels for k in data),
+            "data_cells": data_cells}
 
 
 def _s(x) -> str | None:
@@ -270,6 +306,8 @@ def attribute(cellstats, client_circuits, transfers=(), names: dict[str, str] | 
         path = i.get("path")
         hops = chain(o)
         n = len(path) if path else None
+        if n:
+            att.paths[(o.node, o.origin_id)] = [(names or {}).get(fp.lstrip("$").upper(), fp) for fp in path]
         group = i.get("group") or (client_groups or {}).get(o.node)
         if names and path:
             # A chain must run through the relays the client's tor said it built through.

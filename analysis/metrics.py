@@ -470,6 +470,13 @@ def _client_cell_waits(run: Run, out: dict[str, MetricSamples], notes: list[str]
                          f"(runs made before the driver recorded them)")
             continue
         att = rep_attribution(r)
+        from .circuits import coverage
+        cov = coverage(att, r.cellstats)
+        if cov["workload_complete"] < cov["workload_circuits"] or cov["data_hops_unlabelled"]:
+            notes.append(f"{r.label}: circuits known by client: {cov['workload_complete']} of "
+                         f"{cov['workload_circuits']} workload circuits found at every relay of their path; "
+                         f"{cov['data_hops_unlabelled']} of {cov['data_hops']} relay-side circuits that carried "
+                         f"data are not attributed (e.g. through a tor without a collector, an authority)")
         t_min = (r.t0 or 0.0) + r.warmup_s
         per = acc.setdefault((r.variant, r.index), {})
         for rec in r.cellstats:

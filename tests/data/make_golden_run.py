@@ -17,7 +17,7 @@ What it holds (values chosen to look like a Tang & Goldberg experiment 1 in mini
   in ewma-66 rep 0.
 - cellstats at middle0: one light circuit (the web client's, active in ~45% of the seconds)
   and two heavy ones (the bulk clients'), one event per active circuit per second; guard0's
-  records of the same circuits (no wait) and the clients' circuits.jsonl chain them to
+  records of the same circuits (1 ms per cell) and the clients' circuits.jsonl chain them to
   their clients;
   relayed circuits are named "<inbound conn>:<inbound circuit id>" as the collector does.
 - relay_bw at guard0 and middle0 every 0.5 s for ~91 s.
@@ -210,8 +210,8 @@ CLIENT_OF_QUEUE = {3: ("web0", "web", 41), 5: ("bulk0", "bulk", 42), 8: ("bulk1"
 
 
 def client_side(variant: str, rep: int, t0: float, transfers_: list[dict], middle: list[dict]) -> tuple[list, list]:
-    """guard0's CELL_STATS records of the three client circuits (mirroring middle0's, no
-    randomness: the golden numbers above stay as they were) and the clients' circuits.jsonl
+    """guard0's CELL_STATS records of the three client circuits (mirroring middle0's, a
+    constant 1 ms per cell, no randomness: the other golden records stay as they were) and the clients' circuits.jsonl
     (each client's first circuit, its id toward the guard), so the report knows every
     middle0 circuit by its client (analysis/circuits.py). guard0 reaches middle0 on its
     channel 20 (middle0's 7) with the circuit ids middle0 sees; client k's channel is 4k there."""
@@ -226,9 +226,11 @@ def client_side(variant: str, rep: int, t0: float, transfers_: list[dict], middl
         guard.append({"type": "cellstats", "variant": variant, "rep": rep, "relay": "guard0", "group": "guard",
                       "t": r6(m["t"] - 0.02), "circuit": f"{conn}:{2000 + q}",
                       "inbound": {"queue": 2000 + q, "conn": conn, "added": m["inbound"]["added"],
-                                  "removed": m["inbound"]["removed"], "time_ms": {"relay": 0}},
+                                  "removed": m["inbound"]["removed"],
+                                  "time_ms": {"relay": sum(m["inbound"]["removed"].values())}},
                       "outbound": {"queue": q, "conn": 20, "added": m["outbound"]["added"],
-                                   "removed": m["outbound"]["removed"], "time_ms": {"relay": 0}}})
+                                   "removed": m["outbound"]["removed"],
+                                   "time_ms": {"relay": sum(m["outbound"]["removed"].values())}}})
     circuits_ = []
     path = [fingerprint(n) for n in ("guard0", "middle0", "exit0")]
     for q, (client, group, _) in CLIENT_OF_QUEUE.items():

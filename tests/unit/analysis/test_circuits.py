@@ -146,6 +146,9 @@ def test_every_hop_of_every_client_circuit_is_labelled_despite_colliding_ids(tmp
     assert own.origin == "relay" and own.node == "guard0" and own.position == "hop0"
     assert labels[("middle0", "777", "90")] is None
     assert att.summary()["client"] == 18
+    cov = circuits.coverage(att, cs, data_cells=2)
+    assert (cov["workload_circuits"], cov["workload_complete"]) == (6, 6)
+    assert (cov["data_hops"], cov["data_hops_unlabelled"]) == (19, 1)     # the authority's circuit
 
 
 def test_a_tie_between_channels_is_left_unlabelled_not_guessed(tmp_path):
