@@ -24,7 +24,7 @@ Public API:
   ``rep_attribution(rep) -> analysis.circuits.Attribution`` (cached on the Rep)
 - ``throughput_series(run) -> dict``, ``cell_wait_series(run, bin_s=5) -> dict``
 - ``fmt_size(bytes) -> str``; constants ``THROUGHPUT_WINDOW_S``, ``THROUGHPUT_MIN_WARMUP_S``,
-  ``HEAVY_FRACTION`` (replayed flows), ``GH70_SHARE``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
+  ``GH70_SHARE``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from .load import Rep, Run
 
 THROUGHPUT_WINDOW_S = 30.0
 THROUGHPUT_MIN_WARMUP_S = 30.0
-HEAVY_FRACTION = 0.5    # replayed flows (classify_flows): heavy from half the busiest flow's chunks
 GH70_SHARE = 0.70       # Gopal & Heninger 2012, sec. 6.2.1: heavy up to 70% of a connection's cells
 TRANSFER_METRICS = ("ttfb_s", "ttlb_s", "ttfb_stream_s", "ttlb_stream_s")
 DIRECTIONS = ("inbound", "outbound")
@@ -114,8 +113,9 @@ METRICS: dict[str, MetricInfo] = {
         "bound (the clock table). Per client group and direction (down = replay server -> client "
         "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
         "cell'. Chunks scheduled inside the warm-up are excluded. Groups whose flows differ in "
-        "size are also split by flow: 'heavy' flows carried at least 50% of the busiest flow's "
-        "chunks in that repetition, the others are 'light' (Torchestra reports light circuits)."),
+        "size are also split by flow with Gopal & Heninger's 70% rule: in order of their "
+        "chunks after the warm-up, flows are 'gh70-heavy' until they hold 70% of the group's "
+        "chunks, the rest 'gh70-light' (Torchestra reports light circuits)."),
     "sched_error_ms": MetricInfo(
         "Replay scheduling error", "Send time - recorded time (ms)", "ms",
         "How late the replayer sent each chunk relative to the trace's time (actual - intended "
@@ -511,15 +511,21 @@ _POSITION_ORDER = {"guard": 0, "middle": 1, "exit": 2}
 CELL_DIRECTIONS = ("down", "up")   # CellTable.direction codes 0, 1
 
 
-def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, dict[int, str]]:
-    """Class of each replayed flow per client group of one repetition's CellTable, by its
-    chunks (both directions, warm-up included) in its largest replay (client, iteration):
-    'heavy' from ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for
-    CELL_STATS circuits). Returns {group code: {flow code: class}}."""
+def classify_flows(table, share: float = GH70_SHARE) -> dict[int, dict[int, str]]:
+    """Gopal & Heninger's classes (``gh70_classes``) of the replayed flows of each client
+    group of one repetition's CellTable (a group replays one trace: the connection whose
+    circuits the paper classed): a flow's size is its chunks (both directions, outside the
+    warm-up) in its largest replay (client, iteration); in order of size, a flow is
+    'gh70-heavy' while the flows before it hold less than ``share`` of the group's chunks,
+    'gh70-light' after. Flows with no chunk after the warm-up are absent. Returns {group
+    code: {flow code: class}}."""
     out: dict[int, dict[int, str]] = {}
     if table is None or len(table) == 0:
         return out
-    replays, counts = np.unique(table.replay, return_counts=True)
+    keep = ~table.warmup
+    if not keep.any():
+        return out
+    replays, counts = np.unique(table.replay[keep], return_counts=True)
     first = {}
     for rp, i in zip(*np.unique(table.replay, return_index=True)):
         first[int(rp)] = (int(table.group[i]), int(table.flow[i]))
@@ -527,19 +533,23 @@ def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, d
     for rp, k in zip(replays, counts):
         g, f = first[int(rp)]
         size[(g, f)] = max(size.get((g, f), 0), int(k))
-    busiest: dict[int, int] = {}
-    for (g, _), k in size.items():
-        busiest[g] = max(busiest.get(g, 0), k)
+    by_group: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for (g, f), k in size.items():
-        out.setdefault(g, {})[f] = "heavy" if k >= heavy_fraction * busiest[g] else "light"
+        by_group[g].append((k, f))
+    for g, flows in by_group.items():
+        total = sum(k for k, _ in flows)
+        before = 0
+        for k, f in sorted(flows, key=lambda x: (-x[0], x[1])):
+            out.setdefault(g, {})[f] = "gh70-heavy" if before < share * total else "gh70-light"
+            before += k
     return out
 
 
 def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
     """Per-cell one-way delay and scheduling error of replayed chunks, per client group and
     direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``); for
-    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/light``
-    and ``/heavy``, see ``classify_flows``)."""
+    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/gh70-light``
+    and ``/gh70-heavy``, see ``classify_flows``)."""
     tables = [(r, r.cells) for r in run.reps if r.cells is not None and len(r.cells)]
     classes = {(r.variant, r.index): classify_flows(t) for r, t in tables}
     keys: set[tuple[str, str]] = set()
@@ -555,7 +565,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
             mid = f"{metric}/{g}/{d}"
             out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
         if g in mixed:
-            for cls in ("light", "heavy"):
+            for cls in ("gh70-light", "gh70-heavy"):
                 mid = f"cell_delay_ms/{g}/{d}/{cls}"
                 out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
     for m in out.values():
@@ -569,7 +579,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
         keep = ~t.warmup
         cls_of = classes[(r.variant, r.index)]
         for gi, g in enumerate(t.groups):
-            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "heavy"], dtype=np.int32)
+            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "gh70-heavy"], dtype=np.int32)
             for di, d in enumerate(CELL_DIRECTIONS):
                 sel = keep & (t.group == gi) & (t.direction == di)
                 if not sel.any():
@@ -579,7 +589,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
                 out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = sched[sel]
                 if g in mixed:
                     heavy = np.isin(t.flow, heavy_flows)
-                    for cls, part in (("heavy", sel & heavy), ("light", sel & ~heavy)):
+                    for cls, part in (("gh70-heavy", sel & heavy), ("gh70-light", sel & ~heavy)):
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = delay[part]
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].clock_bounds[r.variant][r.index] = bound[part]
 
