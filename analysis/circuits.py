@@ -210,14 +210,12 @@ def _client_hops(client_circuits) -> tuple[dict[tuple, _Hop], dict[tuple, dict]]
                 h = hops[key] = _Hop(key, client, rec.get("session"), origin_id=cid)
             h.outbound = (str(rec["conn"]), str(rec["queue"]))
             h.seen(rec.get("t"))
-        else:
-            i = info.setdefault(key, {"group": rec.get("group")})
-            if rec.get("event") == "built" and rec.get("path"):
-                i["path"] = list(rec["path"])
-            i.setdefault("group", rec.get("group"))
-            if rec.get("event") in ("closed", "failed"):
-                i["t_closed"] = rec.get("t")
-        info.setdefault(key, {})["group"] = rec.get("group")
+        i = info.setdefault(key, {})
+        i["group"] = rec.get("group")
+        if rec.get("event") == "built" and rec.get("path"):
+            i["path"] = list(rec["path"])
+        elif rec.get("event") in ("closed", "failed"):
+            i["t_closed"] = rec.get("t")
     for key, i in info.items():
         if key in hops and isinstance(i.get("t_closed"), (int, float)):
             hops[key].seen(i["t_closed"])
@@ -256,8 +254,6 @@ def _pair_channels(hops: list[_Hop]) -> tuple[dict[tuple, tuple], set[tuple]]:
                 ambiguous.update(e for e in (a, b) if count[e] > 1)
                 continue
             pairs[a], pairs[b] = b, a
-    # An end that was tied but whose every rival got paired elsewhere is no longer in doubt
-    # only if it found a pair; the rest stay ambiguous.
     return pairs, ambiguous - set(pairs)
 
 
