@@ -210,3 +210,13 @@ def test_onionperf_export(golden_report):
     assert sum(len(v) for v in summary_ttlb.values()) == n_ok
     assert summary["metrics"]["ttlb_s/web:small"]["variants"]["vanilla"]["per_rep"]["0"]["n"] == n_ok
     assert all(c["buildtime_seconds"] > 0 for c in web["tor"]["circuits"].values())
+
+
+def test_circuit_attribution_per_repetition_is_reported(golden_report):
+    run_dir, summary = golden_report
+    cov = {(r["variant"], r["rep"]): r["circuits"] for r in summary["repetitions"]}
+    assert all(c["data_hops_unlabelled"] == 0 and c["ambiguous_channel_ends"] == 0 for c in cov.values())
+    # web0's second circuit (after its failed build) has no relay records in the generator
+    assert (cov[("ewma-66", 0)]["workload_circuits"], cov[("ewma-66", 0)]["workload_complete"]) == (4, 3)
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "Circuits known by their client" in md and "| ewma-66 | 0 | 4 | 3 | 6 | 0 | 0 |" in md
