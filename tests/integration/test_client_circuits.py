@@ -75,7 +75,10 @@ def test_web_and_bulk_circuits_are_labelled_at_guard_middle_and_exit(tmp_path):
     # The report's queue wait per client group and position comes from the same labels.
     p = run_torbed(["report", str(run_dir)])
     assert p.returncode == 0, p.stdout + p.stderr
-    summary = json.loads((run_dir / "report" / "summary.json").read_text())["metrics"]
+    full = json.loads((run_dir / "report" / "summary.json").read_text())
+    cov = full["repetitions"][0]["circuits"]
+    assert cov["workload_complete"] == cov["workload_circuits"] == len(used) and cov["data_hops_unlabelled"] == 0, cov
+    summary = full["metrics"]
     for g in ("web", "bulk"):
         for pos in ("guard", "middle", "exit"):
             entry = summary[f"cell_wait_ms/client:{g}/{pos}/inbound"]["variants"]["kist"]
