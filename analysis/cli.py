@@ -67,7 +67,7 @@ def _report_table(summary: dict) -> Table:
         t.add_column(col, justify="left" if col in ("metric", "variant", "verdict") else "right",
                      no_wrap=col == "metric")
     for mid, e in summary["metrics"].items():
-        if e.get("class") in ("light", "heavy"):
+        if e.get("class") in ("gh70-light", "gh70-heavy"):
             continue
         u = e["unit"]
         for v, d in sorted(e["variants"].items(), key=lambda kv: summary["run"]["variants"].index(kv[0])):

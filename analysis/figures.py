@@ -430,14 +430,14 @@ def plot_resources(summary: dict, variants: list[str], path: Path) -> bool:
     return True
 
 
-CELL_WAIT_PANELS = (("inbound/light", "inbound (toward the client), light circuits"),
-                    ("inbound/heavy", "inbound (toward the client), heavy circuits"),
+CELL_WAIT_PANELS = (("inbound/gh70-light", "inbound (toward the client), GH70 light circuits"),
+                    ("inbound/gh70-heavy", "inbound (toward the client), GH70 heavy circuits"),
                     ("outbound/all", "outbound (toward the exit), all circuits"))
 
 
 def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float = 5.0, faults=()) -> bool:
     """Circuit-queue wait per cell over time (``metrics.cell_wait_series``): a row per relay,
-    columns = inbound light circuits, inbound heavy circuits, outbound all circuits; a line
+    columns = inbound Gopal & Heninger light / heavy circuits, outbound all circuits; a line
     per variant and repetition (line style = repetition), the warm-up shaded."""
     if not series:
         return False
@@ -542,7 +542,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
                            "and failures per second, and response-time percentiles over Locust's current "
                            "10 s window.", "Background load"))
 
-    cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms"})
+    cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms" and "relay" in m.params})
     for relay in cw_relays:
         panels = [(f"{d.capitalize()} ({'toward the client' if d == 'inbound' else 'toward the exit'})",
                    ms[f"cell_wait_ms/{relay}/{d}/all"]) for d in metrics_mod.DIRECTIONS]
@@ -570,7 +570,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
     if plot_cell_wait(cws, variants, p, faults=fw):
         figs.append(Figure(p, "Circuit-queue wait per cell over time",
                            "sum(time_ms) / sum(removed) over the circuits of a class at each relay, "
-                           "5 s bins; light = under 10% of the busiest circuit's cells.", "Relays"))
+                           "5 s bins; light and heavy as Gopal & Heninger 2012 class circuits (70% of a connection's cells), after the warm-up.", "Relays"))
     p = out_dir / "resources-per-node.png"
     if plot_resources(resource_summary(run), variants, p):
         figs.append(Figure(p, "CPU and memory per node",

@@ -46,6 +46,9 @@ FILES: dict[str, tuple[str, tuple[str, ...]]] = {
 OPTIONAL_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
     "metrics.jsonl": ("metrics", ("relay", "t", "samples")),
     "resources.jsonl": ("resources", ("node", "t", "cpu_s", "rss_bytes")),
+    # The clients' circuits and their guard-channel ids (runs before it existed lack it: their
+    # circuits are not known by client, analysis/circuits.py).
+    "circuits.jsonl": ("client_circuit", ("client", "event")),
 }
 # cells.jsonl (replay workloads; absent otherwise, without a note) can hold millions of
 # records: it is read into columns (CellTable), not kept as dicts.
@@ -72,6 +75,7 @@ class Rep:
     relay_bw: list[dict] = field(default_factory=list)
     metrics: list[dict] = field(default_factory=list)
     resources: list[dict] = field(default_factory=list)
+    circuits: list[dict] = field(default_factory=list)
     cells: "CellTable | None" = None
     notes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)

@@ -20,10 +20,11 @@ Public API:
 - ``extract(run) -> Extracted`` (``metrics``: id -> MetricSamples, in report order; ``notes``)
 - ``error_rates(run) -> dict``, ``transfer_outcomes(run) -> dict`` (completed / censored /
   stalled / failed), ``censored_time(rep, transfer, metric)``
-- ``circuit_key(record) -> str``, ``classify_circuits(records, heavy_fraction) -> dict``
+- ``circuit_key(record) -> str``, ``gh70_classes(records, t_min) -> dict``,
+  ``rep_attribution(rep) -> analysis.circuits.Attribution`` (cached on the Rep)
 - ``throughput_series(run) -> dict``, ``cell_wait_series(run, bin_s=5) -> dict``
 - ``fmt_size(bytes) -> str``; constants ``THROUGHPUT_WINDOW_S``, ``THROUGHPUT_MIN_WARMUP_S``,
-  ``HEAVY_FRACTION``, ``IDLE_FRACTION``, ``IDLE_MIN_CELLS``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
+  ``GH70_SHARE``, ``TRANSFER_METRICS``, ``DIRECTIONS``, ``CLASSES``
 """
 
 from __future__ import annotations
@@ -40,12 +41,10 @@ from .load import Rep, Run
 
 THROUGHPUT_WINDOW_S = 30.0
 THROUGHPUT_MIN_WARMUP_S = 30.0
-HEAVY_FRACTION = 0.5    # heavy: at least half the busiest circuit's cells at that relay
-IDLE_FRACTION = 0.01    # idle: fewer than 1% of the busiest circuit's cells ...
-IDLE_MIN_CELLS = 50     # ... or fewer than 50 cells (25 KB)
+GH70_SHARE = 0.70       # Gopal & Heninger 2012, sec. 6.2.1: heavy up to 70% of a connection's cells
 TRANSFER_METRICS = ("ttfb_s", "ttlb_s", "ttfb_stream_s", "ttlb_stream_s")
 DIRECTIONS = ("inbound", "outbound")
-CLASSES = ("all", "light", "heavy")
+CLASSES = ("all", "gh70-light", "gh70-heavy")
 
 
 @dataclass(frozen=True)
@@ -91,11 +90,15 @@ METRICS: dict[str, MetricInfo] = {
         "removed from the queue, per direction (inbound = toward the client, i.e. downloads; "
         "outbound = toward the exit). 'wait per cell' in the tables is that ratio over all "
         "events after the warm-up; the distribution (n, median, CDF) is over the per-event "
-        "ratios (one circuit, one second, at least one cell removed). Circuits are classed by "
-        "their removed cells over the whole repetition (both directions), relative to the "
-        "busiest circuit at that relay: 'heavy' from 50%, 'light' below that, and 'idle' "
-        "(excluded from both, kept in 'all') below 1% or 50 cells: directory, test and "
-        "preemptive circuits. CELL_STATS measures the "
+        "ratios (one circuit, one second, at least one cell removed). Per client group and "
+        "position ('cell_wait_ms/client:<group>/<guard|middle|exit>/<direction>'): the circuits "
+        "that carried that group's transfers, found at each relay by their identity (the "
+        "client tor's circuit id on its guard channel, chained relay to relay through "
+        "CELL_STATS channel and circuit ids; analysis/circuits.py), with no volume rule. Per "
+        "relay: 'all' circuits, and the classes of Gopal & Heninger 2012 (sec. 6.2.1), "
+        "'gh70-heavy' / 'gh70-light': at each relay, the circuits entering on one connection, "
+        "in order of their cells (both directions, after the warm-up), are heavy until they "
+        "make up 70% of that connection's cells, the rest light. CELL_STATS measures the "
         "circuit queue only, not connection output buffers or the kernel."),
     "cell_delay_ms": MetricInfo(
         "Per-cell delay", "One-way delay per cell (ms)", "ms",
@@ -110,8 +113,9 @@ METRICS: dict[str, MetricInfo] = {
         "bound (the clock table). Per client group and direction (down = replay server -> client "
         "through Tor, up = client -> server). The mean is Torchestra's 'average delay per "
         "cell'. Chunks scheduled inside the warm-up are excluded. Groups whose flows differ in "
-        "size are also split by flow: 'heavy' flows carried at least 50% of the busiest flow's "
-        "chunks in that repetition, the others are 'light' (Torchestra reports light circuits)."),
+        "size are also split by flow with Gopal & Heninger's 70% rule: in order of their "
+        "chunks after the warm-up, flows are 'gh70-heavy' until they hold 70% of the group's "
+        "chunks, the rest 'gh70-light' (Torchestra reports light circuits)."),
     "sched_error_ms": MetricInfo(
         "Replay scheduling error", "Send time - recorded time (ms)", "ms",
         "How late the replayer sent each chunk relative to the trace's time (actual - intended "
@@ -178,6 +182,8 @@ class MetricSamples:
         p = self.params
         if "group" in p:
             return f"{p['group']}: {p['file']} ({fmt_size(p.get('size'))})"
+        if "position" in p:
+            return f"{p['client_group']} clients' circuits at the {p['position']}, {p['direction']}"
         if "client_group" in p:
             cls = f", {p['class']} flows" if p.get("class") else ""
             return f"{p['client_group']}, {'downstream' if p['direction'] == 'down' else 'upstream'}{cls}"
@@ -261,12 +267,13 @@ def circuit_key(rec: dict) -> str:
     circuit id>"); records without it (older runs: tor gives relayed circuits no ID) fall back
     to the inbound, else outbound, queue and connection ids.
     """
+    session = f"#{rec['session']}" if rec.get("session") is not None else ""
     if rec.get("circuit") not in (None, ""):
-        return f"id:{rec['circuit']}"
+        return f"id:{rec['circuit']}{session}"
     for side in DIRECTIONS:
         s = rec.get(side)
         if isinstance(s, dict) and (s.get("queue") is not None or s.get("conn") is not None):
-            return f"{side}:{s.get('queue')}@{s.get('conn')}"
+            return f"{side}:{s.get('queue')}@{s.get('conn')}{session}"
     return "unknown"
 
 
@@ -279,21 +286,50 @@ def _side_sums(side) -> tuple[float, float]:
     return float(time_ms), float(removed)
 
 
-def classify_circuits(records: list[dict], heavy_fraction: float = HEAVY_FRACTION) -> dict[str, str]:
-    """Class of each circuit in ``records`` (the CELL_STATS records of ONE relay in one
-    repetition), by its removed cells over the repetition (both directions): 'idle' below
-    max(IDLE_MIN_CELLS, IDLE_FRACTION x the busiest circuit's) - directory fetches, test and
-    preemptive circuits, which would otherwise swamp the light class; 'heavy' from
-    ``heavy_fraction`` x the busiest circuit's; 'light' in between. Idle circuits count in
-    class 'all' only. Returns key -> class."""
+def gh70_classes(records: list[dict], t_min: float = float("-inf"), share: float = GH70_SHARE) -> dict[str, str]:
+    """Gopal & Heninger 2012's classes (sec. 6.2.1: "We labelled the circuits 'heavy' in order
+    of contribution to total cells over the connection, up to a threshold of 70% of total
+    cells") for the CELL_STATS ``records`` of ONE relay in one repetition: the circuits are
+    grouped by the connection they enter on (inbound channel; the relay's own circuits form
+    one group), counted by their removed cells (both directions) in records from ``t_min``
+    (the end of the warm-up) on; in each group, in order of cells, a circuit is
+    'gh70-heavy' while the circuits before it hold less than ``share`` of the group's cells,
+    'gh70-light' after. Returns circuit key -> class (circuits with no cells after t_min are
+    absent)."""
     removed: Counter = Counter()
+    conn_of: dict[str, tuple] = {}
     for r in records:
+        if not _num(r.get("t")) or r["t"] < t_min:
+            continue
         key = circuit_key(r)
         removed[key] += sum(_side_sums(r.get(d))[1] for d in DIRECTIONS)
-    busiest = max(removed.values(), default=0.0)
-    idle_below = max(IDLE_MIN_CELLS, IDLE_FRACTION * busiest)
-    return {k: ("idle" if v < idle_below else "heavy" if v >= heavy_fraction * busiest else "light")
-            for k, v in removed.items()}
+        side = r.get("inbound")
+        conn_of[key] = (r.get("session"), side.get("conn") if isinstance(side, dict) else None)
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for key in removed:
+        groups[conn_of[key]].append(key)
+    out: dict[str, str] = {}
+    for keys in groups.values():
+        total = sum(removed[k] for k in keys)
+        before = 0.0
+        for k in sorted(keys, key=lambda k: (-removed[k], k)):
+            out[k] = "gh70-heavy" if before < share * total else "gh70-light"
+            before += removed[k]
+    return out
+
+
+def rep_attribution(r: Rep):
+    """analysis.circuits.attribute of one repetition (its cellstats, the clients'
+    circuits.jsonl, its transfers; relay names from meta.json), computed once per Rep."""
+    from . import circuits
+    cached = r.__dict__.get("_attribution")
+    if cached is None:
+        nodes = (r.meta or {}).get("nodes") or []
+        names = {str(n["fingerprint"]).upper(): n["name"] for n in nodes
+                 if isinstance(n, dict) and n.get("fingerprint") and n.get("name")}
+        cached = circuits.attribute(r.cellstats, r.circuits, r.transfers, names=names or None)
+        r.__dict__["_attribution"] = cached
+    return cached
 
 
 def _classes_of(cls: str) -> tuple[str, ...]:
@@ -395,13 +431,13 @@ def extract(run: Run) -> Extracted:
             continue
         t_min = (r.t0 or 0.0) + r.warmup_s
         for relay, recs in _by_relay(r.cellstats).items():
-            classes = classify_circuits(recs)
+            classes = gh70_classes(recs, t_min)
             samples = {(d, c): [] for d in DIRECTIONS for c in CLASSES}
             sums = {(d, c): [0.0, 0.0] for d in DIRECTIONS for c in CLASSES}
             for rec in recs:
                 if rec["t"] < t_min:
                     continue
-                cls = classes[circuit_key(rec)]
+                cls = classes.get(circuit_key(rec), "")
                 for d in DIRECTIONS:
                     time_ms, removed = _side_sums(rec.get(d))
                     if removed <= 0:
@@ -415,22 +451,81 @@ def extract(run: Run) -> Extracted:
                 m.values[r.variant][r.index] = np.array(vals)
                 m.totals[r.variant][r.index] = (sums[(d, c)][0], sums[(d, c)][1])
 
+    _client_cell_waits(run, out, notes)
     _cell_delays(run, out)
     return Extracted(metrics=out, notes=notes)
+
+
+def _client_cell_waits(run: Run, out: dict[str, MetricSamples], notes: list[str]) -> None:
+    """Circuit-queue wait per cell of each client group's circuits at each position
+    (``cell_wait_ms/client:<group>/<position>/<direction>``): the hops analysis/circuits.py
+    labels with a client of the group, on circuits that carried the client's transfers,
+    CELL_STATS records after the warm-up."""
+    acc: dict[tuple, dict[tuple, list]] = {}
+    for r in run.reps:
+        if not r.cellstats:
+            continue
+        if not r.circuits:
+            notes.append(f"{r.label}: no circuits.jsonl: relay-side circuits are not known by client "
+                         f"(runs made before the driver recorded them)")
+            continue
+        att = rep_attribution(r)
+        from .circuits import coverage
+        cov = coverage(att, r.cellstats)
+        if cov["workload_complete"] < cov["workload_circuits"] or cov["data_hops_unlabelled"]:
+            notes.append(f"{r.label}: circuits known by client: {cov['workload_complete']} of "
+                         f"{cov['workload_circuits']} workload circuits found at every relay of their path; "
+                         f"{cov['data_hops_unlabelled']} of {cov['data_hops']} relay-side circuits that carried "
+                         f"data are not attributed (e.g. through a tor without a collector, an authority)")
+        t_min = (r.t0 or 0.0) + r.warmup_s
+        per = acc.setdefault((r.variant, r.index), {})
+        for rec in r.cellstats:
+            if not _num(rec.get("t")) or rec["t"] < t_min:
+                continue
+            lb = att.label_of(rec)
+            if lb is None or lb.origin != "client" or (lb.node, lb.circuit) not in att.workload:
+                continue
+            for d in DIRECTIONS:
+                time_ms, removed = _side_sums(rec.get(d))
+                if removed <= 0:
+                    continue
+                v = per.setdefault((str(lb.group), lb.position, d), [[], 0.0, 0.0])
+                v[0].append(time_ms / removed)
+                v[1] += time_ms
+                v[2] += removed
+    keys = sorted({k for per in acc.values() for k in per},
+                  key=lambda k: (k[0], _POSITION_ORDER.get(k[1], 9), k[1], k[2]))
+    for g, pos, d in keys:
+        mid = f"cell_wait_ms/client:{g}/{pos}/{d}"
+        m = out[mid] = _new(run, mid, "cell_wait_ms", {"client_group": g, "position": pos, "direction": d},
+                            totals=True)
+        for (variant, index), per in acc.items():
+            vals, t_sum, n_sum = per.get((g, pos, d), ([], 0.0, 0.0))
+            m.values[variant][index] = np.array(vals, dtype=float)
+            m.totals[variant][index] = (t_sum, n_sum)
+
+
+_POSITION_ORDER = {"guard": 0, "middle": 1, "exit": 2}
 
 
 CELL_DIRECTIONS = ("down", "up")   # CellTable.direction codes 0, 1
 
 
-def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, dict[int, str]]:
-    """Class of each replayed flow per client group of one repetition's CellTable, by its
-    chunks (both directions, warm-up included) in its largest replay (client, iteration):
-    'heavy' from ``heavy_fraction`` x the busiest flow's, else 'light' (the rule used for
-    CELL_STATS circuits). Returns {group code: {flow code: class}}."""
+def classify_flows(table, share: float = GH70_SHARE) -> dict[int, dict[int, str]]:
+    """Gopal & Heninger's classes (``gh70_classes``) of the replayed flows of each client
+    group of one repetition's CellTable (a group replays one trace: the connection whose
+    circuits the paper classed): a flow's size is its chunks (both directions, outside the
+    warm-up) in its largest replay (client, iteration); in order of size, a flow is
+    'gh70-heavy' while the flows before it hold less than ``share`` of the group's chunks,
+    'gh70-light' after. Flows with no chunk after the warm-up are absent. Returns {group
+    code: {flow code: class}}."""
     out: dict[int, dict[int, str]] = {}
     if table is None or len(table) == 0:
         return out
-    replays, counts = np.unique(table.replay, return_counts=True)
+    keep = ~table.warmup
+    if not keep.any():
+        return out
+    replays, counts = np.unique(table.replay[keep], return_counts=True)
     first = {}
     for rp, i in zip(*np.unique(table.replay, return_index=True)):
         first[int(rp)] = (int(table.group[i]), int(table.flow[i]))
@@ -438,19 +533,23 @@ def classify_flows(table, heavy_fraction: float = HEAVY_FRACTION) -> dict[int, d
     for rp, k in zip(replays, counts):
         g, f = first[int(rp)]
         size[(g, f)] = max(size.get((g, f), 0), int(k))
-    busiest: dict[int, int] = {}
-    for (g, _), k in size.items():
-        busiest[g] = max(busiest.get(g, 0), k)
+    by_group: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for (g, f), k in size.items():
-        out.setdefault(g, {})[f] = "heavy" if k >= heavy_fraction * busiest[g] else "light"
+        by_group[g].append((k, f))
+    for g, flows in by_group.items():
+        total = sum(k for k, _ in flows)
+        before = 0
+        for k, f in sorted(flows, key=lambda x: (-x[0], x[1])):
+            out.setdefault(g, {})[f] = "gh70-heavy" if before < share * total else "gh70-light"
+            before += k
     return out
 
 
 def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
     """Per-cell one-way delay and scheduling error of replayed chunks, per client group and
     direction (``cell_delay_ms/<group>/<down|up>``, ``sched_error_ms/<group>/<down|up>``); for
-    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/light``
-    and ``/heavy``, see ``classify_flows``)."""
+    groups whose flows are of both classes also per class (``cell_delay_ms/<group>/<dir>/gh70-light``
+    and ``/gh70-heavy``, see ``classify_flows``)."""
     tables = [(r, r.cells) for r in run.reps if r.cells is not None and len(r.cells)]
     classes = {(r.variant, r.index): classify_flows(t) for r, t in tables}
     keys: set[tuple[str, str]] = set()
@@ -466,7 +565,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
             mid = f"{metric}/{g}/{d}"
             out[mid] = _new(run, mid, metric, {"client_group": g, "direction": d})
         if g in mixed:
-            for cls in ("light", "heavy"):
+            for cls in ("gh70-light", "gh70-heavy"):
                 mid = f"cell_delay_ms/{g}/{d}/{cls}"
                 out[mid] = _new(run, mid, "cell_delay_ms", {"client_group": g, "direction": d, "class": cls})
     for m in out.values():
@@ -480,7 +579,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
         keep = ~t.warmup
         cls_of = classes[(r.variant, r.index)]
         for gi, g in enumerate(t.groups):
-            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "heavy"], dtype=np.int32)
+            heavy_flows = np.array([f for f, c in cls_of.get(gi, {}).items() if c == "gh70-heavy"], dtype=np.int32)
             for di, d in enumerate(CELL_DIRECTIONS):
                 sel = keep & (t.group == gi) & (t.direction == di)
                 if not sel.any():
@@ -490,7 +589,7 @@ def _cell_delays(run: Run, out: dict[str, MetricSamples]) -> None:
                 out[f"sched_error_ms/{g}/{d}"].values[r.variant][r.index] = sched[sel]
                 if g in mixed:
                     heavy = np.isin(t.flow, heavy_flows)
-                    for cls, part in (("heavy", sel & heavy), ("light", sel & ~heavy)):
+                    for cls, part in (("gh70-heavy", sel & heavy), ("gh70-light", sel & ~heavy)):
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].values[r.variant][r.index] = delay[part]
                         out[f"cell_delay_ms/{g}/{d}/{cls}"].clock_bounds[r.variant][r.index] = bound[part]
 
@@ -643,18 +742,19 @@ def cell_wait_series(run: Run, bin_s: float = 5.0) -> dict:
 
     Returns {relay: {"<direction>/<class>": {variant: {rep: {"t": bin centre in seconds since
     the workload start, "wait_ms": ms per cell, "warmup_s": the scenario's warm-up}}}}}, for
-    every direction and class ("all", "light", "heavy") with cells.
+    every direction and class ("all", "gh70-light", "gh70-heavy"; classes from the records
+    after the warm-up, so warm-up bins have "all" only) with cells.
     """
     out: dict = {}
     for r in run.reps:
         if not r.cellstats or r.t0 is None:
             continue
         for relay, recs in _by_relay(r.cellstats).items():
-            classes = classify_circuits(recs)
+            classes = gh70_classes(recs, r.t0 + r.warmup_s)
             acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
             for rec in recs:
                 b = int(math.floor((rec["t"] - r.t0) / bin_s))
-                cls = classes[circuit_key(rec)]
+                cls = classes.get(circuit_key(rec), "")
                 for d in DIRECTIONS:
                     time_ms, removed = _side_sums(rec.get(d))
                     for c in _classes_of(cls):

@@ -411,6 +411,25 @@ def _outcome_blocks(s: dict) -> list[tuple]:
     return b
 
 
+def _circuit_blocks(s: dict) -> list[tuple]:
+    """How completely each repetition's relay-side circuits are known by their client
+    (summary repetitions[].circuits; analysis/circuits.py)."""
+    reps = [r for r in s["repetitions"] if r.get("circuits")]
+    if not reps:
+        return []
+    cells = reps[0]["circuits"].get("data_cells", 20)
+    return [("p", "Circuits known by their client (the client tor's circuit ids chained through the relays' "
+                  "CELL_STATS; no volume rule): the workload's circuits found at every relay of their path that "
+                  f"records CELL_STATS, and the relay-side circuits that carried data (at least {cells} relay "
+                  "cells) but are attributed to no client and to no relay's own circuits."),
+            ("table", ["variant", "rep", "workload circuits", "found at every hop", "data-carrying relay circuits",
+                       "unattributed", "ambiguous channel ends"],
+             [[r["variant"], str(r["rep"]), str(r["circuits"]["workload_circuits"]),
+               str(r["circuits"]["workload_complete"]), str(r["circuits"]["data_hops"]),
+               str(r["circuits"]["data_hops_unlabelled"]), str(r["circuits"]["ambiguous_channel_ends"])]
+              for r in reps])]
+
+
 def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     """The report as a list of blocks (see the module docstring)."""
     s = summary
@@ -462,6 +481,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
                 r["error"] or ""] for r in s["repetitions"]]))
+    b += _circuit_blocks(s)
     b += _outcome_blocks(s)
     b += _load_blocks(s)
     b += _fault_blocks(s)

@@ -8,7 +8,8 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
     {"schema": 3, "run": {...run.json facts, ["host_load"]...}, "baseline": "<variant>",
      "settings": {...statistical settings...}, "definitions": {"<metric>": "<text>"},
      "repetitions": [{"variant", "rep", "status", "error", "transfers", "measured_transfers",
-                      "files", "notes"}],
+                      "files", "notes", ["circuits": analysis.circuits.coverage: workload circuits
+                      found at every hop, data-carrying relay-side hops left unlabelled]}],
      "missing": ["variant X rep 1: failed (...); 6 transfers (4 after warm-up); ..."],
      "metrics": {"<id>": {"metric", "title", "label", "unit", <params>, "variants": {
          "<variant>": {"n", "mean", "median", "min", "max", "p25", "p75", "p90", "p99",
@@ -269,7 +270,8 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
     entries = {mid: _metric_entry(run, m, baseline, resamples) for mid, m in extracted.metrics.items()}
     reps = [{"variant": r.variant, "rep": r.index, "status": r.status, "error": r.error,
              "transfers": len(r.transfers), "measured_transfers": len(r.measured_transfers),
-             "files": sorted(r.files), "notes": list(r.notes)} for r in run.reps]
+             "files": sorted(r.files), "notes": list(r.notes),
+             **({"circuits": _circuit_coverage(r)} if r.circuits and r.cellstats else {})} for r in run.reps]
     return {
         "schema": SCHEMA,
         "run": _run_facts(run),
@@ -291,9 +293,7 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
             "methods": list(inference.METHOD_TEXT),
             "throughput_window_s": metrics_mod.THROUGHPUT_WINDOW_S,
             "throughput_min_warmup_s": metrics_mod.THROUGHPUT_MIN_WARMUP_S,
-            "heavy_circuit_fraction": metrics_mod.HEAVY_FRACTION,
-            "idle_circuit_fraction": metrics_mod.IDLE_FRACTION,
-            "idle_circuit_min_cells": metrics_mod.IDLE_MIN_CELLS,
+            "gh70_heavy_share": metrics_mod.GH70_SHARE,
         },
         "definitions": {title: text for title, text in metrics_mod.DEFINITIONS},
         "repetitions": reps,
@@ -311,3 +311,8 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         # Only for Kubernetes runs whose relays ran on more than one kind of hardware.
         **({"by_hardware": hw} if (hw := hardware_mod.by_hardware(run, extracted)) else {}),
     }
+
+
+def _circuit_coverage(r) -> dict:
+    from . import circuits
+    return circuits.coverage(metrics_mod.rep_attribution(r), r.cellstats)

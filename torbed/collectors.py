@@ -234,6 +234,9 @@ class RelayCollector:
 
     def _listen(self) -> None:
         collect = self.cfg["collect"]
+        # Which tor the records come from: a restarted tor numbers its channels from 1 again,
+        # so channel ids (cellstats conn) are only unique within one session (analysis/circuits.py).
+        self.base["session"] = round(time.time(), 3)
         if "cellstats" in collect:
             w = self.writers["cellstats"]
 

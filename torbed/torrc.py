@@ -160,6 +160,9 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
         "# differently per variant.",
         "LearnCircuitBuildTimeout 0",
         "CircuitBuildTimeout 60",
+        "# The client's circuit ids on its guard channel (CELL_STATS; the driver subscribes),",
+        "# so its circuits are found at every relay (circuits.jsonl, analysis/circuits.py).",
+        "TestingEnableCellStatsEvent 1",
     ]
     return {"common.torrc": common, "role-authority.torrc": authority, "role-relay.torrc": relay,
             "role-exit.torrc": exit_, "role-nonexit.torrc": nonexit, "role-client.torrc": client}

@@ -16,7 +16,9 @@ What it holds (values chosen to look like a Tang & Goldberg experiment 1 in mini
   EWMA makes web transfers faster. One web timeout in vanilla rep 1, one circuit_failed
   in ewma-66 rep 0.
 - cellstats at middle0: one light circuit (the web client's, active in ~45% of the seconds)
-  and two heavy ones (the bulk clients'), one event per active circuit per second;
+  and two heavy ones (the bulk clients'), one event per active circuit per second; guard0's
+  records of the same circuits (1 ms per cell) and the clients' circuits.jsonl chain them to
+  their clients;
   relayed circuits are named "<inbound conn>:<inbound circuit id>" as the collector does.
 - relay_bw at guard0 and middle0 every 0.5 s for ~91 s.
 - ewma-66 rep 1 crashed 40 s into the workload: meta status "failed", records stop there,
@@ -204,6 +206,43 @@ def cellstats(rng: random.Random, variant: str, rep: int, t0: float, t_stop: flo
     return out
 
 
+CLIENT_OF_QUEUE = {3: ("web0", "web", 41), 5: ("bulk0", "bulk", 42), 8: ("bulk1", "bulk", 43)}
+
+
+def client_side(variant: str, rep: int, t0: float, transfers_: list[dict], middle: list[dict]) -> tuple[list, list]:
+    """guard0's CELL_STATS records of the three client circuits (mirroring middle0's, a
+    constant 1 ms per cell, no randomness: the other golden records stay as they were) and the clients' circuits.jsonl
+    (each client's first circuit, its id toward the guard), so the report knows every
+    middle0 circuit by its client (analysis/circuits.py). guard0 reaches middle0 on its
+    channel 20 (middle0's 7) with the circuit ids middle0 sees; client k's channel is 4k there."""
+    first: dict[str, str] = {}
+    for t in sorted(transfers_, key=lambda t: t["t_start"]):
+        if t.get("circuit"):
+            first.setdefault(t["client"], t["circuit"]["id"])
+    guard = []
+    for m in middle:
+        q = m["inbound"]["queue"]
+        client, _, conn = CLIENT_OF_QUEUE[q]
+        guard.append({"type": "cellstats", "variant": variant, "rep": rep, "relay": "guard0", "group": "guard",
+                      "t": r6(m["t"] - 0.02), "circuit": f"{conn}:{2000 + q}",
+                      "inbound": {"queue": 2000 + q, "conn": conn, "added": m["inbound"]["added"],
+                                  "removed": m["inbound"]["removed"],
+                                  "time_ms": {"relay": sum(m["inbound"]["removed"].values())}},
+                      "outbound": {"queue": q, "conn": 20, "added": m["outbound"]["added"],
+                                   "removed": m["outbound"]["removed"],
+                                   "time_ms": {"relay": sum(m["outbound"]["removed"].values())}}})
+    circuits_ = []
+    path = [fingerprint(n) for n in ("guard0", "middle0", "exit0")]
+    for q, (client, group, _) in CLIENT_OF_QUEUE.items():
+        if client not in first:
+            continue
+        base = {"type": "client_circuit", "variant": variant, "rep": rep, "client": client, "group": group,
+                "t": r6(t0 + 0.5), "id": first[client]}
+        circuits_ += [{**base, "event": "built", "purpose": "GENERAL", "build_flags": [], "path": path},
+                      {**base, "event": "link", "conn": "2", "queue": str(2000 + q)}]
+    return guard, circuits_
+
+
 def relay_bw(rng: random.Random, variant: str, rep: int, t0: float, t_stop: float) -> list[dict]:
     out = []
     t = t0 - 1.0
@@ -252,7 +291,10 @@ def generate(out: Path = OUT) -> None:
                 tail = dumps(cut)[:70]          # the record being written when the run died
                 recs = done
             write_jsonl(d / "transfers.jsonl", recs, tail)
-            write_jsonl(d / "cellstats.jsonl", cellstats(rng, variant, rep, t0, t_stop))
+            middle = cellstats(rng, variant, rep, t0, t_stop)
+            guard, circuits_ = client_side(variant, rep, t0, recs, middle)
+            write_jsonl(d / "cellstats.jsonl", middle + guard)
+            write_jsonl(d / "circuits.jsonl", circuits_)
             write_jsonl(d / "relay_bw.jsonl", relay_bw(rng, variant, rep, t0, t_stop))
             (d / "logs" / "middle0.log").write_text("synthetic run: no tor log\n")
 

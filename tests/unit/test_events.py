@@ -105,3 +105,39 @@ def test_driver_circuit_failure_fails_waiting_streams(tmp_path):
     assert not d.circuit.alive
     assert state["error"][0] == "circuit_failed"
     assert ev.is_set()
+
+
+class _ListeningController:
+    def __init__(self):
+        self.listeners = []
+
+    def add_event_listener(self, fn, event_type):
+        self.listeners.append((fn, event_type))
+
+
+def test_collector_records_carry_the_tor_session_and_a_reconnect_starts_a_new_one(monkeypatch):
+    """A restarted tor numbers its channels from 1 again: the collector's records say which
+    tor (``session``, when the collector attached) they came from."""
+    from torbed.collectors import RelayCollector
+
+    class Writer:
+        def __init__(self):
+            self.recs = []
+
+        def write(self, rec):
+            self.recs.append(rec)
+
+    w = Writer()
+    c = RelayCollector({"name": "middle0", "group": "middle", "control": {}},
+                       {"variant": "kist", "rep": 0, "collect": ["cellstats"]}, {"cellstats": w})
+    c.controller = _ListeningController()
+    now = [1000.0]
+    monkeypatch.setattr("torbed.collectors.time.time", lambda: now[0])
+    c._listen()
+    c.controller.listeners[0][0](event(RELAY_CELL_STATS))
+    now[0] = 2000.0
+    c.controller = _ListeningController()
+    c._listen()
+    c.controller.listeners[0][0](event(RELAY_CELL_STATS))
+    assert [r["session"] for r in w.recs] == [1000.0, 2000.0]
+    assert w.recs[0]["inbound"]["conn"] == w.recs[1]["inbound"]["conn"] == "12"

@@ -122,6 +122,17 @@ class Driver:
         self.circ_locks: dict[str, threading.Lock] = {}
         self.circ_lock = threading.Lock()
         self.controller: stem.control.Controller | None = None
+        # circuits.jsonl: this client tor's circuits and, for each, the circuit id it chose on
+        # its channel to the guard (CELL_STATS OutboundQueue), which the guard's CELL_STATS
+        # records carry as InboundQueue: how the analysis finds the client's circuits at every
+        # hop (analysis/circuits.py, docs/records.md).
+        self.circuit_log = RecordWriter(cfg.get("circuits_output") or os.path.join(
+            os.path.dirname(str(cfg["output"])) or ".", "circuits.jsonl"))
+        self._linked: set[tuple] = set()
+
+    def _circuit_base(self) -> dict:
+        return {"type": "client_circuit", "variant": self.cfg.get("variant"), "rep": self.cfg.get("rep"),
+                "client": self.cfg.get("client"), "group": self.cfg.get("group"), "t": time.time()}
 
     # -- control port -------------------------------------------------------------------
     def connect(self) -> None:
@@ -133,6 +144,9 @@ class Driver:
         self.controller.authenticate()
         self.controller.add_event_listener(self._on_stream, EventType.STREAM)
         self.controller.add_event_listener(self._on_circ, EventType.CIRC)
+        # Always subscribed: tor keeps per-cell entries for CELL_STATS until it emits them
+        # (role-client.torrc sets TestingEnableCellStatsEvent, torbed/torrc.py).
+        self.controller.add_event_listener(self._on_cellstats, EventType.CELL_STATS)
         if self.cfg.get("path"):
             self.controller.set_conf("__LeaveStreamsUnattached", "1")
             self.controller.set_conf("__DisablePredictedCircuits", "1")
@@ -157,7 +171,26 @@ class Driver:
         else:
             self.circuits[""] = circ
 
+    def _on_cellstats(self, event) -> None:
+        """An origin circuit's CELL_STATS: its channel (OutboundConn, this tor's channel id)
+        and its circuit id on that channel (OutboundQueue), written once per pair."""
+        if not event.id or event.outbound_queue is None:
+            return
+        key = (str(event.id), str(event.outbound_connection), str(event.outbound_queue))
+        if key in self._linked:
+            return
+        self._linked.add(key)
+        self.circuit_log.write({**self._circuit_base(), "event": "link", "id": key[0], "conn": key[1],
+                                "queue": key[2]})
+
     def _on_circ(self, event) -> None:
+        if event.status in ("BUILT", "FAILED", "CLOSED"):
+            rec = {**self._circuit_base(), "event": event.status.lower(), "id": str(event.id),
+                   "purpose": event.purpose, "build_flags": list(event.build_flags or ()),
+                   "path": [fp for fp, _ in (event.path or ())]}
+            if event.status != "BUILT":
+                rec["reason"] = event.reason
+            self.circuit_log.write(rec)
         if event.status not in ("FAILED", "CLOSED"):
             return
         for circ in list(self.circuits.values()):
@@ -175,6 +208,13 @@ class Driver:
         if self.cfg.get("debug"):
             print(f"STREAM {event.id} {event.status} circ={event.circ_id} src={event.source_address}:{event.source_port}"
                   f" purpose={event.purpose} reason={event.reason}", file=sys.stderr, flush=True)
+        if event.status == "SUCCEEDED" and event.circ_id and event.purpose in (None, "USER") \
+                and event.target_address == self.cfg.get("workload", {}).get("address"):
+            # Which circuit carried the workload's streams, also when tor chose the path (no
+            # fixed path: transfers.jsonl then names no circuit). Only streams to the
+            # workload's server: bring-up probes through this tor are not the workload.
+            self.circuit_log.write({**self._circuit_base(), "event": "stream", "id": str(event.circ_id),
+                                    "stream": str(event.id), "target": f"{event.target_address}:{event.target_port}"})
         with self.lock:
             if event.status in ("NEW", "NEWRESOLVE") and event.source_port is not None:
                 self.streams[event.id] = int(event.source_port)
@@ -494,8 +534,9 @@ def run(cfg: dict, stop: threading.Event | None = None) -> int:
                 t.join(0.5)
         return sum(counts)
     finally:
-        driver.writer.close()
         driver.controller.close()
+        driver.writer.close()
+        driver.circuit_log.close()
 
 
 def main(argv: list[str] | None = None) -> int:

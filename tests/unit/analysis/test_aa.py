@@ -196,7 +196,7 @@ def test_recorded_aa_run_is_calibrated_and_pooled_tests_cry_wolf():
     # and several metrics "different" in the primary split (queue waits among them).
     assert rt["pooled_ks"] > 0.10 and rt["pooled_mwu"] > 0.10, rt
     assert len(r["pooled_false_alarms"]) >= 3
-    assert any(m.startswith("cell_wait_ms/middle0") for m in r["pooled_false_alarms"])
+    assert any(m.startswith("cell_wait_ms/") for m in r["pooled_false_alarms"])
 
 
 def _half_run(dest: Path, reps: list[int]) -> Path:

@@ -50,8 +50,8 @@ def tiny(tmp_path):
     ])
     jsonl(da / "cellstats.jsonl", [
         cell(106.0, 1, 100, 1000), cell(107.0, 1, 300, 6000),   # circuit A: 400 cells, waits 10 and 20 ms
-        cell(106.5, 2, 100, 5000),                              # circuit B: 100 cells (< 50% of 400): light
-        cell(101.0, 3, 200, 200),                               # circuit C, in the warm-up: classified, not counted
+        cell(106.5, 2, 100, 5000),                              # circuit B: 100 cells, beyond 70% of 500: light
+        cell(101.0, 3, 900, 200),                               # circuit C, in the warm-up: neither counted nor classed
     ])
     db = run / "b" / "rep-0"
     jsonl(db / "transfers.jsonl", [tr(ttlb=0.5), tr(ttlb=1.5)])
@@ -88,9 +88,9 @@ def test_cell_wait_by_hand(tiny):
     allc = ex.metrics["cell_wait_ms/m0/inbound/all"]
     assert sorted(allc.pooled("a")) == [10.0, 20.0, 50.0]
     assert allc.totals["a"][0] == (12000.0, 500.0)             # wait per cell 12000 / 500 ms
-    heavy = ex.metrics["cell_wait_ms/m0/inbound/heavy"]
+    heavy = ex.metrics["cell_wait_ms/m0/inbound/gh70-heavy"]
     assert sorted(heavy.pooled("a")) == [10.0, 20.0] and heavy.totals["a"][0] == (7000.0, 400.0)
-    light = ex.metrics["cell_wait_ms/m0/inbound/light"]
+    light = ex.metrics["cell_wait_ms/m0/inbound/gh70-light"]
     assert list(light.pooled("a")) == [50.0]
     assert ex.metrics["cell_wait_ms/m0/outbound/all"].pooled("a").size == 0
     _, _, s = analyse(tiny)
@@ -112,19 +112,24 @@ def test_summary_vs_baseline(tiny):
     assert s2["metrics"]["ttlb_s/web:small"]["variants"]["a"]["vs_baseline"]["median_change_pct"] == pytest.approx(100.0)
 
 
-def test_circuit_key_and_classes():
+def test_circuit_key_and_gh70_classes():
     assert metrics.circuit_key({"circuit": "12", "inbound": side(1, {}, {})}) == "id:12"
     assert metrics.circuit_key({"circuit": None, "inbound": side(4, {}, {}, conn=2)}) == "inbound:4@2"
     assert metrics.circuit_key({"circuit": None, "inbound": None,
                                 "outbound": side(7, {}, {}, conn=3)}) == "outbound:7@3"
+    assert metrics.circuit_key({"circuit": "12", "session": 7.5}) == "id:12#7.5"
+    # Gopal & Heninger's 70% rule, per inbound connection (conn 9 here: 20,247 cells, 70% = 14,173)
     recs = [cell(1, 1, 10000, 0), cell(1, 2, 4999, 0), cell(1, 3, 5000, 0), cell(2, 2, 0, 0),
             cell(1, 4, 99, 0), cell(1, 5, 100, 0), cell(1, 6, 49, 0)]
-    assert metrics.classify_circuits(recs) == {
-        "inbound:1@9": "heavy", "inbound:2@9": "light",
-        "inbound:3@9": "heavy",    # 5000 = 50% of the busiest: heavy
-        "inbound:4@9": "idle",     # 99 < 1% of 10000
-        "inbound:5@9": "light",    # 100 = 1%: not below
-        "inbound:6@9": "idle"}     # fewer than 50 cells
+    other = cell(1, 7, 10, 0)
+    other["inbound"]["conn"] = 4            # alone on its connection: heavy there
+    early = cell(0.5, 8, 10 ** 6, 0)        # in the warm-up: not counted, not classed
+    assert metrics.gh70_classes(recs + [other, early], t_min=1.0) == {
+        "inbound:1@9": "gh70-heavy",        # nothing before it
+        "inbound:3@9": "gh70-heavy",        # 10,000 before it: < 70%
+        "inbound:2@9": "gh70-light",        # 15,000 before it: >= 70%
+        "inbound:5@9": "gh70-light", "inbound:4@9": "gh70-light", "inbound:6@9": "gh70-light",
+        "inbound:7@4": "gh70-heavy"}
 
 
 def test_fmt_size():
