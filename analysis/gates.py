@@ -1,0 +1,438 @@
+"""Mechanism gates, the judging half (issue 36 item 1): per repetition, a verdict on where the
+queueing was, whether the CPU was short, and whether the transfers ran.
+
+Three gates, from a repetition's records (torbed/gates.py writes shaper.jsonl and cpu.jsonl;
+the collectors cellstats.jsonl; the drivers transfers.jsonl), over the measured window
+(workload start + warm-up .. workload start + duration):
+
+- **queueing** (a flag, never invalidating: the scheduler cannot act on a shaper's queue, but
+  the repetition measured what it measured): the most-backlogged rate-limited link's median
+  and 90th percentile backlog, in bytes and in seconds at its rate, beside the most-queued
+  relay's circuit-queue wait (CELL_STATS: per second, sum(time_ms) / sum(removed) over both
+  directions; median and 90th percentile over the seconds with cells). "flag" when the
+  shaper's median is at least ``shaper_backlog_min_s`` and at least ``shaper_dominance_ratio``
+  times the circuit queues'.
+- **cpu** (invalidating): a starved process (main thread runnable but waiting for a CPU for at
+  least ``max_runqueue_wait_fraction`` of the window) among the tors, drivers, servers and the
+  shaper that are not a CPU-bound experiment's target; the hypervisor's steal at least
+  ``max_steal_fraction``. Other processes' CPU use at or over ``max_others_busy_fraction`` is
+  a flag. A CPU-bound experiment (``measure.mechanism.kind: cpu-bound``) also needs its target
+  relay saturated (``cpu_bound_min_busy``), else invalid.
+- **completion** (invalidating): of the transfers started after the warm-up, more than
+  ``max_failed_fraction`` stalled or failed (censored ones, cut off by the window's end, are
+  not failures: the analysis keeps them with Kaplan-Meier).
+
+A gate whose records are absent says "not measured" (the k8s backend records neither
+shaper.jsonl nor cpu.jsonl yet) and neither passes nor fails the repetition.
+
+Public API:
+
+- ``evaluate(rep_dir, meta, mechanism=None, thresholds=None) -> dict`` (meta.json ``gates``)
+- ``of_rep(rep) -> dict | None``: a loaded repetition's recorded gates (meta.json)
+- ``mechanism_of(run_info) -> dict``: the scenario's ``measure.mechanism`` from run.json
+- ``exclude_invalid(run) -> dict``: marks gate-invalid repetitions ``invalid`` and empties
+  their records (so no statistic uses them); returns {(variant, rep): gates}
+- ``summary_rows(run, gates) -> dict | None``: summary.json's ``gates`` (None: no recorded gates)
+- ``warning_blocks(summary)``, ``section_blocks(summary)``: the report's (analysis/render.py)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from ..gates import THRESHOLDS
+from ..records import read_records
+from .metrics import _group_key, transfer_outcome
+
+VERSION = 1
+INVALID = "invalid"      # a repetition's status once a gate rejected it
+# Processes whose starvation invalidates a repetition, by the role the sampler recorded.
+GATED_ROLES = ("relay", "client", "driver", "server", "shaper")
+
+
+def _window(meta: dict) -> tuple[float, float] | None:
+    t0 = meta.get("t_workload_start")
+    if not isinstance(t0, (int, float)):
+        return None
+    start = t0 + float(meta.get("warmup_s") or 0.0)
+    end = t0 + float(meta.get("duration_s") or 0.0) if meta.get("duration_s") else meta.get("t_end")
+    return (start, end) if isinstance(end, (int, float)) and end > start else None
+
+
+def _q(values, q: float) -> float | None:
+    return float(np.quantile(np.asarray(values, float), q)) if len(values) else None
+
+
+def _fmt_s(x: float | None) -> str:
+    return "n/a" if x is None else (f"{x:.2f} s" if x >= 0.1 else f"{x * 1000:.0f} ms")
+
+
+# ---------------------------------------------------------------------------------------
+# Queueing
+
+def _shaper(records: list[dict], window, th: dict) -> dict | None:
+    links: dict[str, dict] = {}
+    shaper = None
+    samples = []
+    for r in records:
+        if r.get("type") == "shaper_links":
+            shaper = r.get("shaper")
+            for ln in r.get("links") or []:
+                links[ln["link"]] = ln
+        elif r.get("type") == "shaper" and window[0] <= r.get("t", 0) <= window[1]:
+            samples.append(r.get("backlog") or {})
+    if shaper is None:
+        return None
+    out = {"shaper": shaper, "samples": len(samples), "links": len(links)}
+    best = None
+    for name, ln in links.items():
+        rate = ln.get("rate_bps") or 0
+        if not rate:
+            continue
+        # htb + netem: the class's queue also holds the frames serving the link's delay (at
+        # most rate x delay of them while the link is busy); that part is not queueing.
+        in_flight = rate * float(ln.get("delay_s") or 0.0) / 8
+        series = np.array([max(0.0, s.get(name, 0) - in_flight) for s in samples], float)
+        if not series.size:
+            continue
+        med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
+        key = (med, p90)
+        if best is None or key > best[0]:
+            best = (key, {"link": name, "rate_bps": rate, "median_bytes": med, "p90_bytes": p90,
+                          "median_s": med * 8 / rate, "p90_s": p90 * 8 / rate, "max_bytes": float(series.max())})
+    if best:
+        out.update(best[1])
+    return out
+
+
+def _circuit_queues(records: list[dict], window) -> dict | None:
+    """Per relay, per second: sum(time_ms) / sum(removed) of the CELL_STATS records (both
+    directions); the relay whose median over its seconds with cells is largest."""
+    per: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    for r in records:
+        t = r.get("t")
+        if r.get("type") != "cellstats" or not isinstance(t, (int, float)) or not window[0] <= t <= window[1]:
+            continue
+        for d in ("inbound", "outbound"):
+            side = r.get(d) or {}
+            acc = per[str(r.get("relay"))][int(t)]
+            acc[0] += sum(v for v in (side.get("time_ms") or {}).values() if isinstance(v, (int, float)))
+            acc[1] += sum(v for v in (side.get("removed") or {}).values() if isinstance(v, (int, float)))
+    best = None
+    relays = {}
+    for relay, secs in per.items():
+        waits = [ms / n / 1000.0 for ms, n in secs.values() if n > 0]
+        if not waits:
+            continue
+        relays[relay] = {"median_s": _q(waits, 0.5), "p90_s": _q(waits, 0.9), "seconds": len(waits)}
+        if best is None or (relays[relay]["median_s"], relays[relay]["p90_s"]) > best[0]:
+            best = ((relays[relay]["median_s"], relays[relay]["p90_s"]), relay)
+    if best is None:
+        return None
+    return {"relay": best[1], **relays[best[1]], "relays": relays}
+
+
+def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
+    shaper = _shaper(read_records(rep_dir / "shaper.jsonl"), window, th)
+    circuits = _circuit_queues(read_records(rep_dir / "cellstats.jsonl"), window)
+    out = {"shaper": shaper, "circuit_queues": circuits}
+    if shaper is None:
+        return {**out, "status": "not measured", "text": "shaper backlog not measured (no shaper.jsonl)"}
+    if shaper["shaper"] == "none":
+        return {**out, "status": "ok", "text": "no link has a rate: no shaper queue"}
+    if shaper["samples"] < th["min_samples"]:
+        return {**out, "status": "not measured",
+                "text": f"shaper backlog: {shaper['samples']} samples in the window (fewer than {th['min_samples']})"}
+    if "link" not in shaper:
+        return {**out, "status": "ok", "text": "no rate-limited link carried traffic: no shaper queue"}
+    sq = shaper["median_s"]
+    cq = circuits["median_s"] if circuits else 0.0
+    where = (f"{shaper['link']} at {shaper['rate_bps'] / 1e6:g} Mbit/s, median {shaper['median_bytes'] / 1e3:.0f} kB, "
+             f"p90 {_fmt_s(shaper['p90_s'])}")
+    cwhere = f"{circuits['relay']}, p90 {_fmt_s(circuits['p90_s'])}" if circuits else "no CELL_STATS"
+    figures = f"median queueing in the shaper {_fmt_s(sq)} ({where}) vs {_fmt_s(cq)} in circuit queues ({cwhere})"
+    if sq >= th["shaper_backlog_min_s"] and sq >= th["shaper_dominance_ratio"] * cq:
+        return {**out, "status": "flag", "text": f"shaper backlog dominates: {figures}"}
+    return {**out, "status": "ok", "text": figures}
+
+
+# ---------------------------------------------------------------------------------------
+# CPU
+
+def _edges(records: list[dict], window) -> tuple[dict, dict] | None:
+    """The first and last cpu samples inside the window (the samples are cumulative counters)."""
+    inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
+    if len(inside) < 2:
+        return None
+    return inside[0], inside[-1]
+
+
+def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
+    records = read_records(rep_dir / "cpu.jsonl")
+    if not records:
+        return {"status": "not measured", "text": "CPU not measured (no cpu.jsonl)", "reasons": [], "flags": []}
+    samples = sum(1 for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1])
+    edges = _edges(records, window)
+    if edges is None or samples < th["min_samples"]:
+        return {"status": "not measured", "reasons": [], "flags": [],
+                "text": f"CPU: {samples} samples in the window (fewer than {th['min_samples']})"}
+    a, b = edges
+    dt = b["t"] - a["t"]
+    hz = b.get("hz") or 100
+    ha, hb = a["host"], b["host"]
+    d_total = max(1, hb["total"] - ha["total"])
+    target = mechanism.get("target") if mechanism.get("kind") == "cpu-bound" else None
+    procs, ours = {}, 0
+    for name, pb in b["procs"].items():
+        pa = a["procs"].get(name)
+        if not pa:
+            continue
+        ticks = pb["ticks"] - pa["ticks"]
+        ours += ticks
+        p = {"role": pb.get("role"), "group": pb.get("group"), "cpu_cores": ticks / hz / dt,
+             "wait_fraction": (pb["wait_ns"] - pa["wait_ns"]) / 1e9 / dt}
+        slices = pb["slices"] - pa["slices"]
+        p["wait_per_slice_ms"] = (pb["wait_ns"] - pa["wait_ns"]) / 1e6 / slices if slices > 0 else 0.0
+        ta, tb = (a.get("threads") or {}).get(name), (b.get("threads") or {}).get(name)
+        if ta and tb:
+            p["busiest_thread_cores"] = max((tb[t] - ta.get(t, 0)) / hz / dt for t in tb)
+        procs[name] = p
+    host = {"cpus": hb["cpus"], "steal_fraction": (hb["steal"] - ha["steal"]) / d_total,
+            "busy_fraction": (hb["busy"] - ha["busy"]) / d_total,
+            "others_busy_fraction": max(0.0, (hb["busy"] - ha["busy"] - ours) / d_total),
+            "load1_end": hb.get("load1"), "window_s": dt, "samples": samples}
+    reasons, flags = [], []
+    starved = sorted((n for n, p in procs.items() if p["role"] in GATED_ROLES
+                      and not (target and p["role"] == "relay" and p.get("group") == target)
+                      and p["wait_fraction"] >= th["max_runqueue_wait_fraction"]),
+                     key=lambda n: -procs[n]["wait_fraction"])
+    if starved:
+        worst = ", ".join(f"{n} {100 * procs[n]['wait_fraction']:.0f}%" for n in starved[:4])
+        reasons.append(f"CPU-starved: {len(starved)} process(es) waited for a CPU at least "
+                       f"{100 * th['max_runqueue_wait_fraction']:.0f}% of the window ({worst})")
+    if host["steal_fraction"] >= th["max_steal_fraction"]:
+        reasons.append(f"steal {100 * host['steal_fraction']:.1f}% of the machine's CPU time "
+                       f"(limit {100 * th['max_steal_fraction']:.0f}%)")
+    if host["others_busy_fraction"] >= th["max_others_busy_fraction"]:
+        flags.append(f"other processes used {100 * host['others_busy_fraction']:.0f}% of the machine's CPU "
+                     f"(flag at {100 * th['max_others_busy_fraction']:.0f}%)")
+    out = {"host": host, "processes": procs, "starved": starved}
+    if target:
+        tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
+        sat = {n: max(p.get("busiest_thread_cores", 0.0), p["cpu_cores"] / max(1, host["cpus"]))
+               for n, p in tgt.items()}
+        out["target"] = {"group": target, "saturation": sat}
+        low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
+        if not tgt:
+            reasons.append(f"CPU-bound target group {target!r}: no process sampled")
+        elif low:
+            reasons.append("CPU-bound target not saturated: " + ", ".join(
+                f"{n} busiest thread/cores at {100 * sat[n]:.0f}%" for n in low)
+                + f" (needs {100 * th['cpu_bound_min_busy']:.0f}%)")
+    top = sorted(procs.items(), key=lambda kv: -kv[1]["wait_fraction"])[:1]
+    summary = (f"busiest wait: {top[0][0]} {100 * top[0][1]['wait_fraction']:.1f}% of the window; " if top else "") + \
+        f"steal {100 * host['steal_fraction']:.1f}%, others {100 * host['others_busy_fraction']:.0f}%"
+    return {**out, "status": INVALID if reasons else ("flag" if flags else "ok"), "reasons": reasons,
+            "flags": flags, "text": "; ".join(reasons + flags) or summary}
+
+
+# ---------------------------------------------------------------------------------------
+# Completion
+
+def completion_gate(rep_dir: Path, th: dict) -> dict:
+    counts = {"completed": 0, "censored": 0, "stalled": 0, "failed": 0}
+    groups: dict[str, dict] = {}
+    for t in read_records(rep_dir / "transfers.jsonl"):
+        if t.get("warmup") is True:
+            continue
+        o = transfer_outcome(t)
+        counts[o] += 1
+        groups.setdefault(":".join(_group_key(t)), dict.fromkeys(counts, 0))[o] += 1
+    started = sum(counts.values())
+    out = {"counts": counts, "by_group": dict(sorted(groups.items())), "started": started}
+    if not started:
+        return {**out, "status": INVALID, "failed_fraction": None,
+                "text": "no transfer started after the warm-up", "reasons": ["no transfer started after the warm-up"]}
+    bad = (counts["stalled"] + counts["failed"]) / started
+    out["failed_fraction"] = bad
+    out["censored_fraction"] = counts["censored"] / started
+    text = (f"{started} started: {counts['completed']} completed, {counts['censored']} censored, "
+            f"{counts['stalled']} stalled, {counts['failed']} failed")
+    if bad > th["max_failed_fraction"]:
+        why = (f"{100 * bad:.0f}% of {started} transfers stalled or failed "
+               f"(limit {100 * th['max_failed_fraction']:.0f}%)")
+        return {**out, "status": INVALID, "text": f"{why}; {text}", "reasons": [why]}
+    return {**out, "status": "ok", "text": text, "reasons": []}
+
+
+# ---------------------------------------------------------------------------------------
+
+def evaluate(rep_dir: str | Path, meta: dict, mechanism: dict | None = None, thresholds: dict | None = None,
+             not_measured: str | None = None) -> dict:
+    """The gates of one repetition (meta.json ``gates``). ``not_measured``: why the shaper and
+    CPU samples are absent (e.g. "not measured on k8s"), said instead of "not measured"."""
+    rep_dir = Path(rep_dir)
+    th = {**THRESHOLDS, **(thresholds or {})}
+    mechanism = dict(mechanism or {"kind": "queueing"})
+    window = _window(meta)
+    out = {"version": VERSION, "mechanism": mechanism, "thresholds": th,
+           "window": list(window) if window else None}
+    if window is None:
+        return {**out, "valid": True, "invalid_reasons": [], "flags": [],
+                "queueing": {"status": "not measured", "text": "no measurement window in meta.json"},
+                "cpu": {"status": "not measured", "text": "no measurement window in meta.json"},
+                "completion": completion_gate(rep_dir, th)}
+    q = queueing_gate(rep_dir, window, th)
+    c = cpu_gate(rep_dir, window, th, mechanism)
+    done = completion_gate(rep_dir, th)
+    if not_measured:
+        for g in (q, c):
+            if g["status"] == "not measured":
+                g["text"] = f"{g['text'].split(' (')[0]}: {not_measured}"
+    reasons = list(c.get("reasons") or []) + list(done.get("reasons") or [])
+    flags = ([q["text"]] if q["status"] == "flag" else []) + list(c.get("flags") or [])
+    return {**out, "valid": not reasons, "invalid_reasons": reasons, "flags": flags,
+            "queueing": q, "cpu": c, "completion": done}
+
+
+def mechanism_of(run_info: dict) -> dict:
+    """``measure.mechanism`` of the resolved scenario in run.json (queueing when absent)."""
+    sc = run_info.get("scenario") if isinstance(run_info.get("scenario"), dict) else {}
+    m = (sc.get("measure") or {}).get("mechanism")
+    return dict(m) if isinstance(m, dict) else {"kind": "queueing", "target": None}
+
+
+def of_rep(rep) -> dict | None:
+    """The gates meta.json recorded for a repetition that finished ok; None otherwise (runs
+    from before the gates, or a run whose judging failed: ``gates_error``). The report does
+    not judge a run again after the fact: what was recorded is what it shows."""
+    if rep.status != "ok" or rep.meta is None:
+        return None
+    g = rep.meta.get("gates")
+    return g if isinstance(g, dict) and g.get("version") == VERSION else None
+
+
+def exclude_invalid(run) -> dict:
+    """Mark every repetition a gate rejected ``invalid`` (the reason as its error) and empty its
+    records, so neither the inference nor the descriptive statistics use it; its block is then
+    broken (summary.invalid_reps). Returns {(variant, rep): gates} for every repetition with
+    recorded gates."""
+    out = {}
+    for r in run.reps:
+        g = of_rep(r)
+        if g is None:
+            continue
+        out[(r.variant, r.index)] = g
+        if not g["valid"]:
+            r.status = INVALID
+            r.error = "mechanism gate: " + "; ".join(g["invalid_reasons"])
+            r.notes.append("excluded from every statistic by the mechanism gate (see Mechanism gates)")
+            r.transfers, r.cellstats, r.relay_bw, r.metrics, r.resources, r.cells = [], [], [], [], [], None
+    return out
+
+
+def _num(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def summary_rows(run, gates: dict) -> dict | None:
+    """summary.json ``gates``: thresholds, one row per judged repetition, the excluded ones,
+    the finished repetitions without gates, and the warnings the comparisons carry (queueing
+    flags per variant). None for a run with no recorded gates (older runs' summaries stay as
+    they were)."""
+    if not gates:
+        return None
+    rows = []
+    for (v, k), g in sorted(gates.items(), key=lambda kv: (run.variants.index(kv[0][0])
+                                                          if kv[0][0] in run.variants else 99, kv[0][1])):
+        q, c, d = g["queueing"], g["cpu"], g["completion"]
+        sh, cq = q.get("shaper") or {}, q.get("circuit_queues") or {}
+        rows.append({"variant": v, "rep": k, "valid": g["valid"], "invalid_reasons": g["invalid_reasons"],
+                     "flags": g["flags"], "queueing": q["status"], "queueing_text": q.get("text"),
+                     "shaper_link": sh.get("link"), "shaper_median_s": _num(sh.get("median_s")),
+                     "shaper_p90_s": _num(sh.get("p90_s")), "shaper_median_bytes": _num(sh.get("median_bytes")),
+                     "shaper_p90_bytes": _num(sh.get("p90_bytes")),
+                     "circuit_queue_relay": cq.get("relay"), "circuit_queue_median_s": _num(cq.get("median_s")),
+                     "circuit_queue_p90_s": _num(cq.get("p90_s")),
+                     "cpu": c["status"], "cpu_text": c.get("text"),
+                     "completion": d["status"], "completion_text": d.get("text"), "outcomes": d.get("counts")})
+    warnings = []
+    for v in run.variants:
+        flagged = [r["rep"] for r in rows if r["variant"] == v and r["queueing"] == "flag"]
+        if flagged:
+            n = sum(1 for r in rows if r["variant"] == v)
+            warnings.append(f"variant {v}: the shaper's backlog dominated the queueing in {len(flagged)} of {n} "
+                            f"repetition(s) (rep {', '.join(map(str, flagged))}). No scheduler acts on a shaper's "
+                            f"queue: comparisons involving {v} measure that queue as much as the scheduler.")
+    mech = mechanism_of(run.info)
+    unjudged = [f"variant {r.variant} rep {r.index}: " + (f"judging failed: {r.meta['gates_error']}"
+                                                         if (r.meta or {}).get("gates_error") else "no gates recorded")
+                for r in run.reps if r.status == "ok" and (r.variant, r.index) not in gates]
+    return {"thresholds": dict(THRESHOLDS), "mechanism": mech, "rows": rows, "unjudged": unjudged,
+            "excluded": [f"variant {r['variant']} rep {r['rep']}: " + "; ".join(r["invalid_reasons"])
+                         for r in rows if not r["valid"]],
+            "warnings": warnings}
+
+
+# ---------------------------------------------------------------------------------------
+# The report's blocks (analysis/render.py)
+
+def warning_blocks(summary: dict) -> list[tuple]:
+    """What the headline and the comparisons carry: repetitions excluded, queueing flags."""
+    g = summary.get("gates") or {}
+    b: list[tuple] = []
+    if g.get("excluded"):
+        b.append(("p", f"**Mechanism gates: {len(g['excluded'])} repetition(s) invalid, excluded from every "
+                       "statistic below** (their blocks count as broken):"))
+        b.append(("ul", list(g["excluded"])))
+    if g.get("warnings"):
+        b.append(("p", "**Warning (mechanism gate, queueing): the delay was in the shaper, not in tor.**"))
+        b.append(("ul", list(g["warnings"])))
+    if g.get("unjudged"):
+        b.append(("p", f"**Mechanism gates: {len(g['unjudged'])} repetition(s) not judged, used as they are:**"))
+        b.append(("ul", list(g["unjudged"])))
+    return b
+
+
+def _cell_s(x) -> str:
+    return "—" if x is None else (f"{x:.2f} s" if x >= 0.1 else f"{x * 1000:.0f} ms")
+
+
+def section_blocks(summary: dict) -> list[tuple]:
+    """The "Mechanism gates" section: every repetition's figures and verdicts."""
+    g = summary.get("gates") or {}
+    if not g.get("rows"):
+        return []
+    th = g["thresholds"]
+    mech = g.get("mechanism") or {}
+    b: list[tuple] = [("h", 2, "Mechanism gates"),
+                      ("p", f"Per repetition, over the measured window (docs/statistics.md, *Mechanism gates*). "
+                            f"Mechanism: {mech.get('kind', 'queueing')}"
+                            + (f" (target {mech['target']})" if mech.get("target") else "") + ". "
+                            f"Queueing is a flag (no scheduler acts on a shaper's queue): the most-backlogged "
+                            f"rate-limited link's median backlog in seconds at its rate, flagged at "
+                            f"{th['shaper_backlog_min_s']} s and {th['shaper_dominance_ratio']:g}x the most-queued "
+                            f"relay's median circuit-queue wait. Invalid: a tor, driver, server or the shaper "
+                            f"(not a CPU-bound target) runnable but waiting for a CPU "
+                            f"{100 * th['max_runqueue_wait_fraction']:.0f}% of the window or more; steal "
+                            f"{100 * th['max_steal_fraction']:.0f}% or more; a CPU-bound target under "
+                            f"{100 * th['cpu_bound_min_busy']:.0f}% busy; more than "
+                            f"{100 * th['max_failed_fraction']:.0f}% of the started transfers stalled or failed.")]
+    rows = []
+    for r in g["rows"]:
+        rows.append([r["variant"], str(r["rep"]), "valid" if r["valid"] else "INVALID", r["queueing"],
+                     f"{_cell_s(r['shaper_median_s'])} / {_cell_s(r['shaper_p90_s'])}"
+                     + (f" ({r['shaper_link']})" if r.get("shaper_link") else ""),
+                     f"{_cell_s(r['circuit_queue_median_s'])} / {_cell_s(r['circuit_queue_p90_s'])}"
+                     + (f" ({r['circuit_queue_relay']})" if r.get("circuit_queue_relay") else ""),
+                     r["cpu"], r["completion"]])
+    b.append(("table", ["variant", "rep", "verdict", "queueing", "shaper backlog median / p90",
+                        "circuit-queue wait median / p90", "cpu", "completion"], rows))
+    details = [f"variant {r['variant']} rep {r['rep']}: queueing: {r['queueing_text']}; cpu: {r['cpu_text']}; "
+               f"transfers: {r['completion_text']}" for r in g["rows"]]
+    b.append(("ul", details))
+    return b
