@@ -84,11 +84,13 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
             for ln in r.get("links") or []:
                 links[ln["link"]] = ln
         elif r.get("type") == "shaper" and window[0] <= r.get("t", 0) <= window[1]:
-            samples.append(r.get("backlog") or {})
+            samples.append({"backlog": r.get("backlog") or {}, "failed": r.get("failed") or ()})
     if shaper is None:
         return None
-    out = {"shaper": shaper, "samples": len(samples), "links": len(links)}
+    out = {"shaper": shaper, "samples": len(samples), "links": len(links),
+           "failed_samples": sum(1 for s in samples if s["failed"])}
     best = None
+    unmeasured: list[str] = []
     for name, ln in links.items():
         rate = ln.get("rate_bps") or 0
         if not rate:
@@ -96,16 +98,21 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
         # htb + netem: the class's queue also holds the frames serving the link's delay (at
         # most rate x delay of them while the link is busy); that part is not queueing.
         in_flight = rate * float(ln.get("delay_s") or 0.0) / 8
-        series = np.array([max(0.0, s.get(name, 0) - in_flight) for s in samples], float)
-        if not series.size:
+        src = name.split(">", 1)[0]
+        series = np.array([max(0.0, s["backlog"].get(name, 0) - in_flight) for s in samples
+                           if src not in s.get("failed", ())], float)
+        if series.size < th["min_samples"]:
+            unmeasured.append(name)
             continue
         med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
         key = (med, p90)
         if best is None or key > best[0]:
-            best = (key, {"link": name, "rate_bps": rate, "median_bytes": med, "p90_bytes": p90,
+            best = (key, {"link": name, "rate_bps": rate, "link_samples": int(series.size),
+                          "median_bytes": med, "p90_bytes": p90,
                           "median_s": med * 8 / rate, "p90_s": p90 * 8 / rate, "max_bytes": float(series.max())})
     if best:
         out.update(best[1])
+    out["unmeasured_links"] = unmeasured
     return out
 
 
@@ -144,11 +151,16 @@ def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
         return {**out, "status": "not measured", "text": "shaper backlog not measured (no shaper.jsonl)"}
     if shaper["shaper"] == "none":
         return {**out, "status": "ok", "text": "no link has a rate: no shaper queue"}
+    failed = f", {shaper['failed_samples']} of them incomplete" if shaper["failed_samples"] else ""
+    not_enough = {**out, "status": "not measured",
+                  "text": f"shaper backlog: {shaper['samples']} samples in the window{failed} "
+                          f"(fewer than {th['min_samples']} usable for "
+                          f"{len(shaper['unmeasured_links']) or 'every'} rate-limited link(s))"}
     if shaper["samples"] < th["min_samples"]:
-        return {**out, "status": "not measured",
-                "text": f"shaper backlog: {shaper['samples']} samples in the window (fewer than {th['min_samples']})"}
+        return not_enough
     if "link" not in shaper:
-        return {**out, "status": "ok", "text": "no rate-limited link carried traffic: no shaper queue"}
+        return not_enough if shaper["unmeasured_links"] else \
+            {**out, "status": "ok", "text": "no rate-limited link: no shaper queue"}
     sq = shaper["median_s"]
     cq = circuits["median_s"] if circuits else 0.0
     where = (f"{shaper['link']} at {shaper['rate_bps'] / 1e6:g} Mbit/s, median {shaper['median_bytes'] / 1e3:.0f} kB, "
@@ -157,6 +169,9 @@ def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
     figures = f"median queueing in the shaper {_fmt_s(sq)} ({where}) vs {_fmt_s(cq)} in circuit queues ({cwhere})"
     if sq >= th["shaper_backlog_min_s"] and sq >= th["shaper_dominance_ratio"] * cq:
         return {**out, "status": "flag", "text": f"shaper backlog dominates: {figures}"}
+    if shaper["unmeasured_links"]:
+        # A link that could not be read may have held the backlog: no verdict.
+        return {**not_enough, "text": f"{not_enough['text']}; measured: {figures}"}
     return {**out, "status": "ok", "text": figures}
 
 
@@ -244,23 +259,26 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
 # Completion
 
 def completion_gate(rep_dir: Path, th: dict) -> dict:
+    """Outcomes of the transfers started after the warm-up; where every transfer started in
+    the warm-up (a long bulk download running through the whole window), of those instead."""
     counts = {"completed": 0, "censored": 0, "stalled": 0, "failed": 0}
     groups: dict[str, dict] = {}
-    for t in read_records(rep_dir / "transfers.jsonl"):
-        if t.get("warmup") is True:
-            continue
+    transfers = [t for t in read_records(rep_dir / "transfers.jsonl") if t.get("type", "transfer") == "transfer"]
+    measured = [t for t in transfers if t.get("warmup") is not True]
+    for t in measured or transfers:
         o = transfer_outcome(t)
         counts[o] += 1
         groups.setdefault(":".join(_group_key(t)), dict.fromkeys(counts, 0))[o] += 1
     started = sum(counts.values())
-    out = {"counts": counts, "by_group": dict(sorted(groups.items())), "started": started}
+    out = {"counts": counts, "by_group": dict(sorted(groups.items())), "started": started,
+           "counted": "after warm-up" if measured else "all (none started after the warm-up)"}
     if not started:
         return {**out, "status": INVALID, "failed_fraction": None,
-                "text": "no transfer started after the warm-up", "reasons": ["no transfer started after the warm-up"]}
+                "text": "no transfer started", "reasons": ["no transfer started"]}
     bad = (counts["stalled"] + counts["failed"]) / started
     out["failed_fraction"] = bad
     out["censored_fraction"] = counts["censored"] / started
-    text = (f"{started} started: {counts['completed']} completed, {counts['censored']} censored, "
+    text = (f"{started} started{'' if measured else ' (all in the warm-up)'}: {counts['completed']} completed, {counts['censored']} censored, "
             f"{counts['stalled']} stalled, {counts['failed']} failed")
     if bad > th["max_failed_fraction"]:
         why = (f"{100 * bad:.0f}% of {started} transfers stalled or failed "

@@ -11,8 +11,9 @@ Records (JSON lines, appended and flushed as written):
 
 - ``shaper.jsonl``: first a ``{"type": "shaper_links", "shaper", "links": [{"link": "SRC>DST",
   "rate_bps", "delay_s"}]}`` record (the rate-limited links sampled), then one ``{"type":
-  "shaper", "t", "backlog": {"SRC>DST": bytes}}`` per sample with every link whose backlog was
-  not zero. htb: the class of the destination in the sender's namespace (``tc -s class show``;
+  "shaper", "t", "backlog": {"SRC>DST": bytes}, ["failed": [SRC, ...]]}`` per sample with
+  every link whose backlog was not zero (``failed``: senders that could not be read then, so
+  their links are missing from that sample, not empty). htb: the class of the destination in the sender's namespace (``tc -s class show``;
   iproute2 6.1 prints htb class statistics as text even with ``-j``, so both forms are read);
   its backlog is the class's leaf queue (the default 1000-frame FIFO, the ``queue:`` bfifo, or
   netem's queue, which also holds the frames serving the link's delay). linkemu: its control
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -83,6 +85,7 @@ THRESHOLDS = {
 # Parsers
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMG]?)b$")
+_DROPPED = re.compile(r"\(dropped (\d+)")
 _MULT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
 
@@ -131,9 +134,10 @@ def parse_tc_classes(text: str) -> dict[int, dict]:
                 if minor is not None else None
         elif cur is None:
             continue
-        elif f[0] == "Sent" and len(f) >= 6:
+        elif f[0] == "Sent" and len(f) >= 2:
             cur["sent_bytes"] = int(f[1])
-            cur["drops"] = int(f[5].rstrip(","))
+            dropped = _DROPPED.search(line)
+            cur["drops"] = int(dropped.group(1)) if dropped else 0
         elif f[0] == "backlog" and len(f) >= 3:
             cur["backlog_bytes"] = _size(f[1])
             cur["backlog_packets"] = int(f[2].rstrip("p"))
@@ -200,10 +204,12 @@ class HtbSource:
 
     def __call__(self, now: float) -> None:
         backlog: dict[str, int] = {}
+        failed = []
         for sender in self.senders:
             try:
                 classes = parse_tc_classes(self.run_tc(sender))
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
+                failed.append(sender)
                 if len(self.errors) < 10:
                     self.errors.append(f"{sender}: {e}")
                 continue
@@ -211,7 +217,8 @@ class HtbSource:
                 name = self.links.get((sender, minor))
                 if name and c["backlog_bytes"]:
                     backlog[name] = c["backlog_bytes"]
-        self.writer.write({"type": "shaper", "t": now, "backlog": backlog})
+        # A sender that could not be read is missing from this sample, not a zero backlog.
+        self.writer.write({"type": "shaper", "t": now, "backlog": backlog, **({"failed": failed} if failed else {})})
 
 
 class LinkemuSource:
