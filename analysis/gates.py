@@ -46,9 +46,12 @@ import numpy as np
 
 from ..gates import THRESHOLDS
 from ..records import read_records
-from .metrics import _group_key, transfer_outcome
+from .metrics import THROUGHPUT_WINDOW_S, _group_key, transfer_outcome
 
 VERSION = 1
+# A CPU-bound target is judged on its busiest stretch of this length: the relay throughput
+# metric's window (Engler & Goldberg's 30 s).
+SATURATION_WINDOW_S = THROUGHPUT_WINDOW_S
 INVALID = "invalid"      # a repetition's status once a gate rejected it
 # Processes whose starvation invalidates a repetition, by the role the sampler recorded.
 GATED_ROLES = ("relay", "client", "driver", "server", "shaper")
@@ -91,6 +94,7 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
            "failed_samples": sum(1 for s in samples if s["failed"])}
     best = None
     unmeasured: list[str] = []
+    per_link: dict[str, dict] = {}
     for name, ln in links.items():
         rate = ln.get("rate_bps") or 0
         if not rate:
@@ -105,7 +109,10 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
             unmeasured.append(name)
             continue
         med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
-        key = (med, p90)
+        if series.max() > 0:
+            per_link[name] = {"median_bytes": med, "p90_bytes": p90, "max_bytes": float(series.max())}
+        # Ties (every link idle most of the time): the larger mean, then the slower link.
+        key = (med, p90, float(series.mean()), -rate)
         if best is None or key > best[0]:
             best = (key, {"link": name, "rate_bps": rate, "link_samples": int(series.size),
                           "median_bytes": med, "p90_bytes": p90,
@@ -113,6 +120,7 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
     if best:
         out.update(best[1])
     out["unmeasured_links"] = unmeasured
+    out["backlogged_links"] = per_link
     return out
 
 
@@ -143,10 +151,41 @@ def _circuit_queues(records: list[dict], window) -> dict | None:
     return {"relay": best[1], **relays[best[1]], "relays": relays}
 
 
+def _sockets(records: list[dict], window, rates: dict[str, int], th: dict) -> dict | None:
+    """The kernel send queue (sockets.jsonl) with the largest median, in bytes and in seconds
+    at its link's rate (how long the link needs to carry it, at least)."""
+    samples = [r for r in records if r.get("type") == "sockets" and window[0] <= r.get("t", 0) <= window[1]]
+    if not records:
+        return None
+    out: dict = {"samples": len(samples)}
+    names = {n for r in samples for n in r.get("send_q") or {}}
+    best = None
+    for name in names:
+        rate = rates.get(name)
+        if not rate:
+            continue
+        src = name.split(">", 1)[0]
+        series = np.array([r["send_q"].get(name, 0) for r in samples if src not in (r.get("failed") or ())], float)
+        if series.size < th["min_samples"]:
+            continue
+        med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
+        key = (med, p90, float(series.mean()), -rate)
+        if best is None or key > best[0]:
+            best = (key, {"link": name, "rate_bps": rate, "median_bytes": med, "p90_bytes": p90,
+                          "median_s": med * 8 / rate, "p90_s": p90 * 8 / rate})
+    if best:
+        out.update(best[1])
+    return out
+
+
 def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
-    shaper = _shaper(read_records(rep_dir / "shaper.jsonl"), window, th)
+    shaper_records = read_records(rep_dir / "shaper.jsonl")
+    shaper = _shaper(shaper_records, window, th)
     circuits = _circuit_queues(read_records(rep_dir / "cellstats.jsonl"), window)
-    out = {"shaper": shaper, "circuit_queues": circuits}
+    rates = {ln["link"]: ln.get("rate_bps") for r in shaper_records if r.get("type") == "shaper_links"
+             for ln in r.get("links") or []}
+    sockets = _sockets(read_records(rep_dir / "sockets.jsonl"), window, rates, th)
+    out = {"shaper": shaper, "circuit_queues": circuits, "sockets": sockets}
     if shaper is None:
         return {**out, "status": "not measured", "text": "shaper backlog not measured (no shaper.jsonl)"}
     if shaper["shaper"] == "none":
@@ -163,12 +202,22 @@ def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
             {**out, "status": "ok", "text": "no rate-limited link: no shaper queue"}
     sq = shaper["median_s"]
     cq = circuits["median_s"] if circuits else 0.0
+    kq = sockets.get("median_s") if sockets else None
     where = (f"{shaper['link']} at {shaper['rate_bps'] / 1e6:g} Mbit/s, median {shaper['median_bytes'] / 1e3:.0f} kB, "
              f"p90 {_fmt_s(shaper['p90_s'])}")
     cwhere = f"{circuits['relay']}, p90 {_fmt_s(circuits['p90_s'])}" if circuits else "no CELL_STATS"
-    figures = f"median queueing in the shaper {_fmt_s(sq)} ({where}) vs {_fmt_s(cq)} in circuit queues ({cwhere})"
+    kwhere = ("" if kq is None else
+              f", in kernel send queues {_fmt_s(kq)} ({sockets['link']}, median "
+              f"{sockets['median_bytes'] / 1e3:.0f} kB, p90 {_fmt_s(sockets['p90_s'])})")
+    figures = (f"median queueing in the shaper {_fmt_s(sq)} ({where}){kwhere} vs {_fmt_s(cq)} in circuit queues "
+               f"({cwhere})")
+    found = []
     if sq >= th["shaper_backlog_min_s"] and sq >= th["shaper_dominance_ratio"] * cq:
-        return {**out, "status": "flag", "text": f"shaper backlog dominates: {figures}"}
+        found.append("shaper backlog dominates")
+    if kq is not None and kq >= th["shaper_backlog_min_s"] and kq >= th["shaper_dominance_ratio"] * cq:
+        found.append("kernel send-queue backlog dominates")
+    if found:
+        return {**out, "status": "flag", "text": f"{' and '.join(found)}: {figures}"}
     if shaper["unmeasured_links"]:
         # A link that could not be read may have held the backlog: no verdict.
         return {**not_enough, "text": f"{not_enough['text']}; measured: {figures}"}
@@ -184,6 +233,34 @@ def _edges(records: list[dict], window) -> tuple[dict, dict] | None:
     if len(inside) < 2:
         return None
     return inside[0], inside[-1]
+
+
+def _busy(a: dict, b: dict, name: str, hz: int) -> float | None:
+    """How busy ``name`` was between two samples: its busiest thread's share of the time, or
+    the whole process' share of every core, whichever is larger."""
+    pa, pb = a["procs"].get(name), b["procs"].get(name)
+    dt = b["t"] - a["t"]
+    if not pa or not pb or dt <= 0:
+        return None
+    whole = (pb["ticks"] - pa["ticks"]) / hz / dt / max(1, b["host"]["cpus"])
+    ta, tb = (a.get("threads") or {}).get(name) or {}, (b.get("threads") or {}).get(name) or {}
+    thread = max(((tb[t] - ta.get(t, 0)) / hz / dt for t in tb), default=0.0)
+    return max(whole, thread)
+
+
+def _best_window_busy(inside: list[dict], name: str, hz: int, span_s: float) -> float | None:
+    """The largest busy share over any ``span_s`` stretch of the samples (the whole window
+    when shorter): the CPU-bound target is judged on the stretch the throughput metric uses."""
+    best = None
+    i = 0
+    for j, b in enumerate(inside):
+        while i < j and b["t"] - inside[i + 1]["t"] >= span_s:
+            i += 1
+        if b["t"] - inside[i]["t"] >= min(span_s, inside[-1]["t"] - inside[0]["t"]) > 0:
+            x = _busy(inside[i], b, name, hz)
+            if x is not None and (best is None or x > best):
+                best = x
+    return best
 
 
 def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
@@ -237,10 +314,10 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
                      f"(flag at {100 * th['max_others_busy_fraction']:.0f}%)")
     out = {"host": host, "processes": procs, "starved": starved}
     if target:
+        inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
         tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
-        sat = {n: max(p.get("busiest_thread_cores", 0.0), p["cpu_cores"] / max(1, host["cpus"]))
-               for n, p in tgt.items()}
-        out["target"] = {"group": target, "saturation": sat}
+        sat = {n: _best_window_busy(inside, n, hz, SATURATION_WINDOW_S) or 0.0 for n in tgt}
+        out["target"] = {"group": target, "saturation": sat, "saturation_window_s": SATURATION_WINDOW_S}
         low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
         if not tgt:
             reasons.append(f"CPU-bound target group {target!r}: no process sampled")
@@ -374,6 +451,9 @@ def summary_rows(run, gates: dict) -> dict | None:
                      "shaper_link": sh.get("link"), "shaper_median_s": _num(sh.get("median_s")),
                      "shaper_p90_s": _num(sh.get("p90_s")), "shaper_median_bytes": _num(sh.get("median_bytes")),
                      "shaper_p90_bytes": _num(sh.get("p90_bytes")),
+                     "socket_link": (q.get("sockets") or {}).get("link"),
+                     "socket_median_s": _num((q.get("sockets") or {}).get("median_s")),
+                     "socket_p90_s": _num((q.get("sockets") or {}).get("p90_s")),
                      "circuit_queue_relay": cq.get("relay"), "circuit_queue_median_s": _num(cq.get("median_s")),
                      "circuit_queue_p90_s": _num(cq.get("p90_s")),
                      "cpu": c["status"], "cpu_text": c.get("text"),
@@ -429,12 +509,14 @@ def section_blocks(summary: dict) -> list[tuple]:
     mech = g.get("mechanism") or {}
     b: list[tuple] = [("h", 2, "Mechanism gates"),
                       ("p", f"Per repetition, over the measured window (docs/statistics.md, *Mechanism gates*). "
+                            f"Backlogs in seconds at the link's rate. "
                             f"Mechanism: {mech.get('kind', 'queueing')}"
                             + (f" (target {mech['target']})" if mech.get("target") else "") + ". "
-                            f"Queueing is a flag (no scheduler acts on a shaper's queue): the most-backlogged "
-                            f"rate-limited link's median backlog in seconds at its rate, flagged at "
-                            f"{th['shaper_backlog_min_s']} s and {th['shaper_dominance_ratio']:g}x the most-queued "
-                            f"relay's median circuit-queue wait. Invalid: a tor, driver, server or the shaper "
+                            f"Queueing is a flag (no circuit scheduler acts on a shaper's queue or on data already "
+                            f"in the kernel): the most-backlogged rate-limited link's median shaper backlog, and "
+                            f"the largest median kernel send queue, flagged at {th['shaper_backlog_min_s']} s and "
+                            f"{th['shaper_dominance_ratio']:g}x the most-queued relay's median circuit-queue wait. "
+                            f"Invalid: a tor, driver, server or the shaper "
                             f"(not a CPU-bound target) runnable but waiting for a CPU "
                             f"{100 * th['max_runqueue_wait_fraction']:.0f}% of the window or more; steal "
                             f"{100 * th['max_steal_fraction']:.0f}% or more; a CPU-bound target under "
@@ -445,11 +527,14 @@ def section_blocks(summary: dict) -> list[tuple]:
         rows.append([r["variant"], str(r["rep"]), "valid" if r["valid"] else "INVALID", r["queueing"],
                      f"{_cell_s(r['shaper_median_s'])} / {_cell_s(r['shaper_p90_s'])}"
                      + (f" ({r['shaper_link']})" if r.get("shaper_link") else ""),
+                     f"{_cell_s(r.get('socket_median_s'))} / {_cell_s(r.get('socket_p90_s'))}"
+                     + (f" ({r['socket_link']})" if r.get("socket_link") else ""),
                      f"{_cell_s(r['circuit_queue_median_s'])} / {_cell_s(r['circuit_queue_p90_s'])}"
                      + (f" ({r['circuit_queue_relay']})" if r.get("circuit_queue_relay") else ""),
                      r["cpu"], r["completion"]])
     b.append(("table", ["variant", "rep", "verdict", "queueing", "shaper backlog median / p90",
-                        "circuit-queue wait median / p90", "cpu", "completion"], rows))
+                        "kernel send queue median / p90", "circuit-queue wait median / p90", "cpu",
+                        "completion"], rows))
     details = [f"variant {r['variant']} rep {r['rep']}: queueing: {r['queueing_text']}; cpu: {r['cpu_text']}; "
                f"transfers: {r['completion_text']}" for r in g["rows"]]
     b.append(("ul", details))

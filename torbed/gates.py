@@ -18,6 +18,11 @@ Records (JSON lines, appended and flushed as written):
   its backlog is the class's leaf queue (the default 1000-frame FIFO, the ``queue:`` bfifo, or
   netem's queue, which also holds the frames serving the link's delay). linkemu: its control
   socket's ``backlog`` op (the queue only; the delay line is separate).
+- ``sockets.jsonl`` (local backend): one ``{"type": "sockets", "t", "send_q": {"SRC>DST":
+  bytes}, ["failed": [SRC]]}`` per sample: the TCP send queues (``ss``) of each relay toward
+  each node, non-zero ones only. Tor's Vanilla scheduler hands the kernel all
+  a socket takes, and Linux keeps a local qdisc's share of it small (TCP small queues), so
+  a bottleneck's backlog can sit here rather than in the shaper or in tor's circuit queues.
 - ``cpu.jsonl``: one ``{"type": "cpu", "t", "host": {"busy", "total", "steal", "cpus",
   "load1"}, "procs": {NAME: {"role", "ticks", "run_ns", "wait_ns", "slices"}}, ["threads":
   {NAME: {TID: ticks}}]}`` per sample: /proc/stat's counters, and for each supervised process
@@ -31,11 +36,12 @@ Public API:
 
 - ``THRESHOLDS``: the gates' numbers, by name; ``SAMPLE_INTERVAL_S``
 - ``parse_tc_classes(text) -> {minor: {"backlog_bytes", "backlog_packets", "drops", "sent_bytes"}}``
-- ``parse_schedstat(text) -> (run_ns, wait_ns, slices)``
+- ``parse_schedstat(text) -> (run_ns, wait_ns, slices)``; ``parse_ss_send_queues(text) -> {peer address: bytes}``
 - ``read_host(proc) -> dict``; ``read_process(pid, proc, threads=False) -> dict | None``
 - ``Sampler(interval, sources, stop=None)``: a thread calling each source every interval;
   ``.start()``, ``.stop()``
 - ``HtbSource(links, meta, run_tc, writer)``, ``LinkemuSource(socket, writer)``, ``CpuSource(procs, writer, ...)``,
+  ``SocketSource(senders, peers, run_ss, writer)``,
   ``NoShaper(writer)`` (no link has a rate: the header alone)
 """
 
@@ -144,6 +150,19 @@ def parse_tc_classes(text: str) -> dict[int, dict]:
     return out
 
 
+def parse_ss_send_queues(text: str) -> dict[str, int]:
+    """``ss -Htn state established``: the send queues (bytes written by the application and
+    not yet acknowledged, i.e. in the kernel) summed per peer IPv4 address."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        peer = f[3].rsplit(":", 1)[0]
+        out[peer] = out.get(peer, 0) + int(f[1])
+    return out
+
+
 def parse_schedstat(text: str) -> tuple[int, int, int]:
     """/proc/PID/schedstat: (ns on a CPU, ns runnable but waiting on a run queue, times scheduled)."""
     f = text.split()
@@ -221,6 +240,34 @@ class HtbSource:
         self.writer.write({"type": "shaper", "t": now, "backlog": backlog, **({"failed": failed} if failed else {})})
 
 
+class SocketSource:
+    """The kernel's TCP send queues of each sender toward each node (``ss`` in the sender's
+    namespace): data tor has handed to the kernel that the link has not carried yet, where
+    neither the shaper's statistics nor CELL_STATS see it. ``peers``: {IPv4 address: node};
+    ``run_ss(sender) -> text``. Records ``{"type": "sockets", "t", "send_q": {"SRC>DST":
+    bytes}, ["failed": [SRC]]}`` (only non-zero queues)."""
+
+    def __init__(self, senders: list[str], peers: dict[str, str], run_ss: Callable[[str], str], writer):
+        self.senders, self.peers, self.run_ss, self.writer = sorted(senders), peers, run_ss, writer
+        self.errors: list[str] = []
+
+    def __call__(self, now: float) -> None:
+        send_q: dict[str, int] = {}
+        failed = []
+        for sender in self.senders:
+            try:
+                queues = parse_ss_send_queues(self.run_ss(sender))
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
+                failed.append(sender)
+                if len(self.errors) < 10:
+                    self.errors.append(f"{sender}: {e}")
+                continue
+            for addr, q in queues.items():
+                if q and addr in self.peers:
+                    send_q[f"{sender}>{self.peers[addr]}"] = q
+        self.writer.write({"type": "sockets", "t": now, "send_q": send_q, **({"failed": failed} if failed else {})})
+
+
 class LinkemuSource:
     """linkemu's rate-limited links, from its control socket's ``backlog`` op."""
 
@@ -296,6 +343,7 @@ class Sampler:
     def __init__(self, interval: float, sources: list[Callable[[float], None]]):
         self.interval, self.sources = interval, sources
         self.errors: list[str] = []
+        self.durations: list[float] = []      # seconds each sample took (its cost)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gate-sampler", daemon=True)
 
@@ -313,6 +361,7 @@ class Sampler:
                 except Exception as e:    # noqa: BLE001 - a sample lost is recorded, the run goes on
                     if len(self.errors) < 10:
                         self.errors.append(f"{type(src).__name__}: {type(e).__name__}: {e}")
+            self.durations.append(time.time() - now)
             next_t += self.interval
             self._stop.wait(max(0.0, next_t - time.time()))
 

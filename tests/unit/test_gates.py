@@ -194,3 +194,20 @@ def test_scenario_mechanism_is_strict():
                        ({"kind": "queueing", "extra": 1}, "measure.mechanism: unknown key 'extra'")]:
         with pytest.raises(scenario.ScenarioError, match=want):
             scenario.parse({**base, "measure": {**base["measure"], "mechanism": mech}}, "x")
+
+
+SS = """0      0       10.0.0.12:5000  10.0.0.11:41234
+0      123456  10.0.0.12:5000  10.0.0.13:41000
+113152 4000    10.0.0.12:39222 10.0.0.13:5000
+0      77      10.0.0.12:39223 10.0.0.99:80
+"""
+
+
+def test_ss_send_queues_and_the_socket_source():
+    assert gates.parse_ss_send_queues(SS) == {"10.0.0.11": 0, "10.0.0.13": 127456, "10.0.0.99": 77}
+    w = ListWriter()
+    src = gates.SocketSource(["exit0", "www0"], {"10.0.0.11": "guard0", "10.0.0.13": "middle0"},
+                             lambda s: SS if s == "exit0" else (_ for _ in ()).throw(OSError("no ss")), w)
+    src(5.0)
+    assert w.records == [{"type": "sockets", "t": 5.0, "send_q": {"exit0>middle0": 127456}, "failed": ["www0"]}]
+    assert src.errors == ["www0: no ss"]

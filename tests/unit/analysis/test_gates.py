@@ -105,6 +105,28 @@ def test_a_small_shaper_queue_or_larger_circuit_queues_are_not_flagged(tmp_path)
     assert tor["queueing"]["shaper"]["median_s"] == pytest.approx(1.0)
 
 
+def test_idle_links_tie_to_the_slowest_and_backlogged_links_are_listed(tmp_path):
+    recs = shaper_records(lambda i: 3000 if i % 10 == 0 else 0)    # exit0>middle0: mostly empty
+    g = gates.evaluate(rep_dir(tmp_path, shaper=recs, cpu=cpu_records()), META)
+    sh = g["queueing"]["shaper"]
+    assert sh["link"] == "exit0>middle0" and sh["median_bytes"] == 0
+    assert sh["backlogged_links"] == {"exit0>middle0": {"median_bytes": 0.0, "p90_bytes": 3000.0,
+                                                        "max_bytes": 3000.0}}
+
+
+def test_a_kernel_send_queue_backlog_is_flagged_beside_the_shaper(tmp_path):
+    # The shaper holds 50 ms, the exit's socket toward the middle 500 kB = 2 s at 2 Mbit/s.
+    d = rep_dir(tmp_path, shaper=shaper_records(12_500), cells=cell_records(20), cpu=cpu_records())
+    jsonl(d / "sockets.jsonl", [{"type": "sockets", "t": T0 + i, "send_q": {"exit0>middle0": 500_000,
+                                                                            "exit0>www0": 10**6}}
+                                for i in range(70)])
+    q = gates.evaluate(d, META)["queueing"]
+    assert q["status"] == "flag" and q["text"].startswith("kernel send-queue backlog dominates: ")
+    assert q["sockets"]["link"] == "exit0>middle0" and q["sockets"]["median_s"] == pytest.approx(2.0)
+    assert "in kernel send queues 2.00 s (exit0>middle0" in q["text"]      # exit0>www0: no rate known
+    assert "shaper backlog dominates" not in q["text"]
+
+
 def test_netem_delay_line_is_not_counted_as_queueing(tmp_path):
     # 100 ms delay at 2 Mbit/s: 25,000 bytes are in flight in netem's queue, not queued.
     g = gates.evaluate(rep_dir(tmp_path, shaper=shaper_records(30_000, delay_s=0.1), cpu=cpu_records()), META)
@@ -170,6 +192,16 @@ def test_cpu_bound_needs_a_saturated_target_and_exempts_it(tmp_path):
     assert sat["cpu"]["target"]["saturation"]["middle0"] == pytest.approx(0.95)
     idle = gates.evaluate(rep_dir(tmp_path / "b", cpu=cpu_records(target_thread_frac=0.3)), META, mech)
     assert not idle["valid"] and "CPU-bound target not saturated: middle0" in idle["invalid_reasons"][0]
+    # Judged on its busiest 30 s (the throughput metric's window): a target climbing to
+    # saturation, 40% of a core for the first 20 s of the window and 95% after, passes although
+    # its window average (about 73%) would not.
+    climb = cpu_records(target_thread_frac=0.0)
+    acc = 0
+    for r in climb:
+        acc += 0 if r["t"] <= T0 else (40 if r["t"] <= 1030 else 95)
+        r["threads"] = {"middle0": {"1": acc}}
+    got = gates.evaluate(rep_dir(tmp_path / "d", cpu=climb), META, mech)
+    assert got["valid"] and got["cpu"]["target"]["saturation"]["middle0"] == pytest.approx(0.95)
     # Queueing experiments gate the same relay's starvation.
     q = gates.evaluate(rep_dir(tmp_path / "c", cpu=cpu_records({"middle0": 0.4})), META)
     assert not q["valid"] and q["cpu"]["starved"] == ["middle0"]

@@ -477,8 +477,11 @@ class LocalBackend:
     def _stop_gate_sampler(rep: engine.Repetition) -> None:
         st = state.of(rep)
         if st.gate_sampler is not None:
-            errors = st.gate_sampler.stop()
-            st.gate_sampler = None
+            sampler, st.gate_sampler = st.gate_sampler, None
+            errors = sampler.stop()
+            took = sampler.durations
+            rep.meta["gate_sampling"].update(samples=len(took), sample_s_mean=round(sum(took) / len(took), 4)
+                                             if took else None, sample_s_max=round(max(took, default=0.0), 4))
             if errors:
                 rep.meta["gate_sampling"]["errors"] = errors
 

@@ -5,6 +5,7 @@ the CPU of every supervised process, once a second, from the workload's start to
   class toward a relay, server or client (authorities' links carry the directory protocol,
   not the measured traffic, and leaving them out saves a tc process per second each);
 - linkemu: its control socket's ``backlog`` op;
+- the kernel's TCP send queues (``ss -N NS``) of every relay;
 - CPU: /proc of each tor, driver, server, collector and linkemu process under the
   Supervisor, and of torbed itself (so "other processes" means processes not of this run).
 
@@ -87,6 +88,19 @@ def start(rep, shaper: str) -> gates.Sampler:
                 raise OSError(p.stderr.strip() or f"tc exited {p.returncode}")
             return p.stdout
         sources.append(gates.HtbSource(links, meta, run_tc, RecordWriter(rep.dir / "shaper.jsonl")))
-    rep.meta["gate_sampling"] = {"interval_s": gates.SAMPLE_INTERVAL_S, "shaper": shaper,
+    # The relays' kernel send queues (where a circuit scheduler has handed data on). Not the
+    # servers': a bulk server's socket toward the exit fills whenever tor's flow control stops
+    # reading from it (seen: 7.7 MB), which is the source waiting, not a queue on the path.
+    senders = [n.name for n in plan.by_role("relay")]
+    peers = {n.address: n.name for n in plan.nodes if n.role in DATA_ROLES}
+
+    def run_ss(sender: str) -> str:
+        p = subprocess.run(["ss", "-N", st.topo.ns(sender), "-Htn", "state", "established"],
+                           capture_output=True, text=True, timeout=5)
+        if p.returncode:
+            raise OSError(p.stderr.strip() or f"ss exited {p.returncode}")
+        return p.stdout
+    sources.append(gates.SocketSource(senders, peers, run_ss, RecordWriter(rep.dir / "sockets.jsonl")))
+    rep.meta["gate_sampling"] = {"interval_s": gates.SAMPLE_INTERVAL_S, "shaper": shaper, "socket_senders": senders,
                                  "cpu_bound_target": list(target)}
     return gates.Sampler(gates.SAMPLE_INTERVAL_S, sources).start()
