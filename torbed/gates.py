@@ -48,6 +48,7 @@ Public API:
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -335,6 +336,11 @@ class CpuSource:
         self.writer.write(rec)
 
 
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 class Sampler:
     """A daemon thread calling every source once per ``interval`` seconds (on a fixed grid,
     so a slow sample does not shift the next), until ``stop()``. A source that raises is
@@ -343,7 +349,8 @@ class Sampler:
     def __init__(self, interval: float, sources: list[Callable[[float], None]]):
         self.interval, self.sources = interval, sources
         self.errors: list[str] = []
-        self.durations: list[float] = []      # seconds each sample took (its cost)
+        self.durations: list[float] = []      # seconds each sample took (wall time)
+        self.cpu_s = 0.0                       # CPU time the samples cost: this thread and its tc/ss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gate-sampler", daemon=True)
 
@@ -355,6 +362,7 @@ class Sampler:
         next_t = time.time()
         while not self._stop.is_set():
             now = time.time()
+            cpu0, kids0 = time.thread_time(), _children_cpu()
             for src in self.sources:
                 try:
                     src(now)
@@ -362,6 +370,9 @@ class Sampler:
                     if len(self.errors) < 10:
                         self.errors.append(f"{type(src).__name__}: {type(e).__name__}: {e}")
             self.durations.append(time.time() - now)
+            # Children reaped meanwhile are this sample's tc and ss processes (the supervised
+            # processes are reaped only when they stop, after the sampler).
+            self.cpu_s += time.thread_time() - cpu0 + _children_cpu() - kids0
             next_t += self.interval
             self._stop.wait(max(0.0, next_t - time.time()))
 

@@ -481,7 +481,8 @@ class LocalBackend:
             errors = sampler.stop()
             took = sampler.durations
             rep.meta["gate_sampling"].update(samples=len(took), sample_s_mean=round(sum(took) / len(took), 4)
-                                             if took else None, sample_s_max=round(max(took, default=0.0), 4))
+                                             if took else None, sample_s_max=round(max(took, default=0.0), 4),
+                                             sample_cpu_s_mean=round(sampler.cpu_s / len(took), 4) if took else None)
             if errors:
                 rep.meta["gate_sampling"]["errors"] = errors
 
