@@ -5,13 +5,14 @@ Three gates, from a repetition's records (torbed/gates.py writes shaper.jsonl an
 the collectors cellstats.jsonl; the drivers transfers.jsonl), over the measured window
 (workload start + warm-up .. workload start + duration):
 
-- **queueing** (a flag, never invalidating: the scheduler cannot act on a shaper's queue, but
-  the repetition measured what it measured): the most-backlogged rate-limited link's median
-  and 90th percentile backlog, in bytes and in seconds at its rate, beside the most-queued
-  relay's circuit-queue wait (CELL_STATS: per second, sum(time_ms) / sum(removed) over both
+- **queueing** (a flag, never invalidating: the scheduler cannot act on a shaper's queue or on
+  data in the kernel, but the repetition measured what it measured): the most-backlogged
+  rate-limited link's median and 90th percentile backlog, in bytes and in seconds at its
+  rate, and likewise the relays' largest kernel TCP send queue (sockets.jsonl), beside the
+  most-queued relay's circuit-queue wait (CELL_STATS: per second, sum(time_ms) / sum(removed) over both
   directions; median and 90th percentile over the seconds with cells). "flag" when the
-  shaper's median is at least ``shaper_backlog_min_s`` and at least ``shaper_dominance_ratio``
-  times the circuit queues'.
+  shaper's (or the send queue's) median is at least ``shaper_backlog_min_s`` and at least
+  ``shaper_dominance_ratio`` times the circuit queues'.
 - **cpu** (invalidating): a starved process (main thread runnable but waiting for a CPU for at
   least ``max_runqueue_wait_fraction`` of the window) among the tors, drivers, servers and the
   shaper that are not a CPU-bound experiment's target; the hypervisor's steal at least
@@ -463,9 +464,14 @@ def summary_rows(run, gates: dict) -> dict | None:
         flagged = [r["rep"] for r in rows if r["variant"] == v and r["queueing"] == "flag"]
         if flagged:
             n = sum(1 for r in rows if r["variant"] == v)
-            warnings.append(f"variant {v}: the shaper's backlog dominated the queueing in {len(flagged)} of {n} "
-                            f"repetition(s) (rep {', '.join(map(str, flagged))}). No scheduler acts on a shaper's "
-                            f"queue: comparisons involving {v} measure that queue as much as the scheduler.")
+            texts = [r["queueing_text"] or "" for r in rows if r["variant"] == v and r["queueing"] == "flag"]
+            where = [w for w, key in (("the shaper", "shaper backlog dominates"),
+                                      ("the relays' kernel send queues", "send-queue backlog dominates"))
+                     if any(key in t for t in texts)]
+            warnings.append(f"variant {v}: the queueing was outside tor's circuit queues ({' and '.join(where)}) in "
+                            f"{len(flagged)} of {n} repetition(s) (rep {', '.join(map(str, flagged))}). No circuit "
+                            f"scheduler acts there: comparisons involving {v} measure that queue as much as the "
+                            f"scheduler.")
     mech = mechanism_of(run.info)
     unjudged = [f"variant {r.variant} rep {r.index}: " + (f"judging failed: {r.meta['gates_error']}"
                                                          if (r.meta or {}).get("gates_error") else "no gates recorded")
@@ -488,7 +494,7 @@ def warning_blocks(summary: dict) -> list[tuple]:
                        "statistic below** (their blocks count as broken):"))
         b.append(("ul", list(g["excluded"])))
     if g.get("warnings"):
-        b.append(("p", "**Warning (mechanism gate, queueing): the delay was in the shaper, not in tor.**"))
+        b.append(("p", "**Warning (mechanism gate, queueing): the delay was outside tor's circuit queues.**"))
         b.append(("ul", list(g["warnings"])))
     if g.get("unjudged"):
         b.append(("p", f"**Mechanism gates: {len(g['unjudged'])} repetition(s) not judged, used as they are:**"))

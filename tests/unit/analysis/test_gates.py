@@ -288,7 +288,9 @@ def test_report_excludes_invalid_repetitions_and_warns_of_shaper_backlog(tmp_pat
         ("b", 2, True, "flag")]
     assert len(g["excluded"]) == 1 and g["excluded"][0].startswith("variant b rep 1: CPU-starved")
     assert g["unjudged"] == ["variant a rep 2: no gates recorded"]
-    assert len(g["warnings"]) == 1 and g["warnings"][0].startswith("variant b: the shaper's backlog dominated")
+    assert g["warnings"] == ["variant b: the queueing was outside tor's circuit queues (the shaper) in 1 of 3 "
+                             "repetition(s) (rep 2). No circuit scheduler acts there: comparisons involving b "
+                             "measure that queue as much as the scheduler."]
     rep = {(r["variant"], r["rep"]): r for r in s["repetitions"]}
     assert rep[("b", 1)]["status"] == "invalid" and rep[("b", 1)]["error"].startswith("mechanism gate: CPU-starved")
     m = s["metrics"]["ttlb_s/web:small"]["variants"]["b"]
@@ -305,3 +307,24 @@ def test_a_run_without_gates_keeps_its_summary(tmp_path):
     report(run_dir)
     s = json.loads((run_dir / "report" / "summary.json").read_text())
     assert "gates" not in s and "Mechanism gates" not in (run_dir / "report" / "report.md").read_text()
+
+
+def test_compare_aa_and_the_sequential_rule_exclude_what_the_report_excludes(tmp_path, monkeypatch):
+    from torbed import sequential
+    from torbed.analysis.aa import aa_analyse
+    from torbed.analysis.compare import compare_runs
+    judged = {(v, k): {"cpu": cpu_records(), "shaper": shaper_records(12_500)} for v in "ab" for k in range(3)}
+    judged[("b", 1)] = {"cpu": cpu_records({"exit0": 0.3}), "shaper": shaper_records(12_500)}
+    run_dir = make_run(tmp_path / "r", judged)
+    seen = []
+    real = gates.exclude_invalid
+
+    def spy(run):
+        out = real(run)
+        seen.append(sorted((r.variant, r.index) for r in run.reps if r.status == gates.INVALID))
+        return out
+    monkeypatch.setattr(gates, "exclude_invalid", spy)
+    sequential.evaluate(run_dir, 3, "ttlb_s/web:small", "a", "b")
+    compare_runs(run_dir, run_dir)
+    aa_analyse(run_dir, "b")
+    assert seen == [[("b", 1)]] * 4
