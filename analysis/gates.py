@@ -386,9 +386,9 @@ def evaluate(rep_dir: str | Path, meta: dict, mechanism: dict | None = None, thr
     c = cpu_gate(rep_dir, window, th, mechanism)
     done = completion_gate(rep_dir, th)
     if not_measured:
-        for g in (q, c):
+        for g, what in ((q, "shaper backlog and kernel send queues"), (c, "CPU")):
             if g["status"] == "not measured":
-                g["text"] = f"{g['text'].split(' (')[0]}: {not_measured}"
+                g["text"] = f"{what}: {not_measured}"
     reasons = list(c.get("reasons") or []) + list(done.get("reasons") or [])
     flags = ([q["text"]] if q["status"] == "flag" else []) + list(c.get("flags") or [])
     return {**out, "valid": not reasons, "invalid_reasons": reasons, "flags": flags,

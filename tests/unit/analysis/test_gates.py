@@ -156,7 +156,8 @@ def test_no_samples_no_verdict(tmp_path):
                                   cpu=cpu_records()), META)
     assert none["queueing"]["status"] == "ok"
     k8s = gates.evaluate(rep_dir(tmp_path / "d"), META, not_measured="not measured on k8s")
-    assert k8s["queueing"]["text"].endswith("not measured on k8s") and k8s["cpu"]["text"].endswith("on k8s")
+    assert k8s["queueing"]["text"] == "shaper backlog and kernel send queues: not measured on k8s"
+    assert k8s["cpu"]["text"] == "CPU: not measured on k8s" and k8s["valid"]
 
 
 # -- CPU --------------------------------------------------------------------------------
