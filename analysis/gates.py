@@ -112,8 +112,10 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
         med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
         if series.max() > 0:
             per_link[name] = {"median_bytes": med, "p90_bytes": p90, "max_bytes": float(series.max())}
-        # Ties (every link idle most of the time): the larger mean, then the slower link.
-        key = (med, p90, float(series.mean()), -rate)
+        # The longest median wait (seconds at the link's rate, not bytes: 100 kB is 8 ms at
+        # 100 Mbit/s and 0.4 s at 2 Mbit/s); ties (links idle most of the time): the larger
+        # mean, then the slower link.
+        key = (med / rate, p90 / rate, float(series.mean()) / rate, -rate)
         if best is None or key > best[0]:
             best = (key, {"link": name, "rate_bps": rate, "link_samples": int(series.size),
                           "median_bytes": med, "p90_bytes": p90,
@@ -153,7 +155,7 @@ def _circuit_queues(records: list[dict], window) -> dict | None:
 
 
 def _sockets(records: list[dict], window, rates: dict[str, int], th: dict) -> dict | None:
-    """The kernel send queue (sockets.jsonl) with the largest median, in bytes and in seconds
+    """The kernel send queue (sockets.jsonl) with the longest median, in bytes and in seconds
     at its link's rate (how long the link needs to carry it, at least)."""
     samples = [r for r in records if r.get("type") == "sockets" and window[0] <= r.get("t", 0) <= window[1]]
     if not records:
@@ -170,7 +172,7 @@ def _sockets(records: list[dict], window, rates: dict[str, int], th: dict) -> di
         if series.size < th["min_samples"]:
             continue
         med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
-        key = (med, p90, float(series.mean()), -rate)
+        key = (med / rate, p90 / rate, float(series.mean()) / rate, -rate)
         if best is None or key > best[0]:
             best = (key, {"link": name, "rate_bps": rate, "median_bytes": med, "p90_bytes": p90,
                           "median_s": med * 8 / rate, "p90_s": p90 * 8 / rate})

@@ -105,6 +105,16 @@ def test_a_small_shaper_queue_or_larger_circuit_queues_are_not_flagged(tmp_path)
     assert tor["queueing"]["shaper"]["median_s"] == pytest.approx(1.0)
 
 
+def test_the_longest_wait_wins_not_the_most_bytes(tmp_path):
+    # guard0>bulk0 holds 100 kB at 100 Mbit/s (8 ms), exit0>middle0 50 kB at 2 Mbit/s (0.2 s).
+    recs = shaper_records(50_000)
+    for r in recs[1:]:
+        r["backlog"]["guard0>bulk0"] = 100_000
+    sh = gates.evaluate(rep_dir(tmp_path, shaper=recs, cpu=cpu_records()), META)["queueing"]["shaper"]
+    assert sh["link"] == "exit0>middle0" and sh["median_s"] == pytest.approx(0.2)
+    assert set(sh["backlogged_links"]) == {"exit0>middle0", "guard0>bulk0"}
+
+
 def test_idle_links_tie_to_the_slowest_and_backlogged_links_are_listed(tmp_path):
     recs = shaper_records(lambda i: 3000 if i % 10 == 0 else 0)    # exit0>middle0: mostly empty
     g = gates.evaluate(rep_dir(tmp_path, shaper=recs, cpu=cpu_records()), META)
