@@ -13,18 +13,20 @@ Records (JSON lines, appended and flushed as written):
   "rate_bps", "delay_s"}]}`` record (the rate-limited links sampled), then one ``{"type":
   "shaper", "t", "backlog": {"SRC>DST": bytes}, ["failed": [SRC, ...]]}`` per sample with
   every link whose backlog was not zero (``failed``: senders that could not be read then, so
-  their links are missing from that sample, not empty). htb: the class of the destination in the sender's namespace (``tc -s class show``;
-  iproute2 6.1 prints htb class statistics as text even with ``-j``, so both forms are read);
+  their links are missing from that sample, not empty). htb: the class of the destination in
+  the sender's namespace (``tc -s class show``; iproute2 6.1 prints htb class statistics as
+  text even with ``-j``, so both forms are read);
   its backlog is the class's leaf queue (the default 1000-frame FIFO, the ``queue:`` bfifo, or
   netem's queue, which also holds the frames serving the link's delay). linkemu: its control
   socket's ``backlog`` op (the queue only; the delay line is separate).
 - ``sockets.jsonl`` (local backend): one ``{"type": "sockets", "t", "send_q": {"SRC>DST":
-  bytes}, ["failed": [SRC]]}`` per sample: the TCP send queues (``ss``) of each relay toward
-  each node, non-zero ones only. Tor's Vanilla scheduler hands the kernel all
-  a socket takes, and Linux keeps a local qdisc's share of it small (TCP small queues), so
-  a bottleneck's backlog can sit here rather than in the shaper or in tor's circuit queues.
-- ``cpu.jsonl``: one ``{"type": "cpu", "t", "host": {"busy", "total", "steal", "cpus",
-  "load1"}, "procs": {NAME: {"role", "ticks", "run_ns", "wait_ns", "slices"}}, ["threads":
+  bytes}, ["failed": [SRC]]}`` per sample: the TCP send queues (``ss`` Send-Q: bytes written
+  and not yet acknowledged, so what the shaper holds for the socket is part of it) of each
+  relay toward each node, non-zero ones only. Tor's Vanilla scheduler hands the kernel all a
+  socket takes, and Linux keeps a local qdisc's share of it small (TCP small queues), so a
+  bottleneck's backlog can sit here rather than in the shaper or in tor's circuit queues.
+- ``cpu.jsonl``: one ``{"type": "cpu", "t", "hz", "host": {"busy", "total", "steal", "cpus",
+  "load1"}, "procs": {NAME: {"role", "group", "ticks", "run_ns", "wait_ns", "slices"}}, ["threads":
   {NAME: {TID: ticks}}]}`` per sample: /proc/stat's counters, and for each supervised process
   its CPU ticks (/proc/PID/stat utime + stime, every thread) and its main thread's scheduler
   counters (/proc/PID/schedstat: time on a CPU, time runnable but waiting for one, times
@@ -36,13 +38,14 @@ Public API:
 
 - ``THRESHOLDS``: the gates' numbers, by name; ``SAMPLE_INTERVAL_S``
 - ``parse_tc_classes(text) -> {minor: {"backlog_bytes", "backlog_packets", "drops", "sent_bytes"}}``
-- ``parse_schedstat(text) -> (run_ns, wait_ns, slices)``; ``parse_ss_send_queues(text) -> {peer address: bytes}``
+- ``parse_schedstat(text) -> (run_ns, wait_ns, slices)``
+- ``parse_ss_send_queues(text) -> {peer address: bytes}``
 - ``read_host(proc) -> dict``; ``read_process(pid, proc, threads=False) -> dict | None``
-- ``Sampler(interval, sources, stop=None)``: a thread calling each source every interval;
-  ``.start()``, ``.stop()``
-- ``HtbSource(links, meta, run_tc, writer)``, ``LinkemuSource(socket, writer)``, ``CpuSource(procs, writer, ...)``,
-  ``SocketSource(senders, peers, run_ss, writer)``,
-  ``NoShaper(writer)`` (no link has a rate: the header alone)
+- ``Sampler(interval, sources)``: a thread calling each source every interval;
+  ``.start()``, ``.stop() -> errors``; ``.durations``, ``.cpu_s`` (what the samples cost)
+- ``HtbSource(links, meta, run_tc, writer)``, ``LinkemuSource(socket, writer)``,
+  ``NoShaper(writer)`` (no link has a rate: the header alone),
+  ``SocketSource(senders, peers, run_ss, writer)``, ``CpuSource(procs, writer, ...)``
 """
 
 from __future__ import annotations
