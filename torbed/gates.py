@@ -40,7 +40,7 @@ Public API:
 - ``parse_tc_classes(text) -> {minor: {"backlog_bytes", "backlog_packets", "drops", "sent_bytes"}}``
 - ``parse_schedstat(text) -> (run_ns, wait_ns, slices)``
 - ``parse_ss_send_queues(text) -> {peer address: bytes}``
-- ``read_host(proc) -> dict``; ``read_process(pid, proc, threads=False) -> dict | None``
+- ``read_host(proc) -> dict``; ``read_process(pid, proc, threads=False, children=False) -> dict | None``
 - ``Sampler(interval, sources)``: a thread calling each source every interval;
   ``.start()``, ``.stop() -> errors``; ``.durations``, ``.cpu_s`` (what the samples cost)
 - ``HtbSource(links, meta, run_tc, writer)``, ``LinkemuSource(socket, writer)``,
@@ -185,19 +185,28 @@ def read_host(proc: str | Path = "/proc") -> dict:
     return {"busy": busy, "total": total, "steal": steal, "cpus": cpus, "load1": hostload.read_loadavg(proc)[0]}
 
 
-def read_process(pid: int, proc: str | Path = "/proc", threads: bool = False) -> dict | None:
-    """One process' counters: ``ticks`` (utime + stime of every thread), its main thread's
-    ``run_ns``, ``wait_ns``, ``slices`` (schedstat); ``threads``: {tid: ticks}. None once it
-    has exited."""
+def _reaped_children_ticks(stat: str) -> int:
+    """cutime + cstime of a /proc/PID/stat line (fields 16 and 17): its reaped children's CPU."""
+    rest = stat[stat.rfind(")") + 1:].split()
+    return int(rest[13]) + int(rest[14])
+
+
+def read_process(pid: int, proc: str | Path = "/proc", threads: bool = False,
+                 children: bool = False) -> dict | None:
+    """One process' counters: ``ticks`` (utime + stime of every thread; ``children``: plus
+    its reaped children's, e.g. torbed's tc and ss), its main thread's ``run_ns``,
+    ``wait_ns``, ``slices`` (schedstat); ``threads``: {tid: ticks}. None once it has exited."""
     d = Path(proc) / str(pid)
     try:
-        parsed = hostload._parse_pid_stat((d / "stat").read_text())
+        stat = (d / "stat").read_text()
+        parsed = hostload._parse_pid_stat(stat)
         run_ns, wait_ns, slices = parse_schedstat((d / "schedstat").read_text())
+        extra = _reaped_children_ticks(stat) if children else 0
     except (OSError, ValueError, IndexError):
         return None
     if parsed is None:
         return None
-    out = {"ticks": parsed[2], "run_ns": run_ns, "wait_ns": wait_ns, "slices": slices}
+    out = {"ticks": parsed[2] + extra, "run_ns": run_ns, "wait_ns": wait_ns, "slices": slices}
     if threads:
         per = {}
         try:
@@ -328,7 +337,9 @@ class CpuSource:
         rec: dict = {"type": "cpu", "t": now, "hz": self.hz, "host": read_host(self.proc), "procs": {}}
         threads = {}
         for name, (pid, role, group) in sorted(self.procs().items()):
-            got = read_process(pid, self.proc, threads=name in self.threads_of)
+            # torbed's own entry counts its reaped children (the sampler's tc and ss), so the
+            # gate's cost is "ours", not "other processes'".
+            got = read_process(pid, self.proc, threads=name in self.threads_of, children=role == "torbed")
             if got is None:
                 continue
             if "threads" in got:

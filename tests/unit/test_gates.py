@@ -90,6 +90,10 @@ def test_proc_readers(tmp_path):
     p = gates.read_process(7, proc, threads=True)
     assert p == {"ticks": 400, "run_ns": 123456, "wait_ns": 7890, "slices": 12, "threads": {"7": 350, "8": 50}}
     assert gates.read_process(8, proc) is None                  # gone
+    # With children: cutime + cstime (fields 16, 17) too, for torbed's own reaped tc and ss.
+    (proc / "7" / "stat").write_text("7 (python3) S 1 7 7 0 -1 0 0 0 0 0 300 100 40 2 20 0 1 0 1 0 0\n")
+    assert gates.read_process(7, proc, children=True)["ticks"] == 442
+    assert gates.read_process(7, proc)["ticks"] == 400
     assert gates.parse_schedstat("1 2 3\n") == (1, 2, 3)
 
 
