@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import inference, metrics, stats
+from . import gates, inference, metrics, stats
 from . import summary as summary_mod
 from .errors import InputError, UnknownVariantError
 from .load import Run, load_run
@@ -109,6 +109,7 @@ def aa_analyse(run_dir: str | Path, variant: str | None = None) -> dict:
     """Split the repetitions of ``variant`` (default: the run's baseline, or its only variant
     with data) into two arms and measure the false-alarm rates (see the module docstring)."""
     run: Run = load_run(run_dir)
+    gates.exclude_invalid(run)      # as the report: repetitions a mechanism gate rejected do not count
     with_data = [v for v in run.variants if any(r.variant == v and r.transfers for r in run.reps)]
     if variant is None:
         variant = run.baseline if run.baseline in with_data else (with_data[0] if with_data else run.baseline)

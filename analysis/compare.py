@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import inference, metrics, render, stats
+from . import gates, inference, metrics, render, stats
 from . import summary as summary_mod
 from .errors import ScenarioMismatchError
 from .load import Run, load_run
@@ -51,6 +51,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
         raise ScenarioMismatchError(
             f"{a.path} is scenario {a.scenario_name!r} but {b.path} is {b.scenario_name!r}; "
             f"compare runs of one scenario, or pass --force")
+    gates.exclude_invalid(a)        # as the report: repetitions a mechanism gate rejected do not count
+    gates.exclude_invalid(b)
     ea, eb = metrics.extract(a), metrics.extract(b)
     variants = [v for v in a.variants if v in b.variants]
     out_metrics = {}

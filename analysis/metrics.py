@@ -620,14 +620,7 @@ def transfer_outcomes(run: Run) -> dict:
     ``completed`` (ok), ``censored`` (cut off by the window's end), ``stalled`` (a stall:
     the stream stopped moving, a typed error) and ``failed`` (every other error or timeout);
     also ``per_rep``. The report shows them, so "N censored" is never hidden."""
-    def outcome(t: dict) -> str:
-        st = t.get("status")
-        if st == "ok":
-            return "completed"
-        if st == "cancelled":
-            return "censored"
-        return "stalled" if _cause(t) == "stall" else "failed"
-
+    outcome = transfer_outcome
     blank = {"completed": 0, "censored": 0, "stalled": 0, "failed": 0}
     out: dict = {}
     for v in run.variants:
@@ -646,6 +639,17 @@ def transfer_outcomes(run: Run) -> dict:
             per_rep[str(r.index)] = rc
         out[v] = {**total, "by_group": dict(sorted(groups.items())), "per_rep": per_rep}
     return out
+
+
+def transfer_outcome(t: dict) -> str:
+    """One transfer record's outcome: completed, censored, stalled or failed (transfer_outcomes;
+    the mechanism gate's completion check, analysis/gates.py, counts the same way)."""
+    st = t.get("status")
+    if st == "ok":
+        return "completed"
+    if st == "cancelled":
+        return "censored"
+    return "stalled" if _cause(t) == "stall" else "failed"
 
 
 def _cause(t: dict) -> str:

@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from . import gates as gates_mod
 from .figures import Figure
 from .stats import ALPHA
 from .metrics import fmt_size
@@ -459,6 +460,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     if inf["family_size"] and inf["not_enough_repetitions"]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
+    b += gates_mod.warning_blocks(s)
     seq = s["run"].get("sequential")
     if seq:
         rule = seq.get("rule") or {}
@@ -483,6 +485,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
                 r["error"] or ""] for r in s["repetitions"]]))
     b += _circuit_blocks(s)
     b += _outcome_blocks(s)
+    b += gates_mod.section_blocks(s)
     b += _load_blocks(s)
     b += _fault_blocks(s)
 
@@ -494,6 +497,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", "Nothing is missing: every repetition finished with status ok and wrote all record files."))
 
     b.append(("h", 2, "Comparisons (inferential: repetitions as the unit)"))
+    b += gates_mod.warning_blocks(s)
     margin = s["settings"].get("equivalence_margin_pct", 10.0)
     b.append(("p", "One number per repetition (the per-rep statistic), compared across repetitions: "
                    "estimate = geometric mean of the repetitions' values with a t interval; Δ = % change "

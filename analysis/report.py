@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import figures as figures_mod
-from . import metrics, onionperf, render, summary as summary_mod
+from . import gates, metrics, onionperf, render, summary as summary_mod
 from .errors import UnknownVariantError
 from .load import Run, load_run
 from .metrics import Extracted
@@ -40,8 +40,12 @@ def analyse(run_dir: str | Path, baseline: str | None = None) -> tuple[Run, Extr
         raise UnknownVariantError(f"--baseline {baseline!r} is not a variant of {run.path} "
                                   f"(variants: {', '.join(run.variants)})")
     base = baseline or run.baseline
+    # The mechanism gates first: a repetition they reject is excluded from every statistic.
+    judged = gates.exclude_invalid(run)
     ex = metrics.extract(run)
     summ = summary_mod.summarize(run, ex, metrics.error_rates(run), base)
+    if (rows := gates.summary_rows(run, judged)) is not None:
+        summ["gates"] = rows
     return run, ex, summ
 
 

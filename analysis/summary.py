@@ -43,6 +43,9 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
      ["by_hardware": {"hardware", "client_groups", "comparisons", "relay_throughput_Bps", "note"}]}
                   (replay runs with clock.jsonl: analysis/clock.py; relays on several kinds of
                   hardware: analysis/hardware.py)
+     ["gates": {"thresholds", "mechanism", "rows": [one per judged repetition], "excluded",
+                "unjudged", "warnings"}] (runs whose meta.json recorded the mechanism gates:
+                analysis/gates.py; added by report.analyse, which excludes the invalid ones first)
 
 Public API:
 

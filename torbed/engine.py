@@ -420,6 +420,7 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
         backend.measure(rep)
         r.check()
         meta["status"] = "ok"
+        _judge_gates(rep, backend)
     except Interrupted as e:
         meta["status"], meta["error"] = "interrupted", f"interrupted by {e}"
         raise
@@ -445,6 +446,23 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             for sg, h in old.items():
                 signal.signal(sg, h)
     return meta
+
+
+def _judge_gates(rep: Repetition, backend: Backend) -> None:
+    """The mechanism gates' verdict on a measured repetition (torbed.analysis.gates), into
+    meta.json ``gates`` and the console. A gate that cannot be judged is an error recorded
+    beside it (``gates_error``; the report judges again), never a failed repetition."""
+    from .analysis import gates
+    try:
+        g = rep.meta["gates"] = gates.evaluate(rep.dir, rep.meta, rep.scenario.measure.mechanism.model_dump(),
+                                               not_measured=getattr(backend, "gates_not_measured", None))
+    except Exception as e:   # noqa: BLE001 - the measurement stands; the report judges again
+        rep.meta["gates_error"] = f"{type(e).__name__}: {e}"
+        return
+    verdict = "[green]valid[/green]" if g["valid"] else "[red]INVALID[/red]: " + "; ".join(g["invalid_reasons"])
+    rep.console.log(f"mechanism gates: {verdict}")
+    for name in ("queueing", "cpu", "completion"):
+        rep.console.log(f"  {name}: {g[name]['status']}: {g[name].get('text', '')}")
 
 
 def _failed(rep: Repetition, why: str) -> None:

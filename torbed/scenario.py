@@ -318,6 +318,17 @@ class PrometheusCfg(Strict):
         return v
 
 
+class Mechanism(Strict):
+    """What the experiment's effect works through, so the mechanism gates (issue 36 item 1,
+    docs/statistics.md "Mechanism gates") know what a valid repetition looks like."""
+    kind: Literal["queueing", "cpu-bound"] = Field(
+        "queueing", description="queueing: the variants differ in how relays queue cells, so no process may be "
+                                "CPU-starved; cpu-bound: the variants differ in how fast the target relay "
+                                "processes cells, so it must be CPU-saturated and nothing else starved")
+    target: GroupName | None = Field(None, description="cpu-bound only (and required there): the relay group "
+                                                       "whose CPU must be saturated")
+
+
 class Measure(Strict):
     warmup: Duration = Field("30s", description="Start of the measured window after the network is ready")
     duration: Duration = Field("5m", description="Workload run time per repetition")
@@ -328,6 +339,9 @@ class Measure(Strict):
     ready_timeout: Duration = Field("180s", description="Time allowed for the network to become ready")
     prometheus: PrometheusCfg = Field(default_factory=PrometheusCfg,
                                       description="Live metrics: Prometheus (see docs/observability.md)")
+    mechanism: Mechanism = Field(default_factory=Mechanism,
+                                 description="What the compared variants act through; the mechanism gates check "
+                                             "it per repetition (docs/statistics.md)")
 
 
 # Metrics a sequential design can stop on (analysis/metrics.py ids: METRIC[/SUBJECT]).
@@ -571,6 +585,16 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
     # Sequential design.
     if s.design is not None:
         problems += _design_problems(s)
+
+    # The mechanism the gates check.
+    mech = s.measure.mechanism
+    if mech.kind == "cpu-bound" and mech.target is None:
+        problems.append(("measure.mechanism.target", "cpu-bound needs the relay group whose CPU must be saturated"))
+    elif mech.kind != "cpu-bound" and mech.target is not None:
+        problems.append(("measure.mechanism.target", f"only a cpu-bound mechanism has a target (kind is {mech.kind})"))
+    if mech.target is not None and mech.target not in relays:
+        problems.append(("measure.mechanism.target", f"'{mech.target}' is not a relay group of network.relays "
+                                                     f"({', '.join(relays)})"))
 
     # Network.
     try:

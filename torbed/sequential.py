@@ -36,10 +36,11 @@ def block_complete(run_dir: Path, info: dict, k: int) -> bool:
 
 def evaluate(run_dir: Path, n_blocks: int, metric: str, baseline: str, variant: str) -> dict:
     """The report's inference of ``metric`` (variant vs baseline) over blocks 0..n_blocks-1."""
-    from .analysis import inference, metrics, stats
+    from .analysis import gates, inference, metrics, stats
     from .analysis.load import Run, load_run
     from .analysis.summary import invalid_reps
     full = load_run(run_dir)
+    gates.exclude_invalid(full)     # as the report: a repetition a mechanism gate rejected does not count
     run = Run(path=full.path, info={**full.info, "repetitions": n_blocks},
               reps=[r for r in full.reps if r.index < n_blocks])
     m = metrics.extract(run).metrics.get(metric)

@@ -16,6 +16,7 @@ Public API:
 - ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem" | "linkemu"; raises
   ``ShapingError`` when ``links.emulator: tc`` asks for what the kernel cannot do
 - ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0
+- ``shaped_classes(plan, node) -> [(minor, destination, LinkSpec)]`` its htb classes
 - ``torbed plan``'s shaper line is the local backend's (``torbed.backends.local.plan_lines``)
 """
 
@@ -160,17 +161,25 @@ def tc_batch(plan: Plan, node: Node, dev: str = "eth0", netem: bool = False) -> 
     """tc batch commands that shape ``node``'s egress toward every shaped destination."""
     lines = [f"qdisc add dev {dev} root handle 1: htb default 1",
              f"class add dev {dev} parent 1: classid 1:1 htb rate {UNLIMITED}"]
-    minor = 2
+    for minor, dst, spec in shaped_classes(plan, node):
+        if spec.needs_delay_emulation and not netem:
+            raise ShapingError(f"{node.name} -> {dst.name}: delay/jitter/loss needs netem")
+        cid = f"1:{minor:x}"
+        lines += class_lines(dev, minor, spec)
+        lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {dst.address}/32 flowid {cid}")
+    return "\n".join(lines) + "\n"
+
+
+def shaped_classes(plan: Plan, node: Node) -> list[tuple[int, Node, LinkSpec]]:
+    """(htb minor number, destination, link) of every class ``tc_batch`` gives ``node``:
+    what the mechanism gate reads back (torbed.gates: class 1:<minor> is node -> destination)."""
+    out, minor = [], 2
     for dst in plan.nodes:
         if dst is node:
             continue
         spec = plan.link(node, dst)
         if spec == LinkSpec():
             continue
-        if spec.needs_delay_emulation and not netem:
-            raise ShapingError(f"{node.name} -> {dst.name}: delay/jitter/loss needs netem")
-        cid = f"1:{minor:x}"
-        lines += class_lines(dev, minor, spec)
-        lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {dst.address}/32 flowid {cid}")
+        out.append((minor, dst, spec))
         minor += 1
-    return "\n".join(lines) + "\n"
+    return out

@@ -8,6 +8,7 @@
 //! - `{"op": "get", "src": "a", "dst": "b"}`: the properties in force
 //! - `{"op": "reload"}`: reread the table file (as SIGHUP does)
 //! - `{"op": "stats"}`: per-port and per-link counters
+//! - `{"op": "backlog"}`: each rate-limited link's queue now (bytes, seconds at its rate)
 //!
 //! Answers: `{"ok": true, ...}` or `{"ok": false, "error": "..."}`.
 
@@ -39,8 +40,8 @@ fn pair(r: &Request) -> Result<(&str, &str), String> {
     }
 }
 
-/// Answer one request line. `table_path` is what `reload` rereads.
-pub fn handle(engine: &mut Engine, table_path: &str, line: &str) -> Value {
+/// Answer one request line at `now` (ns, the engine's clock). `table_path` is what `reload` rereads.
+pub fn handle(engine: &mut Engine, table_path: &str, line: &str, now: u64) -> Value {
     let result = (|| -> Result<Value, String> {
         let req: Request = serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
         match req.op.as_str() {
@@ -60,7 +61,8 @@ pub fn handle(engine: &mut Engine, table_path: &str, line: &str) -> Value {
                 Ok(json!({}))
             }
             "stats" => Ok(json!({"stats": engine.stats()})),
-            other => Err(format!("unknown op '{other}' (ping, set, get, reload, stats)")),
+            "backlog" => Ok(json!({"backlog": engine.backlog(now)})),
+            other => Err(format!("unknown op '{other}' (ping, set, get, reload, stats, backlog)")),
         }
     })();
     match result {
@@ -89,10 +91,17 @@ pub(crate) mod tests {
     #[test]
     fn set_then_get() {
         let mut e = engine();
-        let r = handle(&mut e, "/nonexistent", r#"{"op": "set", "src": "a", "dst": "b", "props": {"delay_s": 0.05}, "symmetric": true}"#);
+        let r = handle(&mut e, "/nonexistent", r#"{"op": "set", "src": "a", "dst": "b", "props": {"delay_s": 0.05}, "symmetric": true}"#, 0);
         assert_eq!(r, json!({"ok": true, "changed": 2}));
-        let r = handle(&mut e, "/nonexistent", r#"{"op": "get", "src": "b", "dst": "a"}"#);
+        let r = handle(&mut e, "/nonexistent", r#"{"op": "get", "src": "b", "dst": "a"}"#, 0);
         assert_eq!(r["props"]["delay_s"], 0.05);
+    }
+
+    #[test]
+    fn backlog_answers_with_the_links() {
+        let mut e = engine();
+        let r = handle(&mut e, "/nonexistent", r#"{"op": "backlog"}"#, 0);
+        assert_eq!(r, json!({"ok": true, "backlog": {"links": []}}));
     }
 
     #[test]
@@ -105,7 +114,7 @@ pub(crate) mod tests {
             (r#"{"op": "set", "src": "a", "dst": "b", "props": {"loss": 2}}"#, "probability"),
             (r#"{"op": "reload"}"#, "/nonexistent"),
         ] {
-            let r = handle(&mut e, "/nonexistent", req);
+            let r = handle(&mut e, "/nonexistent", req, 0);
             assert_eq!(r["ok"], false);
             assert!(r["error"].as_str().unwrap().contains(want), "{r}");
         }

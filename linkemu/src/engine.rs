@@ -291,6 +291,26 @@ impl Engine {
         self.line.next_at()
     }
 
+    /// The queue backlog at `now` of every link with a rate that has carried a frame: what
+    /// the mechanism gate samples once a second (torbed/gates.py), small where `stats` is
+    /// large (one entry per link with a rate, not every counter of every link).
+    pub fn backlog(&self, now: u64) -> Value {
+        let mut links = Vec::new();
+        for s in 0..self.n {
+            for d in 0..self.n {
+                let l = &self.links[s * self.n + d];
+                if l.stats.frames_in == 0 || l.rate_bps() == 0 {
+                    continue;
+                }
+                let (ns, bytes) = l.backlog(now);
+                links.push(json!({"src": self.table.ports[s].node, "dst": self.table.ports[d].node,
+                                  "rate_bps": l.rate_bps(), "backlog_bytes": bytes,
+                                  "backlog_s": ns as f64 / 1e9, "queue_drops": l.stats.queue_drops}));
+            }
+        }
+        json!({"links": links})
+    }
+
     pub fn stats(&self) -> Value {
         let ports: Vec<Value> = self
             .table
@@ -407,6 +427,26 @@ mod tests {
         assert_eq!(e.egress(50 * MS, &mut w), 1);
         let got: Vec<(usize, u8)> = w.sent.iter().map(|(p, f)| (*p, f[99])).collect();
         assert_eq!(got, vec![(1, 1), (0, 3), (2, 2)]);
+    }
+
+    #[test]
+    fn backlog_lists_rate_limited_links_with_their_queue() {
+        // a -> b at 8 Mbit/s: 1000-byte frames take 1 ms each; a -> c has no rate.
+        let mut e = engine(r#"{"src": "a", "dst": "b", "props": {"rate_bps": 8000000}}"#);
+        let mut w = Wire::default();
+        for tag in 0..4 {
+            put(&mut e, &mut w, 0, 0, ipv4(10, 11, 1000, tag));
+        }
+        put(&mut e, &mut w, 0, 0, ipv4(10, 12, 1000, 9));
+        let b = e.backlog(MS);
+        let links = b["links"].as_array().unwrap();
+        assert_eq!(links.len(), 1, "{b}");
+        assert_eq!(links[0]["src"], "a");
+        assert_eq!(links[0]["dst"], "b");
+        assert_eq!(links[0]["rate_bps"], 8000000);
+        assert_eq!(links[0]["backlog_bytes"], 3000);
+        assert_eq!(links[0]["backlog_s"], 0.003);
+        assert_eq!(e.backlog(10 * MS)["links"][0]["backlog_bytes"], 0);
     }
 
     #[test]

@@ -249,6 +249,22 @@ impl Link {
         &self.props
     }
 
+    /// The link's rate in bits per second (0: no rate, so no queue).
+    pub fn rate_bps(&self) -> u64 {
+        self.rate_bps
+    }
+
+    /// What waits to be sent at `now`: (nanoseconds of transmission left, the bytes that is
+    /// at the link's rate), the frame being sent included. The link's delay is not queueing
+    /// and is not counted. (0, 0) for a link without a rate.
+    pub fn backlog(&self, now: u64) -> (u64, u64) {
+        if self.rate_bps == 0 {
+            return (0, 0);
+        }
+        let ns = self.busy_until.saturating_sub(now);
+        (ns, (ns as u128 * self.rate_bps as u128 / 8_000_000_000u128) as u64)
+    }
+
     /// Change the properties; frames already scheduled keep their departure times, the
     /// transmission in progress and the no-reordering bound carry over.
     pub fn set_props(&mut self, props: LinkProps) -> Result<(), String> {
@@ -416,6 +432,22 @@ mod tests {
         // After 1.5 ms, 1500 bytes are left: one more 1000-byte frame fits, a second does not.
         assert_eq!(l.admit(1_500_000, 1000), Verdict::Depart(4 * MS));
         assert_eq!(l.admit(1_500_000, 1000), Verdict::QueueFull);
+    }
+
+    #[test]
+    fn backlog_is_the_transmission_time_left() {
+        // 8 Mbit/s: 1000 bytes = 1 ms; the delay is not backlog.
+        let mut l = link(r#"{"rate_bps": 8000000, "delay_s": 0.05}"#);
+        assert_eq!(l.backlog(0), (0, 0));
+        for _ in 0..3 {
+            l.admit(0, 1000);
+        }
+        assert_eq!(l.backlog(0), (3 * MS, 3000));
+        assert_eq!(l.backlog(1_500_000), (1_500_000, 1500));
+        assert_eq!(l.backlog(10 * MS), (0, 0));
+        let mut free = link(r#"{"delay_s": 0.05}"#);
+        free.admit(0, 1000);
+        assert_eq!(free.backlog(0), (0, 0));
     }
 
     #[test]

@@ -106,7 +106,7 @@ fn serve_conn(conn: &mut Conn, engine: &mut Engine, table_path: &str) -> ConnSta
         if text.trim().is_empty() {
             continue;
         }
-        let reply = control::handle(engine, table_path, text.trim());
+        let reply = control::handle(engine, table_path, text.trim(), sys::now_ns());
         if reply["ok"] == true && text.contains("\"set\"") {
             log(&format!("control: {}", text.trim()));
         }

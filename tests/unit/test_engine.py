@@ -317,3 +317,22 @@ def test_repetitions_run_in_shuffled_blocks_recorded_in_run_json(tmp_path):
     info = json.loads((run_dir / "run.json").read_text())
     ran = [(v, k) for (what, v, k) in b.calls if what == "bring_up"]
     assert ran == [tuple(x) for x in info["order"]]
+
+
+def test_each_measured_repetition_is_judged_by_the_mechanism_gates(tmp_path, monkeypatch):
+    run_dir = _run(tmp_path / "a", Scripted())
+    g = _meta(run_dir, "kist", 0)["gates"]
+    assert g["version"] == 1 and g["valid"] and g["mechanism"] == {"kind": "queueing", "target": None}
+    assert g["completion"]["counts"]["completed"] == 1
+    assert g["queueing"]["status"] == "not measured"      # the scripted backend samples nothing
+    # A failed repetition is not judged; judging that fails is recorded and the repetition stands.
+    run_dir = _run(tmp_path / "b", Scripted({("kist", 1, "measure"): RunFailed("boom")}))
+    assert "gates" not in _meta(run_dir, "kist", 1)
+    from torbed.analysis import gates
+
+    def broken(*a, **k):
+        raise ValueError("unreadable")
+    monkeypatch.setattr(gates, "evaluate", broken)
+    run_dir = _run(tmp_path / "c", Scripted())
+    m = _meta(run_dir, "kist", 0)
+    assert m["status"] == "ok" and m["gates_error"] == "ValueError: unreadable" and "gates" not in m

@@ -64,7 +64,10 @@ def plan_lines(plan) -> list[str]:
                else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
                else _tc_limitation(plan, caps))
         line += f"\n  userspace link emulator: {why}; {describe_binary()}"
-    return [f"shaper: {line}"]
+    mech = plan.scenario.measure.mechanism
+    gates = (f"mechanism gates: {mech.kind}" + (f" (target {mech.target} must be CPU-saturated)" if mech.target else "")
+             + "; shaper backlog, relays' kernel send queues and CPU sampled every second")
+    return [f"shaper: {line}", gates]
 
 
 def register_commands(sub, fmt) -> None:

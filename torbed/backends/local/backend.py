@@ -36,7 +36,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, netns, prometheus, state
+from . import builds, emulator, faults, gatesample, netns, prometheus, state
 from ... import constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
@@ -452,10 +452,13 @@ class LocalBackend:
         self._start_collector(rep, cfg_dir)
         drivers, longest = self._start_drivers(rep, cfg_dir, t_work)
         background = _Load(rep, cfg_dir, t_work, self.manifest) if rep.scenario.load else None
+        # The mechanism gates' samples (shaper backlog, CPU), judged after the repetition.
+        st.gate_sampler = gatesample.start(rep, self.shaper)
         rep.write_meta()
         t_end = t_work + rep.scenario.measure.duration.seconds
         hard_end = t_end + min(longest, 300) + 10
         _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
+        self._stop_gate_sampler(rep)
         st.faults.finish("end")
         sup = st.sup
         sup.stop(drivers, grace=10)
@@ -469,6 +472,19 @@ class LocalBackend:
         if failed:
             raise RunFailed("measurement driver(s) failed: " + "; ".join(
                 f"{d} exited {rc}: {tail(sup.log_of(d), 8)}" for d, rc in failed.items()))
+
+    @staticmethod
+    def _stop_gate_sampler(rep: engine.Repetition) -> None:
+        st = state.of(rep)
+        if st.gate_sampler is not None:
+            sampler, st.gate_sampler = st.gate_sampler, None
+            errors = sampler.stop()
+            took = sampler.durations
+            rep.meta["gate_sampling"].update(samples=len(took), sample_s_mean=round(sum(took) / len(took), 4)
+                                             if took else None, sample_s_max=round(max(took, default=0.0), 4),
+                                             sample_cpu_s_mean=round(sampler.cpu_s / len(took), 4) if took else None)
+            if errors:
+                rep.meta["gate_sampling"]["errors"] = errors
 
     def _start_collector(self, rep: engine.Repetition, cfg_dir: Path) -> None:
         """Collectors run in the switch namespace: they reach every relay's MetricsPort."""
@@ -538,6 +554,7 @@ class LocalBackend:
         st = state.of(rep)
         if (rep.meta.get("bootstrap") or {}).get("torbed_realtime_until_ready") is not None:
             _self_realtime(None)    # a bring-up that failed before ready
+        self._stop_gate_sampler(rep)     # a measurement cut short
         if st.faults is not None:
             # First: a stopped tor would ignore the SIGTERM below; quotas and link changes go too.
             st.faults.finish("teardown")

@@ -2,7 +2,7 @@
 
 prepare sets plan, run_id, scratch, topo, sup, then variants, build, stock, t0, ids, paths;
 bring_up adds emulator (when linkemu shapes), prometheus, fallback_valid_after; measure adds
-faults. teardown reads whatever is there: a field still None was never reached.
+faults and gate_sampler. teardown reads whatever is there: a field still None was never reached.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ...fault_schedule import FaultRunner
+    from ...gates import Sampler
     from ...network import Plan
     from ...torrc import Identities, NodePaths
     from ...variants import Variant
@@ -40,6 +41,7 @@ class RepState:
     prometheus: "Forwarder | None" = None
     fallback_valid_after: int | None = None       # the fast first round's valid-after (bring-up)
     faults: "FaultRunner | None" = None
+    gate_sampler: "Sampler | None" = None         # the mechanism gates' samples (measure)
 
 
 def of(rep) -> RepState:

@@ -1,0 +1,84 @@
+"""The mechanism gate's self-test in miniature (issue 36 items 1 and 7), with real tor.
+
+One bottleneck (middle <-> exit at 2 Mbit/s) under bulk downloads with fixed SENDME windows
+(cc_alg 0: each circuit keeps up to 1000 cells, ~0.5 MB, in flight) on the Vanilla scheduler
+(ewma-66, as in Gopal & Heninger's Exp. 1), everything else at 100 Mbit/s:
+
+- with the default 1000-frame FIFO (1.5 MB, 6 s at 2 Mbit/s) part of the circuits' data sits
+  in the exit's htb queue toward the middle: the queueing gate must flag "shaper backlog
+  dominates";
+- with ``queue: 50ms`` on the bottleneck (12.5 KB) the shaper cannot hold more than 50 ms and
+  the gate must not flag the shaper. Where the backlog goes instead (tor's circuit queues or
+  the exit's kernel send queue) is printed: the gate reports both.
+
+Both runs record meta.json ``gates`` and the report shows them. The CPU gate's verdict is
+printed, not asserted: on a shared machine it is the machine's, not the code's.
+
+Why not KIST: KIST writes to a socket only what TCP can send now, so the kernel never gets
+enough to fill the FIFO and the backlog stays in tor. Seen here with kist and the default
+FIFO: median 49 kB (0.19 s) in the shaper against 0.89 s in the exit's circuit queues, not
+flagged, rightly. The Vanilla scheduler writes whatever the socket takes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import require_root
+from tests.integration.helpers import namespaces, only_run_dir, run_torbed, small_scenario, write_scenario
+
+pytestmark = pytest.mark.integration
+
+
+def bottleneck(name: str, queue: str | None) -> dict:
+    pair = {"between": ["middle", "exit"], "rate": "2mbit", **({"queue": queue} if queue else {})}
+    return small_scenario(name, **{
+        "variants": ["ewma-66"],
+        "network.consensus_params": {"cc_alg": 0},
+        "links.pairs": [pair],
+        "servers.www.files": {"small": "300KB", "bulk": "200MiB"},
+        "clients": {"bulk": {"count": 3, "path": ["guard", "middle", "exit"],
+                             "workload": {"kind": "bulk", "file": "bulk"}}},
+        "measure.warmup": "15s", "measure.duration": "45s", "measure.prometheus": {"enabled": False}})
+
+
+def run_gates(tmp_path, name: str, queue: str | None) -> dict:
+    out = tmp_path / name
+    p = run_torbed(["run", str(write_scenario(tmp_path, bottleneck(name, queue))), "--out", str(out),
+                    "--system-tor"], timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run_dir = only_run_dir(out)
+    assert namespaces(run_dir) == []
+    meta = json.loads((run_dir / "ewma-66" / "rep-0" / "meta.json").read_text())
+    g = meta["gates"]
+    print(f"\n{name}: valid={g['valid']} {g['invalid_reasons']}\n  queueing: {g['queueing']['status']}: "
+          f"{g['queueing']['text']}\n  cpu: {g['cpu']['status']}: {g['cpu']['text']}\n"
+          f"  completion: {g['completion']['status']}: {g['completion']['text']}")
+    r = run_torbed(["report", str(run_dir)], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = (run_dir / "report" / "report.md").read_text()
+    assert "## Mechanism gates" in report
+    return g
+
+
+def test_a_full_fifo_is_flagged_and_a_small_queue_is_not(tmp_path):
+    require_root()
+    full = run_gates(tmp_path, "it-gate-fifo", None)
+    small = run_gates(tmp_path, "it-gate-queue", "50ms")
+    fq, sq = full["queueing"], small["queueing"]
+    assert fq["shaper"]["shaper"] == "htb" and fq["shaper"]["samples"] >= 25     # 30 s window, 1 s apart
+    # The default FIFO: the exit's queue toward the middle holds a backlog the gate flags.
+    # (Not the whole 1.5 MB: Linux's TCP small queues keep a local qdisc's share of one flow
+    # to ~100-300 kB; the rest waits in the exit's socket, seen as the kernel send queue.)
+    assert fq["status"] == "flag" and "shaper backlog dominates" in fq["text"], fq["text"]
+    assert fq["shaper"]["link"] == "exit0>middle0" and fq["shaper"]["median_s"] >= 0.1, fq["shaper"]
+    # The 50 ms queue: the shaper holds at most 12.5 KB (+ the frame being sent) and is not flagged.
+    assert "shaper backlog dominates" not in sq["text"], sq["text"]
+    assert sq["shaper"]["backlogged_links"]["exit0>middle0"]["max_bytes"] <= 12_500 + 1514, sq["shaper"]
+    assert sq["shaper"]["median_s"] < 0.1, sq["shaper"]
+    # The transfers ran in both (the bulk downloads are cut off by the window: censored, not failed).
+    for g in (full, small):
+        assert g["completion"]["status"] == "ok", g["completion"]
+        assert g["cpu"]["status"] != "not measured", g["cpu"]

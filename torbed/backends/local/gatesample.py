@@ -1,0 +1,106 @@
+"""The mechanism gates' samples on the local backend (torbed.gates): the shaper's backlog and
+the CPU of every supervised process, once a second, from the workload's start to its end.
+
+- htb: ``tc -s -j class show dev eth0`` in each sender's namespace that has a rate-limited
+  class toward a relay, server or client (authorities' links carry the directory protocol,
+  not the measured traffic, and leaving them out saves a tc process per second each);
+- linkemu: its control socket's ``backlog`` op;
+- the kernel's TCP send queues (``ss -N NS``) of every relay;
+- CPU: /proc of each tor, driver, server, collector and linkemu process under the
+  Supervisor, and of torbed itself (so "other processes" means processes not of this run).
+
+Public API: ``start(rep, shaper) -> torbed.gates.Sampler``
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from . import state
+from ... import gates
+from ...records import RecordWriter
+
+DATA_ROLES = ("relay", "server", "client", "loadworker")
+
+
+def htb_links(plan) -> tuple[dict[tuple[str, int], str], list[dict]]:
+    """{(sender, minor): "SRC>DST"} and the shaper_links entries of every rate-limited class
+    between nodes that carry the measured traffic."""
+    from ... import shaping
+    links, meta = {}, []
+    for n in plan.nodes:
+        if n.role not in DATA_ROLES:
+            continue
+        for minor, dst, spec in shaping.shaped_classes(plan, n):
+            if not spec.rate_bps or dst.role not in DATA_ROLES:
+                continue
+            name = f"{n.name}>{dst.name}"
+            links[(n.name, minor)] = name
+            meta.append({"link": name, "rate_bps": spec.rate_bps, "delay_s": spec.delay_s or 0.0})
+    return links, meta
+
+
+def _roles(plan):
+    nodes = {n.name: n for n in plan.nodes}
+
+    def role(name: str) -> tuple[str, str | None]:
+        base, _, suffix = name.partition(".")
+        n = nodes.get(base)
+        if suffix == "driver":
+            return "driver", n.group if n else None
+        if name == "linkemu":
+            return "shaper", None
+        if n is None:
+            return name, None                   # collector, prometheus, ...
+        if suffix:
+            return ("server" if n.role == "server" else suffix), n.group   # web0.replay, load0.locust
+        return n.role, n.group
+    return role
+
+
+def start(rep, shaper: str) -> gates.Sampler:
+    st = state.of(rep)
+    plan, sup = st.plan, st.sup
+    role = _roles(plan)
+    mech = rep.scenario.measure.mechanism
+    target = tuple(n.name for n in plan.by_role("relay") if mech.kind == "cpu-bound" and n.group == mech.target)
+
+    def procs() -> dict[str, tuple[int, str, str | None]]:
+        out = {"torbed": (os.getpid(), "torbed", None)}
+        for name, (p, _) in list(sup.procs.items()):
+            if p.poll() is None:
+                out[name] = (p.pid, *role(name))
+        return out
+
+    sources = [gates.CpuSource(procs, RecordWriter(rep.dir / "cpu.jsonl"), threads_of=target)]
+    if shaper == "linkemu" and st.emulator is not None:
+        sources.append(gates.LinkemuSource(st.emulator.socket, RecordWriter(rep.dir / "shaper.jsonl")))
+    elif shaper == "none":
+        sources.append(gates.NoShaper(RecordWriter(rep.dir / "shaper.jsonl")))
+    elif shaper in ("htb", "htb+netem"):
+        links, meta = htb_links(plan)
+
+        def run_tc(sender: str) -> str:
+            p = subprocess.run(["tc", "-n", st.topo.ns(sender), "-s", "-j", "class", "show", "dev", "eth0"],
+                               capture_output=True, text=True, timeout=5)
+            if p.returncode:
+                raise OSError(p.stderr.strip() or f"tc exited {p.returncode}")
+            return p.stdout
+        sources.append(gates.HtbSource(links, meta, run_tc, RecordWriter(rep.dir / "shaper.jsonl")))
+    # The relays' kernel send queues (where a circuit scheduler has handed data on). Not the
+    # servers': a bulk server's socket toward the exit fills whenever tor's flow control stops
+    # reading from it (seen: 7.7 MB), which is the source waiting, not a queue on the path.
+    senders = [n.name for n in plan.by_role("relay")]
+    peers = {n.address: n.name for n in plan.nodes if n.role in DATA_ROLES}
+
+    def run_ss(sender: str) -> str:
+        p = subprocess.run(["ss", "-N", st.topo.ns(sender), "-Htn", "state", "established"],
+                           capture_output=True, text=True, timeout=5)
+        if p.returncode:
+            raise OSError(p.stderr.strip() or f"ss exited {p.returncode}")
+        return p.stdout
+    sources.append(gates.SocketSource(senders, peers, run_ss, RecordWriter(rep.dir / "sockets.jsonl")))
+    rep.meta["gate_sampling"] = {"interval_s": gates.SAMPLE_INTERVAL_S, "shaper": shaper, "socket_senders": senders,
+                                 "cpu_bound_target": list(target)}
+    return gates.Sampler(gates.SAMPLE_INTERVAL_S, sources).start()
