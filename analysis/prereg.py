@@ -12,13 +12,15 @@ Rules (docs/reproduction.md "Verdict rules"):
 - direction: "agrees" needs the paper's sign and (Holm-adjusted, for a primary) p < alpha; a
   significant change of the other sign "disagrees"; a change the TOST shows within the margin
   is "no change"; anything else is "inconclusive" (low power could have decided it);
-- rough size: the (1 - 2 alpha) interval of log(ours / paper's) inside +-log ``size_factor``
-  "agrees", wholly outside "differs", otherwise "inconclusive";
+- rough size: the (1 - 2 alpha) interval of log(ours / paper's), ours and the paper's being
+  the effects as log ratios (``effect_within_factor``), inside +-log ``size_factor`` "agrees",
+  wholly outside "differs", otherwise "inconclusive";
 - a paper claiming no change (``expect: none``): "agrees" only by the TOST, "disagrees" on a
   significant change, else "inconclusive".
 
 Public API: ``load(path=None) -> Prereg``, ``Comparison``, ``judge(values, baseline, comp,
 prereg, holm_p=None) -> dict``, ``judge_all(prereg, blocks_of) -> dict``,
+``effect_within_factor(ci_log, target_pct, factor) -> str``,
 ``blocks_planned(sd_diff, comps, prereg, n_max) -> int``.
 """
 
@@ -150,16 +152,35 @@ def _direction(comp: Comparison, res: dict, p: float, alpha: float) -> tuple[str
     return "inconclusive", f"not significant (p = {p:.2g}) and not shown equivalent: low power could decide it"
 
 
+def effect_within_factor(ci_log: tuple[float, float], target_pct: float, factor: float) -> str:
+    """Whether the interval ``ci_log`` of our effect, log(variant / baseline), puts
+    log(ours / paper's) - the ratio of our effect to the paper's, both as log ratios - within
+    +-log ``factor``: ours within [paper's / factor, paper's x factor]. "inside", "outside"
+    or "overlaps" (too wide to tell).
+
+    Effects, not ratios: stats.ratio_within_factor compares the ratios variant / baseline, by
+    which no change at all (ratio 1) lies within a factor 2 of any change from -50% to +100%;
+    here a -32.7% change (log ratio -0.40) is matched by -18% to -55% only."""
+    p = math.log1p(target_pct / 100.0)
+    lo_b, hi_b = sorted((p / factor, p * factor))
+    lo, hi = ci_log
+    if lo_b <= lo and hi <= hi_b:
+        return "inside"
+    if hi < lo_b or lo > hi_b:
+        return "outside"
+    return "overlaps"
+
+
 def _size(comp: Comparison, res: dict, factor: float) -> tuple[str, str]:
     if comp.paper_change_pct is None:
         return "–", "the paper gives no number"
     lo, hi = (res.get("equivalence") or {}).get("ci90") or (None, None)
     if lo is None or lo <= -100:
         return "inconclusive", "no interval"
-    where = stats.ratio_within_factor((math.log1p(lo / 100), math.log1p(hi / 100)), comp.paper_change_pct, factor)
-    ratio = (1 + res["change_pct"] / 100) / (1 + comp.paper_change_pct / 100)
+    where = effect_within_factor((math.log1p(lo / 100), math.log1p(hi / 100)), comp.paper_change_pct, factor)
+    ratio = math.log1p(res["change_pct"] / 100) / math.log1p(comp.paper_change_pct / 100)
     word = {"inside": "agrees", "outside": "differs", "overlaps": "inconclusive"}[where]
-    return word, f"ours / paper's ratio {ratio:.2f}, its 90% interval {where} a factor {factor:g}"
+    return word, f"our effect / the paper's {ratio:.2f} (log ratios), its 90% interval {where} a factor {factor:g}"
 
 
 def judge(values, baseline, comp: Comparison, prereg: Prereg, holm_p: float | None = None) -> dict:
@@ -176,7 +197,7 @@ def judge(values, baseline, comp: Comparison, prereg: Prereg, holm_p: float | No
     d, dtext = _direction(comp, res, p, prereg.alpha)
     s, stext = _size(comp, res, prereg.size_factor)
     if d == "agrees" and s in ("agrees", "–"):
-        verdict = "agrees" if s == "agrees" or comp.paper_change_pct is None else "inconclusive"
+        verdict = "agrees"
     elif d == "disagrees" or s == "differs":
         verdict = "disagrees"
     else:
@@ -186,8 +207,8 @@ def judge(values, baseline, comp: Comparison, prereg: Prereg, holm_p: float | No
 
 
 def per_block(blocks: dict[int, dict[str, float]], comp: Comparison, arm: str) -> float:
-    """The value of ``arm`` in one block's {metric: value} ... geometric mean over the
-    comparison's metrics; NaN when one is missing."""
+    """The value of an arm in one block from its {metric: value}: the geometric mean over
+    the comparison's metrics; NaN when one is missing."""
     vals = [blocks.get(m) for m in comp.metrics]
     if any(v is None or not v > 0 or not math.isfinite(v) for v in vals):
         return float("nan")
