@@ -218,17 +218,18 @@ def _rep_seconds(records: Records, exp: str, duration_s: float) -> tuple[float, 
     return duration_s + PER_REP_OVERHEAD_S, "model"
 
 
-def estimate(prereg, records: Records, repo: Path, only=None) -> dict:
+def estimate(prereg, records: Records, repo: Path, only=None, duration_s: float | None = None) -> dict:
     """Machine time still needed, per experiment and in total (seconds): to the end of the
     pilots, to the planned blocks (the maximum where no pilot has run) and to every maximum.
     A repetition's time is the records' mean where there are records, else the scenario's
-    duration + PER_REP_OVERHEAD_S; each experiment with blocks left pays FIRST_BRINGUP_S."""
+    duration (``duration_s`` overrides it) + PER_REP_OVERHEAD_S; each experiment with blocks
+    left pays FIRST_BRINGUP_S."""
     p = plan(prereg, records)
     rows, tot = {}, {"pilot_s": 0.0, "planned_s": 0.0, "max_s": 0.0}
     for name, e in prereg.experiments.items():
         if only and name not in only:
             continue
-        per_rep, basis = _rep_seconds(records, name, scenario_duration_s(repo, e.scenario))
+        per_rep, basis = _rep_seconds(records, name, duration_s or scenario_duration_s(repo, e.scenario))
         block = per_rep * len(e.variants)
         done = p[name]["done"]
         planned = p[name]["planned"] if done >= e.pilot_blocks else e.max_blocks

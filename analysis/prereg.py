@@ -217,7 +217,7 @@ def per_block(blocks: dict[int, dict[str, float]], comp: Comparison, arm: str) -
 
 def judge_all(prereg: Prereg, blocks_of) -> dict[str, dict]:
     """Every comparison's verdict. ``blocks_of(experiment) -> {block: {variant: {metric:
-    value}}}`` (valid repetitions only). Holm over the primaries that could be tested."""
+    value}}}`` (valid repetitions only). Holm over all the pre-registered primaries."""
     arms: dict[str, tuple[list, list]] = {}
     for c in prereg.comparisons:
         blocks = blocks_of(c.experiment)
@@ -225,7 +225,9 @@ def judge_all(prereg: Prereg, blocks_of) -> dict[str, dict]:
         arms[c.id] = ([per_block(blocks[k].get(c.variant) or {}, c, c.variant) for k in ks],
                       [per_block(blocks[k].get(c.baseline) or {}, c, c.baseline) for k in ks])
     raw = {c.id: stats.compare_paired(*arms[c.id], scale="log", margin_pct=prereg.margin_pct) for c in prereg.primaries}
-    pvals = [raw[c.id].get("pvalue") if raw[c.id].get("status") == "tested" else None for c in prereg.primaries]
+    # The family is the pre-registered one: a primary not (yet) testable counts as p = 1, so an
+    # interim document never adjusts over fewer tests than the campaign will make.
+    pvals = [raw[c.id]["pvalue"] if raw[c.id].get("status") == "tested" else 1.0 for c in prereg.primaries]
     adjusted = dict(zip([c.id for c in prereg.primaries], stats.holm(pvals)))
     out = {}
     for c in prereg.comparisons:

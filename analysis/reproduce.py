@@ -111,8 +111,9 @@ def smoke_setup(prereg, args) -> tuple[prereg_mod.Prereg, list[str]]:
     return dataclasses.replace(prereg, experiments=exps), only
 
 
-def print_estimate(prereg, records, only=None) -> dict:
-    est = campaign.estimate(prereg, records, REPO, only)
+def print_estimate(prereg, records, only=None, duration: str | None = None) -> dict:
+    from ..units import parse_duration
+    est = campaign.estimate(prereg, records, REPO, only, parse_duration(duration) if duration else None)
     for name, r in est["experiments"].items():
         print(f"  {name}: {r['done']} block(s) recorded; block {r['block_s'] / 60:.1f} min ({r['basis']}); "
               f"pilot {r['pilot_s'] / 3600:.2f} h, planned {r['planned_s'] / 3600:.2f} h, "
@@ -134,7 +135,7 @@ def order(prereg, only=None) -> list[str]:
 def run_campaign(prereg, records, args, only) -> None:
     """One campaign session; logged in records/sessions.jsonl with the estimate made at its
     start and the blocks it added, so the estimate can be checked against the time taken."""
-    est = print_estimate(prereg, records, only)
+    est = print_estimate(prereg, records, only, args.duration if args.smoke else None)
     before = {n: p["done"] for n, p in campaign.plan(prereg, records).items()}
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
     status = "interrupted"
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         prereg, only = smoke_setup(prereg, args)
     records = campaign.Records(args.records)
     if args.estimate:
-        print_estimate(prereg, records, only)
+        print_estimate(prereg, records, only, args.duration if args.smoke else None)
         return 0
     if not args.render_only:
         run_campaign(prereg, records, args, only)
