@@ -97,8 +97,8 @@ bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load
 # REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
 # Not niced: a measurement must never run at a lower priority than other load (it would
 # measure that load); `torbed run` warns when the machine is busy (torbed/hostload.py).
-reproduce: setup  ## run the papers' experiments torbed has variants for; writes docs/reproduction.md
-	$(BIN)/python -m torbed.analysis.reproduce
+reproduce: setup  ## one session of the papers' pre-registered campaign (resumes from docs/reproduction/records); RENDER_ONLY=1: only re-render docs/reproduction.md
+	$(BIN)/python -m torbed.analysis.reproduce $(if $(filter-out 0,$(RENDER_ONLY)),--render-only)
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean

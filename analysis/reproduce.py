@@ -70,11 +70,21 @@ METHOD = [
     "log ratio is at most ±0.35 (log 2 / 2) and the paper's change has 80% power at alpha / 5, or the "
     "stated maximum. The rule reads the blocks' spread only, never the estimate, so stopping does not "
     "inflate the false-positive rate. Every finished repetition is committed as a small record "
-    "(docs/reproduction/records/<experiment>/<variant>-rep-N.json: per-repetition values, gate results, "
+    "(`docs/reproduction/records/<experiment>/<variant>-rep-N.json`: per-repetition values, gate results, "
     "provenance: scenario hash, tor build and version, torbed version and commit, host; its time); the next "
     "session, on this machine or another, continues from the records (an unfinished run directory on the "
     "same machine with `torbed run --resume`; a missing one never blocks). "
     "`make reproduce RENDER_ONLY=1` re-renders this page from the records without running anything.",
+    "",
+    "Known limit: a run directory's repetition k uses the workload seed `seed + k`, so a run started "
+    "afresh (another machine, the raw directory gone) repeats the workload schedules of the first run's "
+    "blocks; tor's own randomness (keys, circuit timing) still differs. The records say which run and "
+    "repetition each block came from (`run`).",
+    "",
+    "Run it on a quiet machine (`torbed run` warns when the machine is busy and records the load): "
+    "`make reproduce`, as often as needed until the status table says every experiment has concluded; "
+    "Ctrl-C at any time. `python -m torbed.analysis.reproduce --smoke` checks the pipeline in a few "
+    "minutes (one 45 s block of one experiment, written to a temporary directory, not a result).",
 ]
 
 
