@@ -199,8 +199,11 @@ def _rows(prereg, records, comps, verdicts) -> list[str]:
     for c in comps:
         e = prereg.experiments[c.experiment]
         v = verdicts[c.id]
-        if v["n"] == 0:
+        ran = len(records.complete_blocks(c.experiment, e.variants))
+        if v["n"] == 0 and not ran:
             ours, d, s, verdict = "not yet run", "–", "–", "–"
+        elif v["n"] == 0:
+            ours, d, s, verdict = f"no values in {ran} block(s) (metric not measured)", "–", "–", "inconclusive"
         else:
             ours, d, s, verdict = _ours(v), f"{v['direction']}: {v['direction_text']}", \
                 f"{v['size']}: {v['size_text']}", v["verdict"]
@@ -245,6 +248,7 @@ def render(prereg, records, smoke: bool = False) -> str:
     """docs/reproduction.md from the pre-registration and the records (nothing is run)."""
     verdicts = prereg_mod.judge_all(prereg, lambda exp: records.blocks(exp, prereg.experiments[exp].variants))
     ran = any(v["n"] for v in verdicts.values())
+    smoke = smoke or any(r.get("smoke") for e in prereg.experiments for r in records.all(e))
     head = ["# Reproduction of the seed papers' results", ""]
     if smoke:
         head += ["**SMOKE TEST: a pipeline check with one short block, not a result.**", ""]
