@@ -172,3 +172,16 @@ def test_estimate_prints_the_total_and_bad_arguments_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--duration", "30s"])
     assert e.value.code == 2
+
+
+def test_a_run_still_going_is_stopped_once_the_plan_has_concluded(tmp_path, fake_torbed, monkeypatch):
+    """`torbed run` was started for the maximum (12 blocks); after the pilot's 3 the spread
+    says no more are needed, so the campaign interrupts its own child's process group."""
+    monkeypatch.setattr(FakeProc, "poll", lambda self: None)
+    sent = []
+    monkeypatch.setattr(campaign.os, "killpg", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(campaign.time, "sleep", lambda s: pytest.fail("kept waiting after the plan concluded"))
+    rec = campaign.Records(tmp_path / "records")
+    res = campaign.run_experiment(P, EXP, rec, tmp_path / "runs", reproduce.REPO)
+    assert res["concluded"] and res["done"] == 3
+    assert sent == [(FakeProc.pid, campaign.signal.SIGINT)]
