@@ -36,10 +36,12 @@ from . import prereg as prereg_mod
 
 SCHEMA = 1
 FINISHED = ("ok", "failed")
-# Measured here (issue 36's runs): a run's first network ~90 s (keys), each later repetition
-# ~20 s to come up and tear down besides its duration. Replaced by the records' own times
-# once an experiment has some (``estimate``).
-FIRST_BRINGUP_S, PER_REP_OVERHEAD_S = 90.0, 20.0
+# Measured here: the --smoke session (2 repetitions of 45 s, relay keys cached) took 161 s,
+# its records 2 x 61 s from bring-up to the workload's end: ~20 s per repetition to come up
+# and tear down besides its duration, ~30 s per run besides (process start, tor builds
+# checked, files generated). A machine without cached keys pays about a minute more once.
+# The per-repetition overhead is replaced by the records' own once an experiment has some.
+FIRST_BRINGUP_S, PER_REP_OVERHEAD_S = 30.0, 20.0
 POLL_S = 10.0
 
 
@@ -212,9 +214,15 @@ def scenario_duration_s(repo: Path, scenario: str) -> float:
 
 
 def _rep_seconds(records: Records, exp: str, duration_s: float) -> tuple[float, str]:
-    secs = [r["timing"]["seconds"] for r in records.all(exp) if (r.get("timing") or {}).get("seconds")]
-    if secs:
-        return float(np.mean(secs)) + PER_REP_OVERHEAD_S / 2, f"measured ({len(secs)} repetitions)"
+    """One repetition's machine time: ``duration_s`` plus its overhead - measured from the
+    records of repetitions that ran to their end (bring-up to the end of the workload, minus
+    the workload's duration; tear-down, about half of PER_REP_OVERHEAD_S, comes after) where
+    there are some, so records of another duration (--smoke) still calibrate it; else the
+    model's PER_REP_OVERHEAD_S."""
+    over = [r["timing"]["seconds"] - r["timing"]["duration_s"] for r in records.all(exp)
+            if r.get("status") == "ok" and (r.get("timing") or {}).get("seconds") and r["timing"].get("duration_s")]
+    if over:
+        return duration_s + float(np.mean(over)) + PER_REP_OVERHEAD_S / 2, f"measured overhead ({len(over)} repetitions)"
     return duration_s + PER_REP_OVERHEAD_S, "model"
 
 
@@ -237,7 +245,9 @@ def estimate(prereg, records: Records, repo: Path, only=None, duration_s: float 
         def cost(n):
             left = max(0, n - done)
             return left * block + (FIRST_BRINGUP_S if left else 0.0)
-        rows[name] = {"block_s": block, "basis": basis, "done": done, "pilot_s": cost(e.pilot_blocks),
+        model = len(e.variants) * (PER_REP_OVERHEAD_S + (duration_s or scenario_duration_s(repo, e.scenario)))
+        rows[name] = {"block_s": block, "model_block_s": model, "basis": basis, "done": done,
+                      "pilot_s": cost(e.pilot_blocks),
                       "planned_s": cost(planned), "max_s": cost(e.max_blocks)}
         for k in tot:
             tot[k] += rows[name][k]
