@@ -14,13 +14,14 @@ estimate made at its start, blocks run), so the estimate can be checked against 
 
 Public API: ``Records(root)``, ``harvest(run_dir, exp, comps, records, offset) -> int``,
 ``plan(prereg, records) -> dict``, ``estimate(prereg, records, repo) -> dict``,
-``run_experiment(...)``.
+``finished_blocks(run_dir) -> int``, ``run_experiment(...)``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import signal
 import socket
@@ -288,17 +289,52 @@ def _run_dir_of(entry: dict) -> Path | None:
     return dirs[0] if len(dirs) == 1 else None
 
 
+def finished_blocks(run_dir: Path) -> int:
+    """Leading blocks of ``run_dir`` whose repetitions all finished (cheap: meta.json only)."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    n = 0
+    for k in range(int(info.get("repetitions") or 0)):
+        for v in info.get("variants") or []:
+            try:
+                if json.loads((run_dir / v / f"rep-{k}" / "meta.json").read_text()).get("status") not in FINISHED:
+                    return n
+            except (OSError, ValueError):
+                return n
+        n += 1
+    return n
+
+
+def _harvest_niced(run_dir: Path, exp: str, comps, records: Records, offset: int, smoke: bool) -> None:
+    """``harvest`` in a child process at the lowest priority: it runs while the next
+    repetition measures, and on a small machine its CPU would be load the run did not ask
+    for (the run itself is never niced; its CPU gate records what others used)."""
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_niced, args=(run_dir, exp, comps, records.root, offset, smoke))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"campaign: recording {run_dir} failed (exit {child.exitcode}); see above")
+
+
+def _niced(run_dir, exp, comps, root, offset, smoke) -> None:
+    os.nice(19)
+    harvest(run_dir, exp, comps, Records(root), offset, smoke)
+
+
 def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Path,
                    duration: str | None = None, smoke: bool = False) -> dict:
-    """Run (or resume) one experiment until its plan concludes: harvest records as
-    repetitions finish, re-plan after every complete block, stop `torbed run` (SIGINT to the
-    process group it was started in) once the planned blocks are recorded."""
+    """Run (or resume) one experiment until its plan concludes: record each block as it
+    completes (niced), re-plan, and stop `torbed run` (SIGINT to the process group it was
+    started in) once the planned blocks are recorded."""
     e, comps = prereg.experiments[exp], prereg.of_experiment(exp)
     p = plan(prereg, records)[exp]
     if p["concluded"]:
         return p
     proc, entry = _launch(prereg, exp, records, runs_root, repo, duration, e.max_blocks - p["done"])
-    registered = entry.get("path") is not None
+    registered, seen = entry.get("path") is not None, -1
     try:
         while True:
             rc = proc.poll()
@@ -307,7 +343,10 @@ def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Pa
                 entry["path"] = str(run_dir)
                 records.add_run(exp, entry)
                 registered = True
-            if run_dir is not None and harvest(run_dir, exp, comps, records, entry["offset"], smoke):
+            fb = finished_blocks(run_dir) if run_dir is not None else 0
+            if run_dir is not None and (fb > seen or rc is not None):
+                seen = fb
+                _harvest_niced(run_dir, exp, comps, records, entry["offset"], smoke)
                 p = plan(prereg, records)[exp]
                 print(f"campaign: {exp}: {p['done']} complete block(s), planned {p['planned']} "
                       f"(maximum {p['max']})", flush=True)

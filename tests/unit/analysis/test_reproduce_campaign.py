@@ -185,3 +185,15 @@ def test_a_run_still_going_is_stopped_once_the_plan_has_concluded(tmp_path, fake
     res = campaign.run_experiment(P, EXP, rec, tmp_path / "runs", reproduce.REPO)
     assert res["concluded"] and res["done"] == 3
     assert sent == [(FakeProc.pid, campaign.signal.SIGINT)]
+
+
+def test_finished_blocks_counts_leading_blocks_whose_repetitions_all_ended(tmp_path):
+    run = golden_copy(tmp_path / "golden-run")
+    assert campaign.finished_blocks(run) == 3                  # a failed repetition has ended too
+    meta = run / "vanilla" / "rep-1" / "meta.json"
+    m = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**m, "status": "running"}))
+    assert campaign.finished_blocks(run) == 1
+    (run / "ewma-66" / "rep-0" / "meta.json").unlink()
+    assert campaign.finished_blocks(run) == 0
+    assert campaign.finished_blocks(tmp_path / "nothing") == 0
