@@ -53,10 +53,15 @@ METHOD = [
     "(variant / baseline) of the repetition's statistic (median for times, wait per cell for queue wait, "
     "mean delay per cell for replays, maximum 30 s moving average for throughput); only complete blocks "
     "count, and a repetition that failed or that a mechanism gate rejected drops its pairs.",
-    "- **Direction**: \"agrees\" needs the paper's sign with p < 0.05, Holm-adjusted over the primaries for a "
-    "primary; a significant change of the other sign disagrees.",
+    "- **Direction**: \"agrees\" needs the paper's sign with p < 0.05, for a primary Holm-adjusted over all "
+    "five primaries (one not yet testable counts as p = 1, so an interim page never adjusts over fewer); "
+    "a significant change of the other sign disagrees.",
     "- **Rough size**: agrees when the 90% interval of log(ours / paper's) lies within ±log 2 (two one-sided "
-    "tests at 5%), differs when it lies wholly outside, and is inconclusive otherwise.",
+    "tests at 5%), ours and the paper's being the effects as log ratios, so ours is between half and twice "
+    "the paper's (for -32.7%: -18% to -55%; for 3.1x: 1.8x to 9.6x; never no change at all, which as a "
+    "ratio of ratios would lie within a factor 2 of any change from -50% to +100%); it differs when the "
+    "interval lies wholly outside, and is inconclusive otherwise. Not Holm-adjusted (it is a statement "
+    "about size, read beside the direction).",
     "- **No change** is claimed only by the equivalence test (TOST at 5%, margin ±10%: the ratio within a "
     "factor 1.1), never from a wide interval; for a paper claiming a change, a change shown to be within "
     "the margin disagrees.",
