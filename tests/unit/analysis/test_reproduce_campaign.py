@@ -5,6 +5,7 @@ from records only, the machine-time estimate."""
 import json
 import shutil
 import socket
+import sys
 
 import pytest
 
@@ -129,6 +130,7 @@ def test_a_campaign_session_runs_records_and_concludes(tmp_path, fake_torbed):
     res = campaign.run_experiment(pilot, EXP, rec, tmp_path / "runs", reproduce.REPO)
     cmd = fake_torbed.launched[0]
     assert "--resume" not in cmd and cmd[cmd.index("--repetitions") + 1] == str(P.experiments[EXP].max_blocks)
+    assert cmd[0] == sys.executable and "nice" not in cmd      # a measurement never runs at a lower priority
     assert res["done"] == 3 and res["concluded"]               # the golden run's spread is tiny
     assert rec.runs(EXP)[0]["offset"] == 0 and rec.runs(EXP)[0]["host"] == socket.gethostname()
     # Concluded: the next session starts nothing.
