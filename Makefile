@@ -90,11 +90,10 @@ images-test: images  ## tests/images against the built images
 bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost, mtrelay throughput); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
 
-# Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Hours: it prints its
-# estimate for the chosen settings first (`$(BIN)/python -m torbed.analysis.reproduce --dry-run`
-# prints only that); resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
-# only (REPRODUCE_ONLY=name,... to choose), runs in runs/reproduce-quick/, document labelled so.
-# REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
+# Seed papers' pre-registered comparisons (analysis/preregistration.yaml) -> one record per finished
+# repetition under docs/reproduction/records/ -> docs/reproduction.md (analysis/campaign.py).
+# Many hours in all: run it again in every session until each experiment has concluded; Ctrl-C
+# is safe. `$(BIN)/python -m torbed.analysis.reproduce --estimate` prints the machine time left.
 # Not niced: a measurement must never run at a lower priority than other load (it would
 # measure that load); `torbed run` warns when the machine is busy (torbed/hostload.py).
 reproduce: setup  ## one session of the papers' pre-registered campaign (resumes from docs/reproduction/records); RENDER_ONLY=1: only re-render docs/reproduction.md
