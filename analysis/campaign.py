@@ -125,7 +125,7 @@ def _provenance(info: dict, meta: dict, variant: str) -> dict:
     host = info.get("host") or {}
     return {"scenario_sha256": (info.get("fingerprint") or {}).get("scenario_sha256"),
             "tor_version": build.get("tor_version") or info.get("tor_version"), "tor_sha256": build.get("tor_sha256"),
-            "torbed_version": info.get("torbed_version"), "torbed_commit": sess.get("commit"),
+            "torbed_version": info.get("torbed_version"), "torbed_commit": sess.get("torbed_commit") or info.get("torbed_commit"),
             "host": host.get("hostname"), "cpus": host.get("cpus"), "arch": host.get("arch")}
 
 

@@ -199,3 +199,12 @@ def test_finished_blocks_counts_leading_blocks_whose_repetitions_all_ended(tmp_p
     (run / "ewma-66" / "rep-0" / "meta.json").unlink()
     assert campaign.finished_blocks(run) == 0
     assert campaign.finished_blocks(tmp_path / "nothing") == 0
+
+
+def test_provenance_names_the_commit_each_session_ran():
+    """The record's torbed_commit is the last session's (run.json sessions[].torbed_commit)."""
+    from torbed.analysis import campaign
+    info = {"sessions": [{"torbed_commit": "aaa"}, {"torbed_commit": "bbb-dirty"}], "torbed_version": "0.1.0",
+            "fingerprint": {"scenario_sha256": "f" * 64}, "host": {"hostname": "h", "cpus": 2, "arch": "x86_64"}}
+    p = campaign._provenance(info, {"builds": {"kist": {"tor_version": "0.4.9.11"}}}, "kist")
+    assert p["torbed_commit"] == "bbb-dirty" and p["tor_version"] == "0.4.9.11" and p["cpus"] == 2
