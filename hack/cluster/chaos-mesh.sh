@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Chaos Mesh's controller-manager, built from its Go module, for the local e2e cluster.
 #
-#   hack/chaos-mesh.sh build        build (once) the binary and an image FROM scratch into
+#   hack/cluster/chaos-mesh.sh build        build (once) the binary and an image FROM scratch into
 #                                   $CACHE/k8s/chaos-mesh-<version>/; prints the image tarball
-#   hack/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run the controller-manager in
+#   hack/cluster/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run the controller-manager in
 #                                   namespace chaos-mesh (KUBECONFIG must point at the cluster;
-#                                   on the local cluster, `hack/cluster.sh load-image TARBALL` first)
-#   hack/chaos-mesh.sh down         remove what `up` created (the CRDs too)
-#   hack/chaos-mesh.sh image        print the image name
+#                                   on the local cluster, `hack/cluster/cluster.sh load-image TARBALL` first)
+#   hack/cluster/chaos-mesh.sh down         remove what `up` created (the CRDs too)
+#   hack/cluster/chaos-mesh.sh image        print the image name
 #
 # Only the controller runs: it carries out PodChaos pod-kill (and pod-failure) through the
 # API server. chaos-daemon, which container-kill and every network/stress/IO fault need, is
@@ -18,10 +18,10 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
-. "$HERE/cluster/common.sh"
+. "$HERE/common.sh"
 
-# Same pin as hack/k8s-tools.sh (whose CRDs validate our chart's chaos objects).
-CHAOS_MESH_VERSION=$(sed -n 's/^CHAOS_MESH_VERSION=\([^ ]*\).*/\1/p' "$HERE/k8s-tools.sh")
+# Same pin as hack/chart/k8s-tools.sh (whose CRDs validate our chart's chaos objects).
+CHAOS_MESH_VERSION=$(sed -n 's/^CHAOS_MESH_VERSION=\([^ ]*\).*/\1/p' "$HERE/../chart/k8s-tools.sh")
 # The module's go.mod replaces github.com/chaos-mesh/chaos-mesh/api with ./api, but a nested
 # module is not part of the parent's module zip, and the proxy refuses the api module at the
 # same commit (403 "not available"). The nearest version it serves (its @latest when this was
@@ -78,7 +78,7 @@ cmd_build() {
     die "go build ./cmd/chaos-controller-manager failed; see $CACHE/k8s/logs/build-chaos-mesh.log: $(tail -5 "$out/build.log")"
   fi
   rm -rf "$src"
-  "$HERE/cluster/mkimage.sh" "$out/chaos-controller-manager.tar" "$IMAGE" "$out/rootfs" /chaos-controller-manager
+  "$HERE/mkimage.sh" "$out/chaos-controller-manager.tar" "$IMAGE" "$out/rootfs" /chaos-controller-manager
   rm -rf "$DIR"
   mv "$out" "$DIR"
   touch "$DIR/.done"

@@ -3,24 +3,24 @@
 # request a second one that stands for a Raspberry Pi.
 #
 # Usage (as root):
-#   hack/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
-#   hack/cluster.sh up                  build if needed, start the cluster, wait until the node is
+#   hack/cluster/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
+#   hack/cluster/cluster.sh up                  build if needed, start the cluster, wait until the node is
 #                                       Ready and cluster DNS answers from a pod
-#   hack/cluster.sh down [--purge]      stop everything `up` started and remove its leftovers
+#   hack/cluster/cluster.sh down [--purge]      stop everything `up` started and remove its leftovers
 #                                       (--purge: also the certificates and the image store)
-#   hack/cluster.sh status              what runs, API/node/DNS health, resident memory
-#   hack/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
+#   hack/cluster/cluster.sh status              what runs, API/node/DNS health, resident memory
+#   hack/cluster/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
 #                                       cluster's containerd
-#   hack/cluster.sh add-pi              add a second node, an emulated Raspberry Pi: arm64
+#   hack/cluster/cluster.sh add-pi              add a second node, an emulated Raspberry Pi: arm64
 #                                       images under qemu-user, labelled and tainted like a
 #                                       Pi, its own namespace, containerd, kubelet, kube-proxy
 #                                       and pod CIDR (hack/cluster/pi.sh); `down` removes it
-#   hack/cluster.sh remove-pi           remove that node and everything it made
-#   hack/cluster.sh load-image --node pi IMG...
+#   hack/cluster/cluster.sh remove-pi           remove that node and everything it made
+#   hack/cluster/cluster.sh load-image --node pi IMG...
 #                                       the same into the Pi's containerd; an -arm64 tag is
 #                                       also stored under its plain tag (the chart's)
-#   hack/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
-#   hack/cluster.sh env                 print `export KUBECONFIG=...`
+#   hack/cluster/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
+#   hack/cluster/cluster.sh env                 print `export KUBECONFIG=...`
 #
 # The cluster is upstream Kubernetes built from source (kind, k3s and friends are not
 # obtainable here): etcd, a containerd of its own with CRI, kube-apiserver,
@@ -38,7 +38,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
-. "$HERE/cluster/common.sh"
+. "$HERE/common.sh"
 
 STATE=${TORBED_K8S_STATE:-/var/lib/torbed-k8s}
 RUN=/run/torbed-k8s
@@ -74,7 +74,7 @@ kc() { "${KUBECTL[@]}" "$@"; }
 ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
 
 # shellcheck source=hack/cluster/pi.sh
-. "$HERE/cluster/pi.sh"
+. "$HERE/pi.sh"
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts a kubelet, containerd and changes iptables)"; }
 
@@ -83,7 +83,7 @@ lock() {
   [ -z "${LOCKED:-}" ] || return 0   # `up` runs `down` while holding it
   LOCKED=1
   exec 8>/run/lock/torbed-k8s.lock
-  flock -w 300 8 || die "another hack/cluster.sh up/down still runs after 300 s (/run/lock/torbed-k8s.lock)"
+  flock -w 300 8 || die "another hack/cluster/cluster.sh up/down still runs after 300 s (/run/lock/torbed-k8s.lock)"
 }
 
 # ---------------------------------------------------------------- host preparation
@@ -277,7 +277,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
-  # Registries by host (hosts.toml): the local one of hack/registry.sh speaks plain HTTP.
+  # Registries by host (hosts.toml): the local one of hack/images/registry.sh speaks plain HTTP.
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$CONF/certs.d"
 EOF
@@ -448,7 +448,7 @@ import_image() {
 
 # ---------------------------------------------------------------- commands
 
-cmd_build() { "$HERE/cluster/build.sh" all; }
+cmd_build() { "$HERE/build.sh" all; }
 
 cmd_up() {
   need_root
@@ -461,7 +461,7 @@ cmd_up() {
   fi
   mkdir -p "$STATE" "$LOGS"
   install_packages
-  "$HERE/cluster/build.sh" all
+  "$HERE/build.sh" all
   t0=$(now)  # bring-up time excludes the (cached) build
   # Anything half-started or left by a killed run goes first.
   cmd_down --quiet
@@ -541,7 +541,7 @@ cmd_up() {
 
   wait_for "node $node Ready" "$LOGS/kubelet.log" kubelet node_ready "$node"
   wait_for "default service account" "$LOGS/kube-controller-manager.log" kube-controller-manager sa_ready
-  sed -e "s#__COREDNS_IMAGE__#$COREDNS_IMAGE#" -e "s#__DNS_IP__#$DNS_IP#" "$HERE/cluster/coredns.yaml" \
+  sed -e "s#__COREDNS_IMAGE__#$COREDNS_IMAGE#" -e "s#__DNS_IP__#$DNS_IP#" "$HERE/coredns.yaml" \
     | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "deploying CoreDNS failed; see $LOGS/kubectl.log"
   wait_for "CoreDNS ready" "$LOGS/kubelet.log" kubelet coredns_ready
   dns_check
@@ -594,7 +594,7 @@ spec:
 }
 
 up_failed() {
-  [ "$1" = 0 ] || log "bring-up failed: components may still run (hack/cluster.sh status); logs in $LOGS; hack/cluster.sh down removes it all"
+  [ "$1" = 0 ] || log "bring-up failed: components may still run (hack/cluster/cluster.sh status); logs in $LOGS; hack/cluster/cluster.sh down removes it all"
 }
 
 # A pod resolves the API server's Service by its short name (the pod's search list) through
@@ -821,14 +821,14 @@ cmd_env() { echo "export KUBECONFIG=$KUBECONFIG_PATH"; }
 cmd_load_image() {
   need_root
   if [ "${1:-}" = --node ]; then
-    [ "${2:-}" = pi ] || die "load-image: --node takes 'pi' (the node of hack/cluster.sh add-pi)"
+    [ "${2:-}" = pi ] || die "load-image: --node takes 'pi' (the node of hack/cluster/cluster.sh add-pi)"
     shift 2
     [ $# -gt 0 ] || die "load-image: name at least one image"
     load_image_pi "$@"
     return
   fi
   [ $# -gt 0 ] || die "load-image: name at least one image (or docker-save tarball)"
-  pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster.sh up)"
+  pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster/cluster.sh up)"
   local refs=() a t0
   t0=$(now)
   for a in "$@"; do
@@ -840,8 +840,8 @@ cmd_load_image() {
     fi
   done
   if [ ${#refs[@]} -gt 0 ]; then
-    command -v docker >/dev/null || die "load-image: docker is not installed (hack/docker.sh)"
-    timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/docker.sh)"
+    command -v docker >/dev/null || die "load-image: docker is not installed (hack/images/docker.sh)"
+    timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/images/docker.sh)"
     local todo=() skipped=() id have
     have=$(ctr_ images ls -q 2>/dev/null)
     mkdir -p "$STATE/loaded"
@@ -867,7 +867,7 @@ cmd_load_image() {
   fi
 }
 
-cmd_smoke() { "$HERE/cluster/smoke.sh"; }
+cmd_smoke() { "$HERE/smoke.sh"; }
 
 # In a function so bash has read the whole file before anything runs (safe to edit meanwhile).
 main() {

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # variables for the scripts that source this
-# Shared settings of hack/cluster.sh and hack/cluster/build.sh (sourced, not run).
+# Shared settings of hack/cluster/cluster.sh and hack/cluster/build.sh (sourced, not run).
 # Everything version-dependent lives here so a version bump is one edit and a new cache key.
 
 K8S_VERSION=v1.33.13
@@ -13,7 +13,7 @@ K8S_DIR=$CACHE/k8s/$K8S_VERSION
 K8S_BIN=$K8S_DIR/bin
 COREDNS_DIR=$CACHE/k8s/coredns-$COREDNS_VERSION
 # The pause image is keyed by its source so an edit rebuilds it.
-PAUSE_KEY=$(sha256sum "$(dirname "${BASH_SOURCE[0]}")/../pause/pause.c" | cut -c1-12)
+PAUSE_KEY=$(sha256sum "$(dirname "${BASH_SOURCE[0]}")/pause/pause.c" | cut -c1-12)
 PAUSE_DIR=$CACHE/k8s/pause-$PAUSE_KEY
 # The toolbox image (static busybox + hack/cluster/netcheck) is keyed by netcheck's source.
 TOOLBOX_KEY=$(cat "$(dirname "${BASH_SOURCE[0]}")"/netcheck/* | sha256sum | cut -c1-12)

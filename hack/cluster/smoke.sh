@@ -15,7 +15,7 @@ kc() { "${KUBECTL[@]}" "$@"; }
 log() { printf '[smoke] %s\n' "$*" >&2; }
 die() { printf '[smoke] FAILED: %s\n' "$*" >&2; exit 1; }
 
-[ -x "$K8S_BIN/kubectl" ] && [ -f "$STATE/kubeconfig" ] || die "no cluster (hack/cluster.sh up)"
+[ -x "$K8S_BIN/kubectl" ] && [ -f "$STATE/kubeconfig" ] || die "no cluster (hack/cluster/cluster.sh up)"
 t0=$(now)
 cleanup() { [ -n "${TORBED_SMOKE_KEEP:-}" ] || kc delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1 || true; }
 trap cleanup EXIT

@@ -2,9 +2,9 @@
 # docker.sh - make a working Docker engine available (idempotent, quick when it already is).
 #
 # Usage:
-#   hack/docker.sh            ensure a reachable daemon (install Debian's docker.io and start
+#   hack/images/docker.sh            ensure a reachable daemon (install Debian's docker.io and start
 #                             dockerd in the background when needed)
-#   hack/docker.sh --client   the same, then print the path of a docker client that can run
+#   hack/images/docker.sh --client   the same, then print the path of a docker client that can run
 #                             BuildKit builds against it (see "Clients" below)
 #
 # Environment:
@@ -103,7 +103,7 @@ if [ -z "$pid" ]; then
   log "starting dockerd (log: $LOG)"
   # setsid: the daemon outlives this script and the make that ran it, and a Ctrl-C in the
   # caller's terminal does not reach it.
-  printf '\n--- %s hack/docker.sh starts dockerd\n' "$(date -u +%FT%TZ)" >>"$LOG"
+  printf '\n--- %s hack/images/docker.sh starts dockerd\n' "$(date -u +%FT%TZ)" >>"$LOG"
   (cd / && exec setsid dockerd --host="unix://$SOCK" >>"$LOG" 2>&1 </dev/null) &
   pid=$!
 else

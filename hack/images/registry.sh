@@ -2,13 +2,13 @@
 # registry.sh - a local OCI registry for torbed's images and chart (Debian's docker-registry).
 #
 # Usage:
-#   hack/registry.sh up       install docker-registry if missing and serve on $ADDR (idempotent)
-#   hack/registry.sh down     stop it (the stored images stay in $STATE/data)
-#   hack/registry.sh status   print whether it answers, exit 0 if so
-#   hack/registry.sh purge    stop it and delete everything stored
+#   hack/images/registry.sh up       install docker-registry if missing and serve on $ADDR (idempotent)
+#   hack/images/registry.sh down     stop it (the stored images stay in $STATE/data)
+#   hack/images/registry.sh status   print whether it answers, exit 0 if so
+#   hack/images/registry.sh purge    stop it and delete everything stored
 #
 # It listens on loopback only and speaks plain HTTP: the Docker daemon and the local
-# cluster's containerd (hack/cluster.sh) treat 127.0.0.1:5000 as an HTTP registry. Push with
+# cluster's containerd (hack/cluster/cluster.sh) treat 127.0.0.1:5000 as an HTTP registry. Push with
 # `make images-push` (multi-arch tags + the chart as an OCI artifact).
 #
 # Environment:
