@@ -10,13 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 
-HELM_VERSION=v3.22.0
-UNITTEST_VERSION=v1.1.2
-KUBECONFORM_VERSION=v0.8.0
-K8S_SCHEMA_VERSION=v1.33.13          # kubernetes module whose swagger.json becomes the schemas
+# The pins (HELM_VERSION, UNITTEST_VERSION, KUBECONFORM_VERSION, K8S_SCHEMA_VERSION,
+# PROM_OPERATOR_VERSION, CHAOS_MESH_VERSION) and now/elapsed.
+# shellcheck source=hack/versions.env
+. hack/versions.env
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
 KUBE_MAJOR=1 KUBE_MINOR=33           # what helm reports as .Capabilities.KubeVersion (v1.33.0)
-PROM_OPERATOR_VERSION=v0.85.0        # PodMonitor / ServiceMonitor CRDs
-CHAOS_MESH_VERSION=v0.9.1-0.20260902003049-47411975a8cb   # @latest: the proxy lists no tagged version
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
 TOOLS=$CACHE/tools
@@ -60,8 +60,6 @@ export CGO_ENABLED=0
 GOARCH_HOST=$(go env GOARCH)
 GOOS_HOST=$(go env GOOS)
 
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # step NAME DIR FUNCTION: run FUNCTION to fill DIR.tmp, then move it to DIR (so an
 # interrupted build never looks finished).

@@ -16,8 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
 . "$HERE/common.sh"
 
-log() { printf '[cluster-build] %s\n' "$*" >&2; }
-die() { printf '[cluster-build] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=cluster-build
 
 command -v go >/dev/null || die "go is required (Go 1.24+ for Kubernetes $K8S_VERSION)"
 mkdir -p "$CACHE/k8s"

@@ -20,13 +20,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
 . "$HERE/common.sh"
 
-# Same pin as hack/chart/k8s-tools.sh (whose CRDs validate our chart's chaos objects).
-CHAOS_MESH_VERSION=$(sed -n 's/^CHAOS_MESH_VERSION=\([^ ]*\).*/\1/p' "$HERE/../chart/k8s-tools.sh")
-# The module's go.mod replaces github.com/chaos-mesh/chaos-mesh/api with ./api, but a nested
-# module is not part of the parent's module zip, and the proxy refuses the api module at the
-# same commit (403 "not available"). The nearest version it serves (its @latest when this was
-# written, 4 days newer) is pinned instead.
-CHAOS_MESH_API_VERSION=v0.0.0-20260906172039-d70b66ad97ac
+# CHAOS_MESH_VERSION and CHAOS_MESH_API_VERSION: hack/versions.env (via common.sh).
 SHORT=${CHAOS_MESH_VERSION##*-}
 # IMAGE_REV: bump when the image's layout (not the versions) changes.
 IMAGE_REV=1
@@ -34,8 +28,7 @@ DIR=$CACHE/k8s/chaos-mesh-$SHORT-api-${CHAOS_MESH_API_VERSION##*-}-r$IMAGE_REV
 IMAGE=localhost/torbed/chaos-controller-manager:$SHORT
 NS=chaos-mesh
 
-log() { printf '[chaos-mesh] %s\n' "$*" >&2; }
-die() { printf '[chaos-mesh] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=chaos-mesh
 
 moddir() {
   local info

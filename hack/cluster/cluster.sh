@@ -66,8 +66,7 @@ ETCD_PEER=127.0.0.1:23800
 COMPONENTS="etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
 APT_PACKAGES="etcd-server containerd runc containernetworking-plugins iptables conntrack socat ebtables openssl curl"
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
-die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=cluster
 
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
 kc() { "${KUBECTL[@]}" "$@"; }

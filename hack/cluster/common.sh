@@ -1,11 +1,11 @@
 # shellcheck shell=bash disable=SC2034  # variables for the scripts that source this
 # Shared settings of hack/cluster/cluster.sh and hack/cluster/build.sh (sourced, not run).
-# Everything version-dependent lives here so a version bump is one edit and a new cache key.
+# The versions come from hack/versions.env; a bump there is a new cache key here.
 
-K8S_VERSION=v1.33.13
-K8S_STAGING_VERSION=v0.33.13          # the staging modules (k8s.io/api, client-go, ...) of K8S_VERSION
-K8S_SAMPLE_APISERVER_VERSION=v0.33.3  # k8s.io/sample-apiserver has no v0.33.13 on the proxy
-COREDNS_VERSION=v1.14.7
+# shellcheck source=hack/versions.env
+. "$(dirname "${BASH_SOURCE[0]}")/../versions.env"
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
@@ -24,6 +24,3 @@ TOOLBOX_DIR=$CACHE/k8s/toolbox-$TOOLBOX_KEY
 PAUSE_IMAGE=localhost/torbed/pause:1.0
 COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
 TOOLBOX_IMAGE=localhost/torbed/toolbox:1
-
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }

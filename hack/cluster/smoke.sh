@@ -12,7 +12,8 @@ TIMEOUT=${TORBED_K8S_TIMEOUT:-180}
 NS=torbed-smoke
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$STATE/kubeconfig")
 kc() { "${KUBECTL[@]}" "$@"; }
-log() { printf '[smoke] %s\n' "$*" >&2; }
+LOG_TAG=smoke
+# A failed check, not a broken script: says FAILED rather than lib.sh's ERROR.
 die() { printf '[smoke] FAILED: %s\n' "$*" >&2; exit 1; }
 
 [ -x "$K8S_BIN/kubectl" ] && [ -f "$STATE/kubeconfig" ] || die "no cluster (hack/cluster/cluster.sh up)"

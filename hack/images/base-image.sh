@@ -34,8 +34,9 @@ CACHE_ROOT=${TORBED_CACHE:-${HOME:-/root}/.cache/torbed}
 MIRROR=${TORBED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${TORBED_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 
-log() { printf '[base-image] %s\n' "$*" >&2; }
-die() { printf '[base-image] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=base-image
 
 HOST_ARCH=$(dpkg --print-architecture)
 ARCH=$HOST_ARCH

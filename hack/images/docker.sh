@@ -27,8 +27,9 @@ LOG=${TORBED_DOCKERD_LOG:-/var/log/torbed-dockerd.log}
 TIMEOUT=${TORBED_DOCKERD_TIMEOUT:-90}
 LOCK=/run/lock/torbed-docker.lock
 
-log() { printf '[docker] %s\n' "$*" >&2; }
-die() { printf '[docker] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=docker
 
 PRINT_CLIENT=0
 case "${1:-}" in

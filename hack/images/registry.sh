@@ -23,8 +23,9 @@ STATE=${TORBED_REGISTRY_STATE:-/var/lib/torbed-registry}
 PID=$STATE/registry.pid
 LOG=$STATE/registry.log
 
-log() { printf '[registry] %s\n' "$*" >&2; }
-die() { printf '[registry] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=registry
 
 answers() { curl -fsS --max-time 3 "http://$ADDR/v2/" >/dev/null 2>&1; }
 
