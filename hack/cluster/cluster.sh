@@ -177,24 +177,9 @@ mkcert() {
 
 # kubeconfig FILE CERTNAME [SERVER]: a kubeconfig authenticating with PKI/CERTNAME.{crt,key}.
 kubeconfig() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: torbed-k8s
-    cluster:
-      server: ${3:-https://127.0.0.1:$API_PORT}
-      certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
-users:
-  - name: $2
-    user:
-      client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
-      client-key-data: $(base64 -w0 "$PKI/$2.key")
-contexts:
-  - name: torbed-k8s
-    context: {cluster: torbed-k8s, user: $2}
-current-context: torbed-k8s
-EOF
+  render kubeconfig.yaml SERVER="${3:-https://127.0.0.1:$API_PORT}" USER="$2" \
+    CA_DATA="$(base64 -w0 "$PKI/ca.crt")" CERT_DATA="$(base64 -w0 "$PKI/$2.crt")" \
+    KEY_DATA="$(base64 -w0 "$PKI/$2.key")" >"$1"
   chmod 600 "$1"
 }
 
@@ -243,51 +228,11 @@ make_pki() {
 write_configs() {
   local node=$1 ip=$2
   mkdir -p "$CONF" "$STATE/cni/net.d" "$STATE/containerd/root"
-  cat >"$CONF/containerd.toml" <<EOF
-# The cluster's own containerd: separate root, state and socket from Docker's.
-version = 2
-root = "$STATE/containerd/root"
-state = "$RUN/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = "$CTRD_SOCK"
-[ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$STATE/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  # No CAP_SYS_RESOURCE here: containers may not lower their oom_score_adj below ours.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        # cgroup v1 without a systemd manager: the kubelet uses cgroupfs too.
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$STATE/cni/net.d"
-  # Registries by host (hosts.toml): the local one of hack/images/registry.sh speaks plain HTTP.
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$CONF/certs.d"
-EOF
+  render containerd.toml STATE="$STATE" RUN="$RUN" CTRD_SOCK="$CTRD_SOCK" PAUSE_IMAGE="$PAUSE_IMAGE" \
+    CONF="$CONF" >"$CONF/containerd.toml"
   local reg=${TORBED_REGISTRY_ADDR:-127.0.0.1:5000}
   mkdir -p "$CONF/certs.d/$reg"
-  cat >"$CONF/certs.d/$reg/hosts.toml" <<EOF
-server = "http://$reg"
-[host."http://$reg"]
-  capabilities = ["pull", "resolve"]
-  skip_verify = true
-EOF
+  render registry-hosts.toml REGISTRY="$reg" >"$CONF/certs.d/$reg/hosts.toml"
 
   # bridge: pods on cni0 (masqueraded only toward addresses outside the cluster's pod
   # network: masquerade in hack/cluster/pi.sh). firewall: Docker sets the FORWARD policy to
@@ -298,49 +243,9 @@ EOF
   # stray lookup fails at once (the machine has no upstream DNS).
   echo "nameserver 127.0.0.1" >"$CONF/resolv.conf"
 
-  cat >"$CONF/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: "$PKI/ca.crt"}
-authorization: {mode: Webhook}
-tlsCertFile: "$PKI/kubelet-serving.crt"
-tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
-containerRuntimeEndpoint: "unix://$CTRD_SOCK"
-# cgroup v1 host without systemd as cgroup manager.
-cgroupDriver: cgroupfs
-failCgroupV1: false
-clusterDomain: cluster.local
-clusterDNS: ["$DNS_IP"]
-resolvConf: "$CONF/resolv.conf"
-failSwapOn: false
-# A shared build machine's disk is often fairly full: do not let disk pressure taint the node
-# or garbage-collect the pause/CoreDNS images (they cannot be pulled back).
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-registerNode: true
-maxPods: 250
-EOF
+  render kubelet.yaml PKI="$PKI" CTRD_SOCK="$CTRD_SOCK" DNS_IP="$DNS_IP" CONF="$CONF" >"$CONF/kubelet.yaml"
 
-  cat >"$CONF/kube-proxy.yaml" <<EOF
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$STATE/kubeconfigs/kube-proxy"}
-mode: iptables
-clusterCIDR: "$CLUSTER_CIDR"
-hostnameOverride: "$node"
-healthzBindAddress: "127.0.0.1:10256"
-metricsBindAddress: "127.0.0.1:10249"
-# Leave the host's conntrack sysctls alone (not writable here, and not ours to change).
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-# NodePorts on the node IP only; on 127.0.0.1 they would need route_localnet=1 on the host.
-nodePortAddresses: [primary]
-iptables: {localhostNodePorts: false}
-EOF
+  render kube-proxy.yaml STATE="$STATE" CLUSTER_CIDR="$CLUSTER_CIDR" NODE="$node" >"$CONF/kube-proxy.yaml"
 }
 
 # ---------------------------------------------------------------- processes

@@ -6,6 +6,7 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../versions.env"
 # shellcheck source=hack/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
@@ -24,3 +25,17 @@ TOOLBOX_DIR=$CACHE/k8s/toolbox-$TOOLBOX_KEY
 PAUSE_IMAGE=localhost/torbed/pause:1.0
 COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
 TOOLBOX_IMAGE=localhost/torbed/toolbox:1
+
+# render FILE NAME=VALUE...: hack/cluster/config/FILE on stdout, each __NAME__ replaced by VALUE.
+render() {
+  local file=$CLUSTER_DIR/config/$1 kv val args=(-e '')
+  shift
+  for kv in "$@"; do
+    val=${kv#*=}
+    val=${val//\\/\\\\}
+    val=${val//\#/\\#}
+    val=${val//&/\\&}
+    args+=(-e "s#__${kv%%=*}__#${val}#g")
+  done
+  sed "${args[@]}" "$file"
+}

@@ -63,29 +63,7 @@ masquerade() {
 cni_conflist() {
   local dir=$1 subnet=$2 ipam=$3
   mkdir -p "$dir"
-  cat >"$dir/10-torbed.conflist.tmp" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "$CNI_NET",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "$subnet"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "$ipam"
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "firewall"}
-  ]
-}
-EOF
+  render cni.conflist CNI_NET="$CNI_NET" SUBNET="$subnet" IPAM_DIR="$ipam" >"$dir/10-torbed.conflist.tmp"
   mv "$dir/10-torbed.conflist.tmp" "$dir/10-torbed.conflist"
 }
 
@@ -98,14 +76,8 @@ pi_configs() {
   grep -F "$PI_CTRD_SOCK" "$CONF/containerd-pi.toml" >/dev/null || die "could not derive $CONF/containerd-pi.toml"
   sed -e "s#$PKI/kubelet-serving#$PKI/kubelet-serving-pi#" -e "s#unix://$CTRD_SOCK#unix://$PI_CTRD_SOCK#" \
     "$CONF/kubelet.yaml" >"$CONF/kubelet-pi.yaml"
-  cat >>"$CONF/kubelet-pi.yaml" <<EOF
-# The Pi's own cgroup root and pod log directory (the main kubelet removes log directories
-# of pods it does not know under its own).
-cgroupRoot: /$PI_CGROUP
-podLogsDir: "$PI_STATE/pod-logs"
-registerWithTaints:
-  - {key: $PI_TAINT_KEY, value: $PI_TAINT_VALUE, effect: NoSchedule}
-EOF
+  render kubelet-pi.yaml PI_CGROUP="$PI_CGROUP" PI_STATE="$PI_STATE" PI_TAINT_KEY="$PI_TAINT_KEY" \
+    PI_TAINT_VALUE="$PI_TAINT_VALUE" >>"$CONF/kubelet-pi.yaml"
   sed -e "s#hostnameOverride: .*#hostnameOverride: \"$PI_NODE\"#" \
     -e "s#$STATE/kubeconfigs/kube-proxy#$STATE/kubeconfigs/kube-proxy-pi#" \
     "$CONF/kube-proxy.yaml" >"$CONF/kube-proxy-pi.yaml"
