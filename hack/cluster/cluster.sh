@@ -445,7 +445,7 @@ cmd_up() {
 
   wait_for "node $node Ready" "$LOGS/kubelet.log" kubelet node_ready "$node"
   wait_for "default service account" "$LOGS/kube-controller-manager.log" kube-controller-manager sa_ready
-  sed -e "s#__COREDNS_IMAGE__#$COREDNS_IMAGE#" -e "s#__DNS_IP__#$DNS_IP#" "$HERE/coredns.yaml" \
+  render coredns.yaml COREDNS_IMAGE="$COREDNS_IMAGE" DNS_IP="$DNS_IP" \
     | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "deploying CoreDNS failed; see $LOGS/kubectl.log"
   wait_for "CoreDNS ready" "$LOGS/kubelet.log" kubelet coredns_ready
   dns_check
