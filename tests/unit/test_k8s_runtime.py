@@ -275,9 +275,9 @@ def test_start_barrier_waits_for_every_client(tmp_path):
             assert r.status == 204
         body = post("/ready/web0")
         assert body["ready"] == 2 and body["t_workload"] > body["t_all_ready"]
-        from torbed.pods.client import wait_start
+        from torbed.pods.bringup import wait_start
         import time as _t
-        assert wait_start(url, "web0", _t.time() + 5) == body["t_workload"]
+        assert wait_start(url, node="web0", deadline=_t.time() + 5) == body["t_workload"]
 
 
 def test_start_barrier_also_waits_for_the_shapers(tmp_path):
