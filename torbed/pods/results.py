@@ -43,6 +43,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..errors import EXIT_OK
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 START_LEAD_S = 2.0
 
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.5)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from .. import shaping
+from ..errors import EXIT_FAILED, EXIT_OK
 from ..network import LinkSpec
 from . import load_scenario, log, plan
 
@@ -109,7 +110,7 @@ def _exit_now(*_) -> None:
     at the end of the loop's round, whose DNS look-ups and calls to the results service
     (being deleted too) held every shaped pod until its grace period ran out (30 s for a
     client pod deleted mid-run, 10 s for a relay)."""
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 def resolve(name: str) -> set[str]:
@@ -425,20 +426,20 @@ def fault_command(argv: list[str]) -> int:
         entry = (ack.get("faults") or {}).get(str(args.id))
         if args.action == "undo" and ack and entry is None:
             print(REPLY + json.dumps({"id": args.id, "undone": True, "took_s": round(time.time() - t0, 3)}))
-            return 0
+            return EXIT_OK
         if args.action == "apply" and entry and entry["nonce"] == nonce:
             err = entry["error"] or ack.get("filter_error")
             if err:
                 req_file.unlink(missing_ok=True)
                 print(f"fault {args.id}: {err}", file=sys.stderr)
-                return 1
+                return EXIT_FAILED
             print(REPLY + json.dumps({"id": args.id, "classes": entry["classes"], "addresses": entry["addresses"],
                                       "took_s": round(time.time() - t0, 3)}))
-            return 0
+            return EXIT_OK
         if time.time() - t0 > args.timeout:
             print(f"fault {args.id}: the shaper did not acknowledge the {args.action} within {args.timeout:g} s "
                   f"({args.state_dir / 'applied.json'})", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         time.sleep(0.05)
 
 
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = (" (this node's kernel lacks sch_netem: links with delay, jitter or loss need it)"
                 if "netem" in str(e).lower() or any(sp.needs_delay_emulation for sp in specs.values()) else "")
         log(f"shaper: cannot install the htb tree on {dev}: {e}{hint}")
-        return 1
+        return EXIT_FAILED
     for g, cid in sorted(ids.items()):
         log(f"shaper: {args.group} -> {g}: class {cid}, {specs[g].describe()}")
     own = set()
@@ -562,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                         break
                 except BlockingIOError:
                     break
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":
