@@ -510,20 +510,8 @@ up_failed() {
 dns_check() {
   local pod=${1:-torbed-dns-check} kubelet=${2:-kubelet} placement=${3:-} where=${4:-}
   kc -n kube-system delete pod "$pod" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the DNS check pod $pod failed; see $LOGS/kubectl.log"
-apiVersion: v1
-kind: Pod
-metadata: {name: $pod, namespace: kube-system}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 0
-$placement
-  containers:
-    - name: check
-      image: $TOOLBOX_IMAGE
-      imagePullPolicy: Never
-      command: [netcheck, resolve, kubernetes.default, "30"]
-EOF
+  render dns-check.yaml POD="$pod" PLACEMENT="$placement" TOOLBOX_IMAGE="$TOOLBOX_IMAGE" \
+    | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "creating the DNS check pod $pod failed; see $LOGS/kubectl.log"
   DNS_CHECK_FAILED=0
   wait_for "DNS check pod${where:+ $where} finished" "$LOGS/$kubelet.log" "$kubelet" pod_done kube-system "$pod"
   if [ "$DNS_CHECK_FAILED" = 1 ]; then

@@ -26,7 +26,8 @@ PAUSE_IMAGE=localhost/torbed/pause:1.0
 COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
 TOOLBOX_IMAGE=localhost/torbed/toolbox:1
 
-# render FILE NAME=VALUE...: hack/cluster/config/FILE on stdout, each __NAME__ replaced by VALUE.
+# render FILE NAME=VALUE...: hack/cluster/config/FILE on stdout, each __NAME__ replaced by VALUE
+# (any characters, newlines included).
 render() {
   local file=$CLUSTER_DIR/config/$1 kv val args=(-e '')
   shift
@@ -35,6 +36,7 @@ render() {
     val=${val//\\/\\\\}
     val=${val//\#/\\#}
     val=${val//&/\\&}
+    val=${val//$'\n'/\\$'\n'}   # a value of several lines
     args+=(-e "s#__${kv%%=*}__#${val}#g")
   done
   sed "${args[@]}" "$file"
