@@ -51,3 +51,15 @@ def test_log_helpers_come_from_lib_sh():
 def test_every_component_folder_has_a_readme():
     for folder in (p for p in HACK.iterdir() if p.is_dir()):
         assert (folder / "README.md").is_file(), f"hack/{folder.name}/ has no README.md"
+
+
+def test_the_cluster_has_config_files_not_heredocs():
+    """hack/cluster/config/ holds every file the cluster scripts write or apply, each with
+    __NAME__ placeholders that common.sh's render fills in."""
+    for script in sorted((HACK / "cluster").glob("*.sh")):
+        assert not re.search(r"<<-?\s*'?[A-Z]+'?\s*$", script.read_text(), re.M), \
+            f"{script.relative_to(REPO)} writes a heredoc; put it in hack/cluster/config/ and render it"
+    used = set()
+    for script in sorted((HACK / "cluster").glob("*.sh")):
+        used |= set(re.findall(r"\brender ([\w-]+\.[\w.]+)", script.read_text()))
+    assert used == {p.name for p in (HACK / "cluster" / "config").iterdir()}, "a template unused, or one missing"
