@@ -102,7 +102,6 @@ PENDING = {
     ("analysis/circuits.py", "attribute"),
     ("analysis/hardware.py", "by_hardware"),
     ("analysis/render.py", "blocks"),
-    ("analysis/reproduce.py", "main"),
     ("torbed/scenario.py", "_semantics"),
     ("torbed/scenario.py", "_fault_problems"),
 }
