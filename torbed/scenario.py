@@ -91,6 +91,12 @@ class RelayGroup(Strict):
     exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] | None = Field(
+        None, description="Consensus weights the authorities vote for this group's relays, one per relay in node "
+                          "order (units of a consensus' 'w Bandwidth=', as measured bandwidths in the authorities' "
+                          "V3BandwidthsFile); set on every relay group or none, with 3 or more authorities. "
+                          "Default: none (the authorities vote each relay's self-advertised bandwidth). Local "
+                          "backend only (docs/generate.md)")
     torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
                                        "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(
@@ -549,6 +555,26 @@ def _message(err: dict) -> str:
     return msg
 
 
+def _weight_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Voted consensus weights: one per relay, on every group or none, and enough
+    authorities for tor to use them (a consensus takes measured bandwidths only when more
+    than two authorities vote them: dirvote.c, "num_mbws > 2")."""
+    relays = s.network.relays
+    with_w = [g for g, rg in relays.items() if rg.weights is not None]
+    problems = [(f"network.relays.{g}.weights", f"{len(rg.weights)} weights for {rg.count} relays; give one per relay")
+                for g, rg in relays.items() if rg.weights is not None and len(rg.weights) != rg.count]
+    if with_w and len(with_w) != len(relays):
+        missing = [g for g in relays if g not in with_w]
+        problems.append(("network.relays", f"weights are set on {', '.join(with_w)} but not on {', '.join(missing)}: "
+                                           "set them on every relay group or none (an unmeasured relay's weight is "
+                                           "capped at 20 when the others are measured)"))
+    if with_w and s.network.authorities < 3:
+        problems.append(("network.authorities", f"{s.network.authorities} authorities: relay weights need 3 or more "
+                                                "(tor uses voted measurements only when more than two authorities "
+                                                "vote them)"))
+    return problems
+
+
 def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """Cross-field checks. Returns (problems, warnings)."""
     problems: list[tuple[str, str]] = []
@@ -630,6 +656,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         problems += [(f"network.relays.{g}.torrc", msg)
                      for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
                                                       variant_options=extra)]
+    problems += _weight_problems(s)
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))

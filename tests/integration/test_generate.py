@@ -109,6 +109,31 @@ def test_generate_reads_a_real_private_networks_consensus_and_descriptors(genera
           f"sampled {sorted((r.nickname, r.position) for r in res.sample.relays)}")
 
 
+def test_the_testbed_consensus_carries_the_sampled_weights_and_flags(generated_run):
+    """The authorities voted the sampled consensus weights (V3BandwidthsFile): every relay's
+    'w Bandwidth=' in the real consensus is its sampled weight, measured (no Unmeasured=1),
+    and its flags are the sample's: Guard and Exit by class, Fast and Stable."""
+    import stem.descriptor
+    data, docs = generated_run["data"], generated_run["docs"]
+    meta = json.loads((generated_run["run"] / "kist" / "rep-0" / "meta.json").read_text())
+    cons = next(stem.descriptor.parse_file(str(docs / "cached-consensus"),
+                                           descriptor_type="network-status-consensus-3 1.0",
+                                           document_handler=stem.descriptor.DocumentHandler.DOCUMENT, validate=False))
+    entries = {e.nickname: e for e in cons.routers.values()}
+    seen = {}
+    for node in meta["nodes"]:
+        if node["role"] != "relay":
+            continue
+        group = data["network"]["relays"][node["group"]]
+        e = entries[node["name"]]
+        seen[node["name"]] = (group["weights"][node["index"]], e.bandwidth)
+        assert e.bandwidth == group["weights"][node["index"]] and not e.is_unmeasured, (node["name"], e.bandwidth)
+        assert ("Guard" in e.flags) == bool(group.get("guard")) and ("Exit" in e.flags) == bool(group.get("exit"))
+        assert {"Fast", "Stable", "Running", "Valid"} <= set(e.flags), (node["name"], e.flags)
+    assert len(seen) == 9 and len({w for w, _ in seen.values()}) > 1, seen
+    print(f"sampled weight -> consensus w Bandwidth= per relay: {seen}")
+
+
 def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     run, data = generated_run["run"], generated_run["data"]
     rep = run / "kist" / "rep-0"

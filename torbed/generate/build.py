@@ -130,7 +130,9 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
              generated: dict) -> dict:
     relays = {}
     for g in groups:
-        spec = {"count": len(g.relays), "bandwidth": _rate_str(g.rate)}
+        # The sampled consensus weights, voted by the authorities (V3BandwidthsFile), so
+        # clients weight paths as the real network does; the rate is each relay's capacity.
+        spec = {"count": len(g.relays), "bandwidth": _rate_str(g.rate), "weights": [r.weight for r in g.relays]}
         if g.guard:
             spec["guard"] = True
         if g.exit:

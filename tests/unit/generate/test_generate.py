@@ -29,7 +29,7 @@ def net(tmp_path_factory):
 
 
 def _relay(fp: str, flags: set[str], weight: int, capacity: int = 10_000_000) -> sources.Relay:
-    return sources.Relay(fingerprint=fp, nickname=fp.lower(), flags=frozenset(flags | {"Running", "Valid", "Fast"}),
+    return sources.Relay(fingerprint=fp, nickname=fp.lower(), flags=frozenset(flags | {"Running", "Valid", "Fast", "Stable"}),
                          weight=weight, capacity=capacity, observed=capacity)
 
 
@@ -78,7 +78,7 @@ def test_draw_within_a_class_follows_consensus_weight():
 def test_classes_and_proportions(net):
     res = generate(net.consensus, [net.descriptors], relays=40, seed=3, budget=BUDGET)
     by_fp = {r.fingerprint: r for r in net.relays}
-    usable = [r for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags)]
+    usable = [r for r in net.relays if {"Running", "Valid", "Fast", "Stable"} <= set(r.flags)]
     share = Counter(r.position for r in usable)
     for pos in sample.POSITIONS:
         assert abs(res.sample.per_class[pos] - 40 * share[pos] / len(usable)) < 1, (pos, res.sample.per_class)
@@ -90,7 +90,7 @@ def test_classes_and_proportions(net):
         for r in g.relays:
             stub = by_fp[r.fingerprint]
             assert stub.position == g.position == r.position
-            assert {"Running", "Valid", "Fast"} <= set(stub.flags)
+            assert {"Running", "Valid", "Fast", "Stable"} <= set(stub.flags)
     # A BadExit relay is no exit.
     assert sources.Relay("X", "x", frozenset({"Exit", "BadExit", "Guard"}), 1, 1, 1).position == "guard"
 
@@ -212,7 +212,7 @@ def test_clients_scale_with_the_network(net):
 
 def test_scale_instead_of_a_count(net):
     res = generate(net.consensus, [net.descriptors], scale=0.1, seed=1, budget=BUDGET)
-    usable = sum(1 for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags))
+    usable = sum(1 for r in net.relays if {"Running", "Valid", "Fast", "Stable"} <= set(r.flags))
     assert len(res.sample.relays) == round(0.1 * usable)
 
 
@@ -337,3 +337,64 @@ def test_more_clients_than_a_group_holds_is_refused(net, capsys):
 def test_a_scale_that_leaves_a_class_empty_is_exit_2(net, capsys):
     code, text = _run(capsys, net.consensus, net.descriptors, "--scale", 0.01, "--bench-dir", "")
     assert code == 2 and str(net.consensus) in text and "would be empty" in text and "use at least" in text
+
+
+# --- consensus weights and flags as sampled ----------------------------------------------------
+
+def test_groups_carry_the_sampled_weights_in_node_order(net):
+    res = generate(net.consensus, [net.descriptors], relays=40, seed=3, budget=BUDGET)
+    by_fp = {r.fingerprint: r for r in net.relays}
+    for g in res.groups:
+        weights = res.data["network"]["relays"][g.name]["weights"]
+        assert weights == [by_fp[r.fingerprint].weight for r in g.relays]
+    # Every sampled relay was Fast and Stable in the consensus (the authorities vote both for all).
+    assert all({"Fast", "Stable"} <= set(by_fp[r.fingerprint].flags) for r in res.sample.relays)
+    unstable = [r for r in net.relays if "Stable" not in r.flags and {"Running", "Valid", "Fast"} <= set(r.flags)]
+    assert unstable and res.data["generated"]["parameters"]["excluded_no_stable_flag"] == len(unstable)
+
+
+def test_the_authorities_vote_the_weights_from_a_bandwidth_file(net):
+    from tests.unit.test_torrc import fake_identities, render_all
+    from torbed import network
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=4, budget=BUDGET)
+    s = parse(res.data, "gen")
+    plan = network.plan(s, "kist")
+    ids = fake_identities(plan)
+    files = render_all(plan, ids, "/RUN")
+    lines = files["v3bw"].splitlines()
+    assert lines[0].isdigit()                       # bandwidth-file 1.0.0: the timestamp line first
+    voted = dict(line.split(" ") for line in lines[1:])
+    expected = {}
+    for g in res.groups:
+        for i, r in enumerate(g.relays):
+            expected[f"node_id=${ids.fingerprints[f'{g.name}{i}']}"] = f"bw={r.weight}"
+    assert voted == expected and len(voted) == 20
+    for n in plan.by_role("authority"):
+        assert "V3BandwidthsFile /RUN/torrc/v3bw" in files[f"{n.name}.torrc"].splitlines()
+    assert not any("V3BandwidthsFile" in files[f"{n.name}.torrc"] for n in plan.by_role("relay"))
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    (lambda d, g: d["network"]["relays"][g]["weights"].append(5), "weights", "give one per relay"),
+    (lambda d, g: d["network"]["relays"][g].pop("weights"), "network.relays", "every relay group or none"),
+    (lambda d, g: d["network"].update(authorities=2), "network.authorities", "need 3 or more"),
+    (lambda d, g: d["network"]["relays"][g].update(weights=[0] * d["network"]["relays"][g]["count"]), "weights",
+     "greater than or equal to 1"),
+])
+def test_bad_weights_are_refused_naming_the_field(net, change, field, reason):
+    from torbed.scenario import ScenarioError
+    res = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET)
+    data = res.data
+    change(data, next(iter(data["network"]["relays"])))
+    with pytest.raises(ScenarioError) as e:
+        parse(data, "gen.yaml")
+    assert field in str(e.value) and reason in str(e.value), str(e.value)
+
+
+def test_a_scenario_without_weights_has_no_bandwidth_file():
+    from tests.unit.test_torrc import fake_identities, render_all
+    from torbed import network, scenario as scenario_mod
+    s = scenario_mod.load(Path(__file__).resolve().parents[3] / "scenarios" / "quickstart.yaml")
+    plan = network.plan(s, "kist")
+    files = render_all(plan, fake_identities(plan), "/RUN")
+    assert "v3bw" not in files and not any("V3BandwidthsFile" in t for t in files.values())
