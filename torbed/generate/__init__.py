@@ -95,17 +95,17 @@ def _clients(n_clients: int, mix: dict[str, float], perf: bool) -> dict[str, dic
 
 
 def _parameters(smp: sample_mod.Sample, fit: Fit, budget: Budget, tors: dict[str, int], missing: int,
-                mix: dict[str, float], perf: bool, bin_ratio: float) -> dict:
+                n_clients: int, mix: dict[str, float], perf: bool, bin_ratio: float) -> dict:
     params = {
         "relays": tors["relay"], "clients": tors["client"], "authorities": tors["authority"],
-        "bin_ratio": round(bin_ratio, 4), "mix": ",".join(f"{k}={v:g}" for k, v in mix.items()),
-        "perf_probes": perf, "rate_scale": fit.scale, "relays_at_min_rate": fit.floored,
+        "bin_ratio": round(bin_ratio, 4), "perf_probes": perf, "rate_scale": fit.scale, "relays_at_min_rate": fit.floored,
         "relayed_budget_bytes_per_s": round(fit.relayed_budget), "cpu_idle_cores": round(fit.cpu_idle, 4),
         "memory_mib": round(fit.memory_mib, 1), "machine_cores": budget.cores,
         "machine_memory_mib": round(budget.memory_mib), "mem_per_tor_mib": budget.mem_per_tor_mib,
         "cpu_per_relayed_mbps": budget.cpu_per_relayed_mbps, "cpu_share": budget.cpu_share,
         "budget_source": budget.source, "consensus_relays_without_descriptor": missing,
         "consensus_weights": "voted as sampled (authorities' V3BandwidthsFile)",
+        **build.traffic_parameters(n_clients, tors["relay"], mix, perf),
     }
     for p in sample_mod.POSITIONS:
         params[f"{p}_sampled"] = smp.per_class[p]
@@ -156,7 +156,8 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
         relays = max(1, round(scale * len(sample_mod.eligible(inp.joined)[0])))
     smp = sample_mod.draw(inp.joined, relays, seed, str(consensus))
     mix = mix or dict(build.DEFAULT_MIX)
-    client_specs = _clients(relays if clients is None else clients, mix, perf)
+    n_clients = round(build.CLIENTS_PER_RELAY * relays) if clients is None else clients
+    client_specs = _clients(n_clients, mix, perf)
     tors = {"authority": authorities, "relay": relays, "client": sum(c["count"] for c in client_specs.values())}
     budget = budget or budget_mod.machine()
     fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
@@ -165,7 +166,7 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     generated = {
         "tool": f"torbed generate {__version__}", "seed": seed, "method": METHOD,
         "sources": [{k: v for k, v in vars(d).items() if v is not None} for d in [inp.cons_info, *inp.desc_infos]],
-        "parameters": _parameters(smp, fit, budget, tors, inp.missing, mix, perf, bin_ratio),
+        "parameters": _parameters(smp, fit, budget, tors, inp.missing, n_clients, mix, perf, bin_ratio),
     }
     desc = (f"{relays} relays sampled by consensus weight from the consensus of {inp.cons_info.valid_after} "
             f"(seed {seed}), rates scaled x{fit.scale:.4g} into this machine's budget; {tors['client']} clients")

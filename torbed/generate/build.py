@@ -50,6 +50,26 @@ WORKLOADS = {
 # 5 minutes; a testbed window is minutes long).
 PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
 PERF_PAUSE = "30s"
+# Clients per sampled relay (default). Tor Metrics counts ~2.5 million daily users for ~7,000
+# relays, but most users are idle most of the time; one active measurement client per relay
+# keeps the sampled network about as loaded as its relay count, and scales with it.
+CLIENTS_PER_RELAY = 1.0
+
+TRAFFIC_MODEL = (
+    "Clients scale with the network (clients_per_relay x relays, split over the workload mix by largest "
+    "remainder); every client is a tor of its own that chooses its own paths from the testbed's consensus "
+    "(no fixed paths), so the sampled consensus weights decide which relays carry it. Workloads: web = "
+    "one 50 KiB page, then a think time drawn from an exponential distribution of mean 5 s, repeated "
+    "(tgen's web size); bulk = 5 MiB downloads back to back (tornettools' bulk clients); perf = three "
+    "OnionPerf-style probes, one per size (50 KiB, 1 MiB, 5 MiB), a fetch every 30 s.")
+
+
+def traffic_parameters(n_clients: int, relays: int, mix: dict[str, float], perf: bool) -> dict:
+    """The traffic model's parameters, flat, for ``generated.parameters`` (and the report)."""
+    return {"traffic_model": TRAFFIC_MODEL, "clients_per_relay": round(n_clients / relays, 4),
+            "workload_web": "fetch 50KiB page, think exponential mean 5s", "workload_bulk": "bulk 5MiB back to back",
+            "workload_perf": f"fetch 50KiB / 1MiB / 5MiB every {PERF_PAUSE}" if perf else "off",
+            "mix": ",".join(f"{k}={v:g}" for k, v in mix.items())}
 
 
 @dataclass

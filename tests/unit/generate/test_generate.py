@@ -398,3 +398,23 @@ def test_a_scenario_without_weights_has_no_bandwidth_file():
     plan = network.plan(s, "kist")
     files = render_all(plan, fake_identities(plan), "/RUN")
     assert "v3bw" not in files and not any("V3BandwidthsFile" in t for t in files.values())
+
+
+# --- traffic model: recorded and shown ----------------------------------------------------------
+
+def test_the_traffic_model_is_recorded_and_shown_in_the_report_section(net):
+    from torbed.analysis import generated as report_section
+    res = generate(net.consensus, [net.descriptors], relays=24, seed=1, budget=BUDGET, mix={"web": 0.5, "bulk": 0.5})
+    params = res.data["generated"]["parameters"]
+    assert params["clients_per_relay"] == 1.0 and params["mix"] == "web=0.5,bulk=0.5"
+    assert "exponential" in params["traffic_model"] and "no fixed paths" in params["traffic_model"]
+    assert res.data["clients"]["web"]["count"] == res.data["clients"]["bulk"]["count"] == 12
+    # Clients scale with the network: twice the relays, twice the clients.
+    big = generate(net.consensus, [net.descriptors], relays=48, seed=1, budget=BUDGET, mix={"web": 0.5, "bulk": 0.5})
+    assert big.data["clients"]["web"]["count"] == 24
+    info = {"scenario": parse(res.data, "gen").model_dump(mode="json")}
+    bl = report_section.blocks(info)
+    text = repr(bl)
+    assert ("h", 2, "Sampled network") in bl and "Traffic model" in text and "web=0.5,bulk=0.5" in text
+    assert "one sampled network for every repetition" in text
+    assert report_section.blocks({"scenario": {"name": "x"}}) == []
