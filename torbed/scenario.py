@@ -447,6 +447,24 @@ class Generated(Strict):
         default_factory=dict, description="The generator's inputs and the budget it fitted to")
 
 
+class SampledGroup(Strict):
+    """One relay group as one block's sampled network has it (same name and count as in
+    ``network.relays``; its own rate and weights)."""
+    bandwidth: Rate = Field(..., description="BandwidthRate/BandwidthBurst of each relay in this block's network")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] = Field(
+        ..., min_length=1, description="Consensus weights the authorities vote, one per relay in node order")
+
+
+class NetworkSample(Strict):
+    """One independently sampled network (torbed generate --networks): repetition k (block k)
+    runs sample k mod len(samples), with the relay groups' rates and weights and the relay
+    links of that sample; everything else is the scenario's."""
+    seed: int = Field(..., ge=0, description="Seed this network was drawn with")
+    relays: dict[GroupName, SampledGroup] = Field(..., min_length=1,
+                                                   description="Every relay group of network.relays, by name")
+    pairs: list[LinkPair] = Field(default_factory=list, description="links.pairs of this block's network")
+
+
 # ---------------------------------------------------------------------------------------
 # Scenario
 
@@ -469,6 +487,10 @@ class Scenario(Strict):
     load: Load | None = Field(None, description="Background users (Locust) through their own tors")
     generated: Generated | None = Field(None, description="Provenance of a scenario made by torbed generate "
                                                           "(sources, seed, method); not used to run it")
+    samples: list[NetworkSample] = Field(
+        default_factory=list, description="An independently sampled network per block (torbed generate --networks; "
+                                          "Jansen, Tracey & Goldberg 2021): repetition k runs samples[k mod n]. "
+                                          "Empty: every repetition runs network as written")
     design: Design | None = Field(None, description="Sequential design: a pilot, then blocks until the primary "
                                                     "comparison's 95% interval is narrow enough or the maximum "
                                                     "is reached (repetitions = design.max_repetitions)")
@@ -501,6 +523,26 @@ class Scenario(Strict):
     def load_files(self) -> dict[str, units.Size]:
         """Files the background users fetch, added to their server's files: load-<mix name>."""
         return {} if self.load is None else {f"load-{n}": r.size for n, r in self.load.mix.items()}
+
+    @property
+    def network_design(self) -> str:
+        """'network-per-block' (samples) or 'one-network'."""
+        return "network-per-block" if self.samples else "one-network"
+
+    def for_block(self, k: int) -> "Scenario":
+        """The scenario repetition (block) ``k`` runs: with samples, sample k mod n's relay rates,
+        weights and relay links; otherwise this scenario itself."""
+        if not self.samples:
+            return self
+        smp = self.samples[k % len(self.samples)]
+        relays = {g: rg.model_copy(update={"bandwidth": smp.relays[g].bandwidth, "weights": list(smp.relays[g].weights)})
+                  for g, rg in self.network.relays.items()}
+        relay_groups = set(relays)
+        pairs = [p for p in self.links.pairs if not set(p.between) <= relay_groups] + list(smp.pairs)
+        out = self.model_copy(update={"network": self.network.model_copy(update={"relays": relays}),
+                                      "links": self.links.model_copy(update={"pairs": pairs})})
+        out._warnings, out._base_dir = self._warnings, self._base_dir
+        return out
 
     def group_names(self) -> list[str]:
         return [*self.network.relays, *self.servers, *self.clients]
@@ -553,6 +595,28 @@ def _message(err: dict) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return msg
+
+
+def _sample_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Each block's network has exactly the relay groups of network.relays, a weight per
+    relay, and links between relay groups only."""
+    problems = []
+    relays = s.network.relays
+    if s.samples and not all(rg.weights for rg in relays.values()):
+        problems.append(("samples", "a sampled network per block needs weights on every relay group of network.relays"))
+    for i, smp in enumerate(s.samples):
+        if set(smp.relays) != set(relays):
+            problems.append((f"samples[{i}].relays", f"groups {', '.join(sorted(smp.relays))}; every block must have "
+                                                     f"network.relays' groups: {', '.join(sorted(relays))}"))
+            continue
+        for g, sg in smp.relays.items():
+            if len(sg.weights) != relays[g].count:
+                problems.append((f"samples[{i}].relays.{g}.weights",
+                                 f"{len(sg.weights)} weights for {relays[g].count} relays; give one per relay"))
+        for j, p in enumerate(smp.pairs):
+            if not set(p.between) <= set(relays):
+                problems.append((f"samples[{i}].pairs[{j}].between", f"{p.between}: links between relay groups only"))
+    return problems
 
 
 def _weight_problems(s: Scenario) -> list[tuple[str, str]]:
@@ -656,7 +720,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         problems += [(f"network.relays.{g}.torrc", msg)
                      for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
                                                       variant_options=extra)]
-    problems += _weight_problems(s)
+    problems += _weight_problems(s) + _sample_problems(s)
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))

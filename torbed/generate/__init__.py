@@ -136,15 +136,28 @@ def _header(inp: _Inputs, seed: int, fit: Fit, budget: Budget, summary: list[dic
             ""]
 
 
+def _block_samples(inp: _Inputs, relays: int, seed: int, networks: int, groups: list[build.RelayGroupSpec],
+                   budget: Budget, tors: dict[str, int], total_rate: int | None, source: str) -> list[dict]:
+    """``networks`` independently drawn networks (seeds seed, seed+1, ...), each fitted to the
+    budget on its own and cut into the groups of the first (build.rank_groups)."""
+    out = [build.sample_entry(seed, groups)]
+    for k in range(1, networks):
+        smp = sample_mod.draw(inp.joined, relays, seed + k, source)
+        fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
+        out.append(build.sample_entry(seed + k, build.rank_groups(smp.relays, fit.rates, groups)))
+    return out
+
+
 def generate(consensus: str | Path, descriptors: list[str | Path], relays: int | None = None,
              scale: float | None = None, seed: int = 1, clients: int | None = None,
              mix: dict[str, float] | None = None, perf: bool = True, name: str | None = None,
              variants: list[str] | None = None, duration: str = "5m", warmup: str = "30s",
              authorities: int = 3, bin_ratio: float = build.DEFAULT_BIN_RATIO, total_rate: int | None = None,
-             budget: Budget | None = None, check: bool = True) -> Result:
+             budget: Budget | None = None, networks: int = 1, check: bool = True) -> Result:
     """Sample a scenario. ``relays`` or ``scale`` (a fraction of the usable relays).
     ``clients``: measurement clients besides the OnionPerf probes (default: one per relay).
-    ``total_rate``: the relays' summed rate in bytes/s (default: the budget's). Raises
+    ``total_rate``: the relays' summed rate in bytes/s (default: the budget's). ``networks`` > 1:
+    an independently sampled network per block (``samples:``, repetitions = networks). Raises
     SourceError, SampleError, BudgetError (all exit 2), naming the file or the numbers."""
     if (relays is None) == (scale is None):
         raise InputError("give either the number of relays or a scale, not both")
@@ -170,8 +183,13 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     }
     desc = (f"{relays} relays sampled by consensus weight from the consensus of {inp.cons_info.valid_after} "
             f"(seed {seed}), rates scaled x{fit.scale:.4g} into this machine's budget; {tors['client']} clients")
+    generated["parameters"].update(network_design="network-per-block" if networks > 1 else "one-network",
+                                   networks=networks)
     data = build.scenario(name, desc, seed, variants or ["kist"], groups, client_specs, duration, warmup,
                           authorities, generated)
+    if networks > 1:
+        data["repetitions"] = networks
+        data["samples"] = _block_samples(inp, relays, seed, networks, groups, budget, tors, total_rate, str(consensus))
     if check:
         _parse_check(data, name)
     summary = _summary(groups)

@@ -117,6 +117,46 @@ def capacity_groups(relays: list[Relay], rates: list[int], bin_ratio: float = DE
     return groups
 
 
+def rank_groups(relays: list[Relay], rates: list[int], like: list[RelayGroupSpec]) -> list[RelayGroupSpec]:
+    """Groups with the names and sizes of ``like`` (another sample's groups): each class's
+    relays sorted by rate and cut, slowest first, into consecutive runs of those sizes. So
+    another block's network has the same group structure (names, counts, links) and only its
+    rates and weights differ; within a class a capacity bin is such a run too."""
+    out = []
+    for pos in POSITIONS:
+        members = sorted(((r, rate) for r, rate in zip(relays, rates) if r.position == pos),
+                         key=lambda t: (t[1], t[0].fingerprint))
+        at = 0
+        for g in (g for g in like if g.position == pos):
+            chunk = members[at:at + len(g.relays)]
+            at += len(g.relays)
+            mean = sum(rate for _, rate in chunk) / len(chunk)
+            out.append(RelayGroupSpec(name=g.name, position=pos,
+                                      rate=max(MIN_RELAY_RATE, int(round(mean / 1024)) * 1024),
+                                      relays=[r for r, _ in chunk], rates=[rate for _, rate in chunk]))
+    return out
+
+
+def link_pairs(groups: list[RelayGroupSpec]) -> list[dict]:
+    """A link per pair of relay groups (and a group with itself) at the slower side's rate plus
+    wire overhead."""
+    pairs = []
+    for i, a in enumerate(groups):
+        for b in groups[i:]:
+            if a is b and len(a.relays) < 2:
+                continue
+            bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
+            pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+    return pairs
+
+
+def sample_entry(seed: int, groups: list[RelayGroupSpec]) -> dict:
+    """One block's network for ``samples:``."""
+    return {"seed": seed,
+            "relays": {g.name: {"bandwidth": _rate_str(g.rate), "weights": [r.weight for r in g.relays]} for g in groups},
+            "pairs": link_pairs(groups)}
+
+
 def _rate_str(bytes_per_s: int) -> str:
     return f"{bytes_per_s // 1024}KiB/s"
 
@@ -158,13 +198,7 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
         if g.exit:
             spec["exit"] = True
         relays[g.name] = spec
-    pairs = []
-    for i, a in enumerate(groups):
-        for b in groups[i:]:
-            if a is b and len(a.relays) < 2:
-                continue
-            bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
-            pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+    pairs = link_pairs(groups)
     files = {"page": FILES["page"], "bulk": FILES["bulk"]}
     if any(c.startswith("perf") for c in clients):
         files.update({k: FILES[k] for k in ("p50k", "p1m", "p5m")})

@@ -418,3 +418,50 @@ def test_the_traffic_model_is_recorded_and_shown_in_the_report_section(net):
     assert ("h", 2, "Sampled network") in bl and "Traffic model" in text and "web=0.5,bulk=0.5" in text
     assert "one sampled network for every repetition" in text
     assert report_section.blocks({"scenario": {"name": "x"}}) == []
+
+
+# --- an independently sampled network per block (item 3) -----------------------------------------
+
+def test_a_network_per_block_same_structure_independent_draws(net):
+    from torbed import engine
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=7, budget=BUDGET, networks=3)
+    again = generate(net.consensus, [net.descriptors], relays=20, seed=7, budget=BUDGET, networks=3)
+    assert res.yaml == again.yaml                                   # determinism from the seed
+    data = res.data
+    assert data["repetitions"] == 3 and [b["seed"] for b in data["samples"]] == [7, 8, 9]
+    assert data["generated"]["parameters"]["network_design"] == "network-per-block"
+    s = parse(data, "gen")
+    assert s.network_design == "network-per-block"
+    relays = data["network"]["relays"]
+    for b in data["samples"]:
+        assert {g: len(x["weights"]) for g, x in b["relays"].items()} == {g: x["count"] for g, x in relays.items()}
+    # Block 0 is the scenario's own network; the others are other draws (different weights).
+    assert {g: x["weights"] for g, x in data["samples"][0]["relays"].items()} == {g: x["weights"] for g, x in relays.items()}
+    weights = [sorted(w for x in b["relays"].values() for w in x["weights"]) for b in data["samples"]]
+    assert weights[0] != weights[1] != weights[2]
+    # Each block's relays were drawn by seed seed+k, as a one-network sample with that seed draws them.
+    alone = generate(net.consensus, [net.descriptors], relays=20, seed=8, budget=BUDGET)
+    assert weights[1] == sorted(r.weight for r in alone.sample.relays)
+    # Repetition k runs block k mod 3: its groups carry that block's rates, weights and links.
+    run = engine.Run(scenario=s, run_dir=Path("/nonexistent"), console=None, variants=["kist"], info={}, engine=None)
+    for k in range(4):
+        rep = engine.Repetition(run=run, variant="kist", index=k, dir=Path("/nonexistent"), meta={})
+        b = data["samples"][k % 3]
+        got = rep.scenario
+        for g, x in b["relays"].items():
+            assert got.network.relays[g].weights == x["weights"]
+            assert got.network.relays[g].bandwidth.bps // 8 == int(x["bandwidth"].removesuffix("KiB/s")) * 1024
+        assert [p.between for p in got.links.pairs] == [p["between"] for p in b["pairs"]]
+        assert [p.rate.bps for p in got.links.pairs] == [int(p["rate"].removesuffix("kbit")) * 1000 for p in b["pairs"]]
+
+
+def test_a_block_network_that_does_not_match_the_groups_is_refused(net):
+    from torbed.scenario import ScenarioError
+    data = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET, networks=2).data
+    g = next(iter(data["network"]["relays"]))
+    data["samples"][1]["relays"][g]["weights"].append(3)
+    with pytest.raises(ScenarioError, match=rf"samples\[1\]\.relays\.{g}\.weights: .* give one per relay"):
+        parse(data, "gen.yaml")
+    del data["samples"][1]["relays"][g]
+    with pytest.raises(ScenarioError, match=r"samples\[1\]\.relays: .*every block must have"):
+        parse(data, "gen.yaml")
