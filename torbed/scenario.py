@@ -457,8 +457,9 @@ class SampledGroup(Strict):
 
 class NetworkSample(Strict):
     """One independently sampled network (torbed generate --networks): repetition k (block k)
-    runs sample k mod len(samples), with the relay groups' rates and weights and the relay
-    links of that sample; everything else is the scenario's."""
+    runs sample k mod len(samples), with the relay groups' rates and weights and the links
+    of that sample (replacing links.pairs between the same groups); everything else is the
+    scenario's."""
     seed: int = Field(..., ge=0, description="Seed this network was drawn with")
     relays: dict[GroupName, SampledGroup] = Field(..., min_length=1,
                                                    description="Every relay group of network.relays, by name")
@@ -537,8 +538,8 @@ class Scenario(Strict):
         smp = self.samples[k % len(self.samples)]
         relays = {g: rg.model_copy(update={"bandwidth": smp.relays[g].bandwidth, "weights": list(smp.relays[g].weights)})
                   for g, rg in self.network.relays.items()}
-        relay_groups = set(relays)
-        pairs = [p for p in self.links.pairs if not set(p.between) <= relay_groups] + list(smp.pairs)
+        own = {frozenset(p.between) for p in smp.pairs}
+        pairs = [p for p in self.links.pairs if frozenset(p.between) not in own] + list(smp.pairs)
         out = self.model_copy(update={"network": self.network.model_copy(update={"relays": relays}),
                                       "links": self.links.model_copy(update={"pairs": pairs})})
         out._warnings, out._base_dir = self._warnings, self._base_dir
@@ -614,8 +615,8 @@ def _sample_problems(s: Scenario) -> list[tuple[str, str]]:
                 problems.append((f"samples[{i}].relays.{g}.weights",
                                  f"{len(sg.weights)} weights for {relays[g].count} relays; give one per relay"))
         for j, p in enumerate(smp.pairs):
-            if not set(p.between) <= set(relays):
-                problems.append((f"samples[{i}].pairs[{j}].between", f"{p.between}: links between relay groups only"))
+            if not set(p.between) <= {*s.group_names(), "authority"}:
+                problems.append((f"samples[{i}].pairs[{j}].between", f"{p.between}: not groups of this scenario"))
     return problems
 
 

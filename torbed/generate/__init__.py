@@ -25,12 +25,13 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import InputError
-from . import budget as budget_mod, build, sample as sample_mod, sources
+from . import budget as budget_mod, build, latency as latency_mod, sample as sample_mod, sources
 from .budget import Budget, BudgetError, Fit
+from .latency import LatencyError
 from .sample import SampleError
 from .sources import SourceError
 
-__all__ = ["generate", "Result", "SourceError", "SampleError", "BudgetError", "Budget"]
+__all__ = ["generate", "Result", "SourceError", "SampleError", "BudgetError", "Budget", "LatencyError"]
 
 METHOD = (
     "Relays of the consensus that are Running, Valid, Fast and Stable and have a server descriptor, classed by "
@@ -136,15 +137,25 @@ def _header(inp: _Inputs, seed: int, fit: Fit, budget: Budget, summary: list[dic
             ""]
 
 
+def _latency(model: latency_mod.Model | None, relays: list[sources.Relay], seed: int,
+             clients: dict[str, dict]) -> build.Latency | None:
+    if model is None:
+        return None
+    return build.Latency(model, latency_mod.relay_regions([r.fingerprint for r in relays], model, seed),
+                         clients=list(clients), servers=[build.SERVER])
+
+
 def _block_samples(inp: _Inputs, relays: int, seed: int, networks: int, groups: list[build.RelayGroupSpec],
-                   budget: Budget, tors: dict[str, int], total_rate: int | None, source: str) -> list[dict]:
+                   budget: Budget, tors: dict[str, int], total_rate: int | None, source: str,
+                   lat: build.Latency | None) -> list[dict]:
     """``networks`` independently drawn networks (seeds seed, seed+1, ...), each fitted to the
     budget on its own and cut into the groups of the first (build.rank_groups)."""
-    out = [build.sample_entry(seed, groups)]
+    out = [build.sample_entry(seed, groups, lat)]
     for k in range(1, networks):
         smp = sample_mod.draw(inp.joined, relays, seed + k, source)
         fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
-        out.append(build.sample_entry(seed + k, build.rank_groups(smp.relays, fit.rates, groups)))
+        lat_k = lat and _latency(lat.model, smp.relays, seed, {c: {} for c in lat.clients})
+        out.append(build.sample_entry(seed + k, build.rank_groups(smp.relays, fit.rates, groups), lat_k))
     return out
 
 
@@ -153,11 +164,13 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
              mix: dict[str, float] | None = None, perf: bool = True, name: str | None = None,
              variants: list[str] | None = None, duration: str = "5m", warmup: str = "30s",
              authorities: int = 3, bin_ratio: float = build.DEFAULT_BIN_RATIO, total_rate: int | None = None,
-             budget: Budget | None = None, networks: int = 1, check: bool = True) -> Result:
+             budget: Budget | None = None, networks: int = 1,
+             latency: latency_mod.Model | None = latency_mod.DEFAULT, check: bool = True) -> Result:
     """Sample a scenario. ``relays`` or ``scale`` (a fraction of the usable relays).
     ``clients``: measurement clients besides the OnionPerf probes (default: one per relay).
     ``total_rate``: the relays' summed rate in bytes/s (default: the budget's). ``networks`` > 1:
-    an independently sampled network per block (``samples:``, repetitions = networks). Raises
+    an independently sampled network per block (``samples:``, repetitions = networks).
+    ``latency``: the delay model for the links (None: no delays). Raises
     SourceError, SampleError, BudgetError (all exit 2), naming the file or the numbers."""
     if (relays is None) == (scale is None):
         raise InputError("give either the number of relays or a scale, not both")
@@ -183,13 +196,15 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     }
     desc = (f"{relays} relays sampled by consensus weight from the consensus of {inp.cons_info.valid_after} "
             f"(seed {seed}), rates scaled x{fit.scale:.4g} into this machine's budget; {tors['client']} clients")
+    lat = _latency(latency, smp.relays, seed, client_specs)
     generated["parameters"].update(network_design="network-per-block" if networks > 1 else "one-network",
-                                   networks=networks)
+                                   networks=networks, latency_model=latency.describe() if latency else "none")
     data = build.scenario(name, desc, seed, variants or ["kist"], groups, client_specs, duration, warmup,
-                          authorities, generated)
+                          authorities, generated, lat)
     if networks > 1:
         data["repetitions"] = networks
-        data["samples"] = _block_samples(inp, relays, seed, networks, groups, budget, tors, total_rate, str(consensus))
+        data["samples"] = _block_samples(inp, relays, seed, networks, groups, budget, tors, total_rate,
+                                         str(consensus), lat)
     if check:
         _parse_check(data, name)
     summary = _summary(groups)

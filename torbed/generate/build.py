@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from . import latency
 from .budget import MIN_RELAY_RATE
 from .sample import POSITIONS
 from .sources import Relay
@@ -50,6 +51,7 @@ WORKLOADS = {
 # 5 minutes; a testbed window is minutes long).
 PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
 PERF_PAUSE = "30s"
+SERVER = "www"
 # Clients per sampled relay (default). Tor Metrics counts ~2.5 million daily users for ~7,000
 # relays, but most users are idle most of the time; one active measurement client per relay
 # keeps the sampled network about as loaded as its relay count, and scales with it.
@@ -137,9 +139,27 @@ def rank_groups(relays: list[Relay], rates: list[int], like: list[RelayGroupSpec
     return out
 
 
-def link_pairs(groups: list[RelayGroupSpec]) -> list[dict]:
+@dataclass
+class Latency:
+    """Delays to put on the links (torbed/generate/latency.py): the model, each relay's region,
+    and the client and server groups (whose regions are the model's shares)."""
+    model: latency.Model
+    regions: dict[str, str]             # relay fingerprint -> region
+    clients: list[str]
+    servers: list[str]
+
+    def side(self, g: RelayGroupSpec | None) -> list[str] | None:
+        return None if g is None else [self.regions[r.fingerprint] for r in g.relays]
+
+    def delay(self, a: RelayGroupSpec | None, b: RelayGroupSpec | None) -> str:
+        # A whole millisecond at least: a 0 delay would be no delay, which the model did not say.
+        return f"{max(1, round(latency.pair_delay(self.side(a), self.side(b), self.model)))}ms"
+
+
+def link_pairs(groups: list[RelayGroupSpec], lat: Latency | None = None) -> list[dict]:
     """A link per pair of relay groups (and a group with itself) at the slower side's rate plus
-    wire overhead."""
+    wire overhead; with ``lat``, each with its delay, and delay-only links from the client
+    groups to the guards and from the exits to the servers."""
     pairs = []
     for i, a in enumerate(groups):
         for b in groups[i:]:
@@ -147,14 +167,19 @@ def link_pairs(groups: list[RelayGroupSpec]) -> list[dict]:
                 continue
             bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
             pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+            if lat:
+                pairs[-1]["delay"] = lat.delay(a, b)
+    if lat:
+        pairs += [{"between": [c, g.name], "delay": lat.delay(None, g)} for c in lat.clients for g in groups if g.guard]
+        pairs += [{"between": [g.name, s], "delay": lat.delay(g, None)} for s in lat.servers for g in groups if g.exit]
     return pairs
 
 
-def sample_entry(seed: int, groups: list[RelayGroupSpec]) -> dict:
+def sample_entry(seed: int, groups: list[RelayGroupSpec], lat: Latency | None = None) -> dict:
     """One block's network for ``samples:``."""
     return {"seed": seed,
             "relays": {g.name: {"bandwidth": _rate_str(g.rate), "weights": [r.weight for r in g.relays]} for g in groups},
-            "pairs": link_pairs(groups)}
+            "pairs": link_pairs(groups, lat)}
 
 
 def _rate_str(bytes_per_s: int) -> str:
@@ -187,7 +212,7 @@ def client_groups(n_clients: int, mix: dict[str, float], perf: bool) -> dict[str
 
 def scenario(name: str, description: str, seed: int, variants: list[str], groups: list[RelayGroupSpec],
              clients: dict[str, dict], duration: str, warmup: str, authorities: int,
-             generated: dict) -> dict:
+             generated: dict, lat: Latency | None = None) -> dict:
     relays = {}
     for g in groups:
         # The sampled consensus weights, voted by the authorities (V3BandwidthsFile), so
@@ -198,7 +223,7 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
         if g.exit:
             spec["exit"] = True
         relays[g.name] = spec
-    pairs = link_pairs(groups)
+    pairs = link_pairs(groups, lat)
     files = {"page": FILES["page"], "bulk": FILES["bulk"]}
     if any(c.startswith("perf") for c in clients):
         files.update({k: FILES[k] for k in ("p50k", "p1m", "p5m")})
@@ -211,7 +236,7 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
         "repetitions": 1,
         "network": {"authorities": authorities, "relays": relays},
         "links": {"pairs": pairs},
-        "servers": {"www": {"files": files}},
+        "servers": {SERVER: {"files": files}},
         "clients": clients,
         "measure": {"warmup": warmup, "duration": duration},
         "generated": generated,

@@ -199,6 +199,8 @@ def test_group_rates_are_their_members_mean_and_links_the_slower_side(net):
     rates = {g.name: g.rate for g in res.groups}
     for pair in res.data["links"]["pairs"]:
         a, b = pair["between"]
+        if a not in rates or b not in rates:
+            continue                           # delay-only links to clients and servers
         kbit = int(pair["rate"].removesuffix("kbit"))
         assert kbit == pytest.approx(min(rates[a], rates[b]) * 8 * build.LINK_WIRE_OVERHEAD / 1000, abs=1)
 
@@ -452,7 +454,10 @@ def test_a_network_per_block_same_structure_independent_draws(net):
             assert got.network.relays[g].weights == x["weights"]
             assert got.network.relays[g].bandwidth.bps // 8 == int(x["bandwidth"].removesuffix("KiB/s")) * 1024
         assert [p.between for p in got.links.pairs] == [p["between"] for p in b["pairs"]]
-        assert [p.rate.bps for p in got.links.pairs] == [int(p["rate"].removesuffix("kbit")) * 1000 for p in b["pairs"]]
+        assert [p.rate and p.rate.bps for p in got.links.pairs] == [
+            int(p["rate"].removesuffix("kbit")) * 1000 if "rate" in p else None for p in b["pairs"]]
+        assert [round(p.delay.seconds * 1000) for p in got.links.pairs] == [int(p["delay"].removesuffix("ms"))
+                                                              for p in b["pairs"]]
 
 
 def test_a_block_network_that_does_not_match_the_groups_is_refused(net):
@@ -465,3 +470,79 @@ def test_a_block_network_that_does_not_match_the_groups_is_refused(net):
     del data["samples"][1]["relays"][g]
     with pytest.raises(ScenarioError, match=r"samples\[1\]\.relays: .*every block must have"):
         parse(data, "gen.yaml")
+
+
+# --- latency (item 4) ------------------------------------------------------------------------------
+
+def test_relay_regions_follow_the_shares_and_are_deterministic():
+    from torbed.generate import latency
+    fps = [f"{i:040X}" for i in range(5000)]
+    regions = latency.relay_regions(fps, latency.DEFAULT, seed=3)
+    assert regions == latency.relay_regions(fps, latency.DEFAULT, seed=3)
+    assert regions != latency.relay_regions(fps, latency.DEFAULT, seed=4)
+    got = Counter(regions.values())
+    for r, share in latency.DEFAULT.regions.items():
+        assert abs(got[r] / len(fps) - share) < 0.02, (r, got)
+
+
+def _matrix(tmp_path, text: str) -> Path:
+    p = tmp_path / "latency.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_a_user_matrix_sets_each_group_pairs_delay_and_the_plan_applies_it(net, tmp_path):
+    from torbed import network
+    from torbed.generate import latency
+    model = latency.load(_matrix(tmp_path, "regions: {a: 1, b: 3}\ndelay_ms: {a: {a: 4, b: 100}, b: {b: 8}}\n"))
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=5, budget=BUDGET, latency=model)
+    regions = latency.relay_regions([r.fingerprint for r in res.sample.relays], model, 5)
+    d = {("a", "a"): 4, ("a", "b"): 100, ("b", "a"): 100, ("b", "b"): 8}
+    shares = {"a": 0.25, "b": 0.75}
+    by_name = {g.name: g for g in res.groups}
+
+    def side(name):
+        if name in by_name:
+            rs = [regions[r.fingerprint] for r in by_name[name].relays]
+            return {x: rs.count(x) / len(rs) for x in set(rs)}
+        return shares                                        # clients and the server: the shares
+
+    pairs = res.data["links"]["pairs"]
+    assert any(set(p["between"]) & set(res.data["clients"]) for p in pairs)
+    assert any("www" in p["between"] for p in pairs)
+    s = parse(res.data, "gen")
+    plan = network.plan(s, "kist")
+    for p in pairs:
+        a, b = p["between"]
+        want = max(1, round(sum(wa * wb * d[(ra, rb)] for ra, wa in side(a).items() for rb, wb in side(b).items())))
+        assert p["delay"] == f"{want}ms", (p, side(a), side(b))
+        # What the shapers get (Plan.link, Plan.shaped_pairs): that delay on every node pair of the groups.
+        na, nb = plan.group_nodes(a)[0], plan.group_nodes(b)[-1]
+        assert round(plan.link(na, nb).delay_s * 1000) == want
+    # Clients reach only the guards, the server only the exits.
+    for p in pairs:
+        if set(p["between"]) & set(res.data["clients"]):
+            assert by_name[next(x for x in p["between"] if x in by_name)].guard
+        if "www" in p["between"]:
+            assert by_name[next(x for x in p["between"] if x in by_name)].exit
+    assert "matrix" in res.data["generated"]["parameters"]["latency_model"]
+
+
+def test_no_latency_means_no_delays(net):
+    res = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET, latency=None)
+    assert not any("delay" in p for p in res.data["links"]["pairs"])
+    assert res.data["generated"]["parameters"]["latency_model"] == "none"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("regions: {a: 1}\n", "exactly the keys 'regions' and 'delay_ms'"),
+    ("regions: {a: 1, b: 1}\ndelay_ms: {a: {a: 5, b: 9}}\n", "no delay for b-b"),
+    ("regions: {a: 1}\ndelay_ms: {a: {z: 5}}\n", "'z' is not in regions"),
+    ("regions: {a: 1}\ndelay_ms: {a: {a: -5}}\n", "not a delay in milliseconds"),
+    ("regions: {a: 0}\ndelay_ms: {a: {a: 5}}\n", "positive share"),
+    ("regions: [\n", "not YAML"),
+])
+def test_a_bad_latency_matrix_is_exit_2_naming_the_file(net, tmp_path, capsys, text, reason):
+    path = _matrix(tmp_path, text)
+    code, out = _run(capsys, net.consensus, net.descriptors, "--relays", 10, "--bench-dir", "", "--latency", path)
+    assert code == 2 and str(path) in out and reason in out, out
