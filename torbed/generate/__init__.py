@@ -5,7 +5,10 @@ CollecTor (docs/generate.md), draws N relays by consensus weight within position
 (guard, exit, guard+exit, middle: ``sample``), scales their advertised bandwidths into this
 machine's budget (``budget``), groups them into capacity bins (``build``) and writes a
 scenario that ``torbed validate`` accepts, with the seed and the documents' digests and dates
-in its ``generated`` section.
+in its ``generated`` section. The relay groups carry the sampled consensus weights (the
+authorities vote them: torrc.bandwidth_file), the links a delay from a region model or the
+user's matrix (``latency``), and with ``networks`` > 1 every block its own sampled network
+(``samples:``).
 
 Public API:
 
@@ -13,7 +16,8 @@ Public API:
 - ``Result``: ``.data`` (the scenario mapping), ``.yaml`` (the file's text with its comment
   header), ``.summary`` (rows for the command's table), ``.sample``, ``.fit``
 - errors: ``SourceError`` (a bad input file), ``SampleError`` (e.g. a class left empty),
-  ``BudgetError`` (the sample does not fit the machine): all ``InputError`` (exit 2)
+  ``BudgetError`` (the sample does not fit the machine), ``LatencyError`` (a bad latency
+  matrix file): all ``InputError`` (exit 2)
 
 Nothing here imports torbed.backends: generating runs no network.
 """
