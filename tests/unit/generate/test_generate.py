@@ -434,6 +434,9 @@ def test_a_network_per_block_same_structure_independent_draws(net):
     assert data["generated"]["parameters"]["network_design"] == "network-per-block"
     s = parse(data, "gen")
     assert s.network_design == "network-per-block"
+    from torbed.analysis import generated as report_section
+    text = repr(report_section.blocks({"scenario": s.model_dump(mode="json")}))
+    assert "an independently sampled network per block (3 networks, seeds 7, 8, 9" in text
     relays = data["network"]["relays"]
     for b in data["samples"]:
         assert {g: len(x["weights"]) for g, x in b["relays"].items()} == {g: x["count"] for g, x in relays.items()}
