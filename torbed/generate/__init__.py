@@ -50,7 +50,7 @@ METHOD = (
     "guarantee both). Consensus weights: each relay's weight in the source consensus, voted by the "
     "authorities as measured bandwidths (V3BandwidthsFile), so the testbed's consensus carries them. Exit policy: "
     "accept *:* (the testbed's servers; isolation is the network's). Link between two relay groups: the "
-    "slower group's rate plus wire overhead. Clients choose their own paths.")
+    "slower group's rate plus wire overhead; delays as latency_model says. Clients choose their own paths.")
 
 
 @dataclass
