@@ -177,13 +177,16 @@ class Repetition:
     dir: Path
     meta: dict
     state: Any = field(default_factory=dict)    # the backend's per-repetition state (its own type)
+    _block: Scenario | None = field(default=None, repr=False)
 
     @property
     def scenario(self) -> Scenario:
         # With a sampled network per block (scenario.samples), block k runs its own network.
-        if self.run.scenario.samples:
-            return self.run.scenario.for_block(self.index)
-        return self.run.scenario
+        if not self.run.scenario.samples:
+            return self.run.scenario
+        if self._block is None:
+            self._block = self.run.scenario.for_block(self.index)
+        return self._block
 
     @property
     def console(self):

@@ -554,17 +554,18 @@ def test_a_bad_latency_matrix_is_exit_2_naming_the_file(net, tmp_path, capsys, t
 def test_weight_order_heavy_relays_are_likelier_and_rates_keep_capacity_order(net):
     """Drawn by weight, the sampled relays of a class are heavier on average than the class (a
     uniform draw matches the class mean); and the fitted rates keep the capacities' order."""
-    usable, _ = sample.eligible(sources.join(*_joined(net))[0])
+    joined = sources.join(*_joined(net))[0]
+    usable, _ = sample.eligible(joined)
     heavier = 0
     for seed in range(10):
-        res = generate(net.consensus, [net.descriptors], relays=30, seed=seed, budget=BUDGET, latency=None)
+        smp = sample.draw(joined, 30, seed, "c")
         for pos in ("guard", "middle"):
             cls = [r.weight for r in usable if r.position == pos]
-            got = [r.weight for r in res.sample.relays if r.position == pos]
+            got = [r.weight for r in smp.relays if r.position == pos]
             heavier += sum(got) / len(got) > sum(cls) / len(cls)
-        caps = [(r.capacity, rate) for g in res.groups for r, rate in zip(g.relays, g.rates)]
-        caps.sort()
-        assert [rate for _, rate in caps] == sorted(rate for _, rate in caps)
+        fit = budget_mod.fit_rates([r.capacity for r in smp.relays], BUDGET, {"relay": 30, "authority": 3, "client": 30})
+        by_capacity = [rate for _, rate in sorted(zip([r.capacity for r in smp.relays], fit.rates))]
+        assert by_capacity == sorted(by_capacity)
     assert heavier >= 18, heavier                    # of 20 (class, seed) draws
 
 
