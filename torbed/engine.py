@@ -123,6 +123,10 @@ def features_used(s: Scenario) -> list[str]:
         used.add("load")
     if any(g.cpu != "native" for g in s.network.relays.values()):
         used.add("cpu")
+    if any(g.weights for g in s.network.relays.values()):
+        used.add("weights")
+    if s.samples:
+        used.add("samples")
     return sorted(used)
 
 
