@@ -13,7 +13,9 @@ a typed ``error.cause`` and the workload goes on until its end time. A stall is 
 "stallout": no byte received for the workload's ``stallout_s`` after the request or the last
 read (cause ``stall``; the error also records ``silent_s``). After a timeout or a stall the
 circuit is closed and the next transfer builds a new one (a circuit whose relay vanished
-unannounced would otherwise time out every later transfer).
+unannounced would otherwise time out every later transfer). A transfer of any kind still
+running ``WINDOW_GRACE_S`` after the window's end (``t_end``) is cut there and recorded as
+censored, not failed: ``status: cancelled``, cause ``run_ended``, ``t_censor``.
 
 Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
 registered in ``WORKLOADS`` (``bulk``, ``fetch``, and ``replay`` from torbed.replay.client,
