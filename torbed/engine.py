@@ -49,6 +49,7 @@ from .errors import Interrupted, TorbedError
 from .provenance import host_info, python_dependencies, utc_now
 from .network import LOAD_GROUP
 from .scenario import Scenario, group_sizes
+from .variants import describe
 
 # A feature a backend lacks: {feature: why}; features are named as in ``features_used``.
 Capabilities = dict[str, str]
@@ -399,6 +400,11 @@ def run_order(variants: list[str], repetitions: int, seed: int) -> list[tuple[st
     return order
 
 
+def _variant_specs(s: Scenario, variant: str) -> dict:
+    names = [variant] + [rg.variant for rg in s.network.relays.values() if rg.variant]
+    return {n: describe(n) for n in dict.fromkeys(names)}
+
+
 def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[dict] | None = None,
                 session: int = 1) -> dict:
     s = r.scenario
@@ -408,6 +414,9 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
             "t_end": None, "warmup_s": s.measure.warmup.seconds, "duration_s": s.measure.duration.seconds,
             "faults": [], "session": session,
+            # Every variant this repetition runs, with each parameter's value (a name such as
+            # torchestra-exp1 stands for several), so the record does not depend on variant.yaml.
+            "variant_specs": _variant_specs(s, variant),
             # Earlier attempts of this repetition discarded by a resume (torbed/resume.py).
             "history": list(history or [])}
     rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)
