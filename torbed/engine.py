@@ -122,7 +122,7 @@ def features_used(s: Scenario) -> list[str]:
         used.add("placement")
     if s.load is not None:
         used.add("load")
-    if any(g.cpu != "native" for g in s.network.relays.values()):
+    if any(g.cpu != "native" or g.cpu_per_thread is not None for g in s.network.relays.values()):
         used.add("cpu")
     return sorted(used)
 

@@ -97,6 +97,13 @@ class RelayGroup(Strict):
         "native", description="qemu: run this group's tor under qemu-user emulation (qemu-x86_64, no AES "
                               "instructions): every thread much slower, a slow CPU like a Raspberry Pi's, so the "
                               "relay's CPU binds before the rest of the network does; local backend only")
+    cpu_per_thread: Percent | None = Field(
+        None, description="A CPU cap on each thread of this group's tor, in percent of one core, e.g. '20%': a "
+                          "multi-core CPU whose every core is that much slower (Engler & Goldberg's Raspberry "
+                          "Pi inside a fast machine). Each thread gets a CFS quota of its own (cgroup v1 cpu, or "
+                          "v2 in threaded mode) from the start of the workload; threads started later are capped "
+                          "within 1 s. The caps are upper bounds: threads x cap must fit the host's idle cores. "
+                          "Combines with cpu: qemu; local backend only")
 
 
 # The testbed's address range: inside one of RFC 1918's, /24 or larger. torbed's check below
@@ -662,6 +669,10 @@ def _network_problems(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, 
         problems += [(f"network.relays.{g}.torrc", msg)
                      for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
                                                       variant_options=extra)]
+    for g, rg in relays.items():
+        if rg.cpu_per_thread is not None and not 0.01 <= rg.cpu_per_thread.fraction <= 1.0:
+            problems.append((f"network.relays.{g}.cpu_per_thread",
+                             f"{rg.cpu_per_thread} is outside 1%..100% of one core"))
     if not any(rg.exit for rg in relays.values()):
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))
     return problems, warnings
