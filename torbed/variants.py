@@ -18,6 +18,7 @@ Public API:
 - ``load_variant(name, variants_dir=VARIANTS_DIR) -> Variant``  (raises ``VariantError``)
 - ``list_families(variants_dir) -> list[str]``
 - ``describe(name, variants_dir) -> dict`` name, family, preset and every parameter's value
+- ``presets(family, variants_dir) -> dict`` the family's presets, {preset: {parameter: value}}
 - ``Variant.build_key`` content hash of what the binary is built from; config-only variants
   share the key of the unpatched ("stock") build, so they differ from patched variants only
   by their patches, never by build flags.
@@ -185,6 +186,11 @@ def _presets(data: dict, path: Path) -> dict[str, dict[str, float | int]]:
                 raise VariantError(f"{where}.{k}: {v!r} is not a number")
             out[pname][k] = _checked(f"{where}", k, float(v), spec[k])
     return out
+
+
+def presets(family: str, variants_dir: Path = constants.VARIANTS_DIR) -> dict[str, dict[str, float | int]]:
+    """The family's presets, checked: {preset: {parameter: value}} (raises VariantError)."""
+    return _presets(_read_family(family, variants_dir), variants_dir / family / "variant.yaml")
 
 
 def describe(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> dict:
