@@ -88,10 +88,10 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- $f := index $families $family -}}
 {{- if and $arg (not $f.parameters) -}}
 {{- $problems = append $problems (printf "%s: variant '%s' takes no parameter, got '%s'" $field $family $name) -}}
-{{- else if $arg -}}
+{{- else if and $arg (not (hasKey ($f.presets | default dict) $arg)) -}}
 {{- $p := first $f.parameters -}}
 {{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $arg) -}}
-{{- $problems = append $problems (printf "%s: variant '%s': '%s' is not a number for parameter '%s'" $field $name $arg $p.name) -}}
+{{- $problems = append $problems (printf "%s: variant '%s': '%s' is not a number for parameter '%s' and not a preset of '%s'" $field $name $arg $p.name $family) -}}
 {{- else if or (and (kindIs "float64" $p.min) (lt (float64 $arg) (float64 $p.min))) (and (kindIs "float64" $p.max) (gt (float64 $arg) (float64 $p.max))) -}}
 {{- $problems = append $problems (printf "%s: variant '%s': %s=%s outside [%v, %v]" $field $name $p.name $arg $p.min $p.max) -}}
 {{- end -}}
