@@ -94,8 +94,6 @@ PENDING = {
     ("torbed/backends/local/backend.py", "_wait_clients"),
     ("torbed/torrc.py", "static_fragments"),
     ("analysis/render.py", "blocks"),
-    ("torbed/scenario.py", "_semantics"),
-    ("torbed/scenario.py", "_fault_problems"),
 }
 
 
