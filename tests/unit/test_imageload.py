@@ -86,7 +86,7 @@ def test_the_commands_run_as_built(stubs):
 def test_a_failing_or_missing_tool_is_an_error_naming_the_command(stubs):
     _stub(stubs / "bin", "kind", 'echo "ERROR: no nodes found for cluster \\"kind\\"" >&2; exit 1\n')
     [step] = imageload.steps("kind", REFS)
-    with pytest.raises(imageload.LoadError, match=r'kind load docker-image .* exited 1: ERROR: no nodes found'):
+    with pytest.raises(imageload.LoadError, match=r'kind load docker-image .*: kind exited 1: ERROR: no nodes found'):
         imageload.run(step, say=lambda *_: None)
     (stubs / "bin" / "minikube").unlink()
     with pytest.raises(imageload.LoadError, match="minikube: not found on PATH"):

@@ -89,12 +89,13 @@ def run(step: Step, say=print) -> None:
         p = subprocess.run(step.argv, stdin=feed.stdout, capture_output=True, text=True)
         feed.stdout.close()
         fed = feed.wait()
-        if fed != 0:
-            raise LoadError(f"{step.feed[0]} exited {fed}: {step.shell()}")
     else:
-        p = subprocess.run(step.argv, capture_output=True, text=True)
+        p, fed = subprocess.run(step.argv, capture_output=True, text=True), 0
+    # The importer first: when it dies, the feeder only sees a broken pipe.
     if p.returncode != 0:
-        raise LoadError(f"{step.shell()} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
+        raise LoadError(f"{step.shell()}: {step.argv[0]} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
+    if fed != 0:
+        raise LoadError(f"{step.shell()}: {step.feed[0]} exited {fed}")
 
 
 def load(target: str, kinds=images.DEFAULT_IMAGES, families: list[str] | None = None, cluster: str | None = None,
