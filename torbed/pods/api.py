@@ -55,6 +55,15 @@ class Api:
     def list(self, kind: str, selector: str) -> list[dict]:
         return self._call("GET", f"/{kind}", query={"labelSelector": selector}).get("items") or []
 
+    def get(self, kind: str, name: str) -> dict | None:
+        """The object, or None when there is none (404)."""
+        try:
+            return self._call("GET", f"/{kind}/{name}")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
     def patch(self, kind: str, name: str, patch: dict) -> dict:
         """A JSON merge patch."""
         url_kind = f"/{kind}/{name}"

@@ -114,11 +114,14 @@ def schedule(identities: dict[str, str], t_hook: float) -> dict:
 
 
 def release_owner(api: Api, instance: str) -> list[dict]:
-    """ownerReferences to Helm's record of the release's first revision, or [] when none is found."""
+    """ownerReferences to Helm's record of the release's first revision, or [] when none is
+    found. By name (Helm's storage drivers name it sh.helm.release.v1.<release>.v1), so the
+    hook's Role reads that object and its own two, not every Secret in the namespace."""
+    name = f"sh.helm.release.v1.{instance}.v1"
     for kind, k in (("secrets", "Secret"), ("configmaps", "ConfigMap")):
-        for obj in api.list(kind, f"owner=helm,name={instance},version=1"):
-            m = obj["metadata"]
-            return [{"apiVersion": "v1", "kind": k, "name": m["name"], "uid": m["uid"]}]
+        obj = api.get(kind, name)
+        if obj is not None:
+            return [{"apiVersion": "v1", "kind": k, "name": name, "uid": obj["metadata"]["uid"]}]
     return []
 
 

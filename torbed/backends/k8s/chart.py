@@ -191,6 +191,11 @@ class ChartValues(Strict):
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
     nightly: NightlyValues = Field(default_factory=NightlyValues)
     test: TestValues = Field(default_factory=TestValues)
+    podLabels: dict[str, str] = Field(default_factory=dict, description="Extra labels of every pod of the release")
+    podAnnotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of every pod of the release, "
+                                           "e.g. sidecar.istio.io/inject: 'false' (an injected sidecar keeps hook and client "
+                                           "pods from completing); every pod already carries cluster-autoscaler's "
+                                           "safe-to-evict: 'false' and Karpenter's do-not-disrupt: 'true'")
 
 
 def inline_traces(scenario: Scenario) -> dict[str, str]:
