@@ -81,6 +81,17 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]
     hw = next(iter(meta["hardware"].values()))
     assert hw["arch"] in ("amd64", "arm64") and hw["cpu_model"] and "middle0" in hw["ran"], hw
+    # Provenance: per pod, the build each container ran (the kubelet's imageID: for an image
+    # imported from Docker, its config digest, Docker's image ID) and what its tor reports.
+    guard = meta["pods"][f"{meta['release']}-guard-0"]
+    docker_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", "torbed/relay:ewma-0.1.0"],
+                               capture_output=True, text=True).stdout.strip()
+    assert docker_id and guard["containers"]["tor"]["image_id"].endswith(docker_id), (guard, docker_id)
+    assert guard["containers"]["tor"]["image"].endswith("torbed/relay:ewma-0.1.0"), guard
+    from torbed import constants
+    assert guard["tor_version"] == constants.TOR_VERSION, guard
+    assert meta["tor_versions"] == [constants.TOR_VERSION], meta["tor_versions"]
+    assert all(len(ids) == 1 for ids in meta["images"].values()), meta["images"]
     r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run_dir / "report" / "report.html").exists()

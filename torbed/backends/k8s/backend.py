@@ -468,6 +468,7 @@ class K8sBackend:
         meta["ready_s"] = round(meta["t_ready"] - meta["t_start"], 3)
         meta["t_workload_start"] = start["t_workload"]
         meta["bringup"] = _bringup_breakdown(self.cluster.pods(name), meta)
+        _record_provenance(self.cluster, name, meta, self.console)
         # Relays that had reported holding the consensus by the start: fewer than all means the
         # clients went online at their deadline, not because the network was ready (a relay
         # without a consensus opened a channel per circuit, and Torchestra saw nothing heavy).
@@ -751,6 +752,55 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
                          else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw
+
+
+TOR_VERSION_RE = re.compile(r"^Tor version (.+?)\.?$", re.M)   # "0.4.9.11", "0.4.9.0-alpha-dev (git-abc)"
+
+
+def _tor_version(pod: str, cluster: Cluster) -> str | None:
+    """What ``tor --version`` says in the pod's tor container (the binary that runs there)."""
+    from kubernetes import client
+    from kubernetes.stream import stream
+    try:
+        with client.ApiClient() as api:   # exec swaps its ApiClient's request method: one of its own
+            out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, cluster.ns, container="tor",
+                         command=["tor", "--version"], stderr=True, stdin=False, stdout=True, tty=False,
+                         _request_timeout=30)
+    except (cluster.ApiException, *cluster.TransportError) as e:
+        return f"unknown ({type(e).__name__})"
+    m = TOR_VERSION_RE.search(out or "")
+    return m.group(1) if m else f"unknown ({(out or '').strip()[:80]!r})"
+
+
+def _record_provenance(cluster: Cluster, release: str, meta: dict, console=None) -> None:
+    """meta.json ``pods``: per pod, each container's image reference and the digest the
+    kubelet ran (status imageID), and the version its tor container's tor reports;
+    ``images``: each reference with the digests it resolved to. Tags are rebuilt in place and
+    pulled IfNotPresent, so one reference can be two builds on two nodes: warned about here,
+    and visible in the record either way."""
+    pods: dict[str, dict] = {}
+    digests: dict[str, set[str]] = {}
+    for p in cluster.pods(release):
+        st = p.status
+        containers = {}
+        for c in (st.init_container_statuses or []) + (st.container_statuses or []):
+            containers[c.name] = {"image": c.image, "image_id": c.image_id or None}
+            if c.image_id:
+                digests.setdefault(c.image, set()).add(c.image_id)
+        entry = {"k8s_node": p.spec.node_name, "containers": containers}
+        if "tor" in containers and any(c.name == "tor" and c.state and c.state.running
+                                       for c in st.container_statuses or []):
+            entry["tor_version"] = _tor_version(p.metadata.name, cluster)
+        pods[p.metadata.name] = entry
+    meta["pods"] = pods
+    meta["images"] = {ref: sorted(ids) for ref, ids in sorted(digests.items())}
+    versions = sorted({e["tor_version"] for e in pods.values() if e.get("tor_version")})
+    meta["tor_versions"] = versions
+    split = {ref: ids for ref, ids in meta["images"].items() if len(ids) > 1}
+    if console is not None and split:
+        console.log("[yellow]warning[/yellow]: one image reference, several builds across nodes: "
+                    + "; ".join(f"{ref}: {', '.join(ids)}" for ref, ids in split.items())
+                    + " (meta.json images; reload the images or use a registry with a new tag)")
 
 
 def _pod_is(pod: str, release: str, node: dict) -> bool:
