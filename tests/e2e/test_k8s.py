@@ -217,6 +217,42 @@ def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp
     print(f"missing image reported after {took:.1f} s: {meta['error'][:200]}")
 
 
+def test_plain_helm_with_a_missing_image_fails_naming_it_and_uninstalls_at_once(kube, helm):
+    """Plain helm, no torbed watching: the pull-check hook pods fail the install after
+    images.pullCheckSeconds (here 20 s) naming the image (helm's only words are the pod's
+    name), not after helm's 5-minute timeout; an upgrade is refused at once with the reason;
+    uninstall runs no pod (it used to wait on the pre-delete hook's missing image) and the
+    garbage collector leaves nothing."""
+    rel, chart = "nopull", str(REPO / "charts" / "torbed")
+    base = [helm["bin"], "-n", "default"]
+    t0 = time.time()
+    p = subprocess.run([*base, "install", rel, chart, "--set", "images.tag=not-built-0",
+                        "--set", "images.pullCheckSeconds=20"], capture_output=True, text=True, env=helm["env"])
+    install_s = time.time() - t0
+    try:
+        assert p.returncode == 1 and f"pod {rel}-pull-torbed.client.not-built-0 failed" in p.stderr, p.stderr
+        assert install_s < 90, f"{install_s:.0f} s"
+        t0 = time.time()
+        u = subprocess.run([*base, "upgrade", rel, chart, "--set", "images.tag=not-built-0"], capture_output=True,
+                           text=True, env=helm["env"])
+        upgrade_s = time.time() - t0
+        assert u.returncode == 1 and "helm upgrade of a torbed network release is not supported" in u.stderr, u.stderr
+        assert upgrade_s < 15, f"{upgrade_s:.0f} s"
+    finally:
+        t0 = time.time()
+        d = subprocess.run([*base, "uninstall", rel, "--timeout", "60s"], capture_output=True, text=True,
+                           env=helm["env"])
+        uninstall_s = time.time() - t0
+    assert d.returncode == 0, d.stderr
+    assert uninstall_s < 20, f"{uninstall_s:.0f} s"
+    deadline = time.time() + 60
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
+    print(f"plain helm, missing image: install failed after {install_s:.1f} s, upgrade refused after "
+          f"{upgrade_s:.1f} s, uninstall {uninstall_s:.1f} s")
+
+
 def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
     """The torchestra relay image on the cluster: one bulk download beside three web clients
     through all-Torchestra relays; the exit moves the bulk circuit to the heavy connection
