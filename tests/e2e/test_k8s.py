@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,9 +31,26 @@ def quickstart(kube, tmp_path_factory):
     data["faults"] = [{"at": "6s", "kind": "kill", "target": "middle0"}]
     scenario = tmp_path / "quickstart-kill.yaml"
     scenario.write_text(yaml.safe_dump(data))
+    # The run's Grafana dashboards, seen from outside while it runs (they live for the run).
+    seen, done = set(), threading.Event()
+
+    def watch():
+        core = kube.CoreV1Api()
+        while not done.wait(2):
+            try:
+                seen.update(c.metadata.name for c in core.list_namespaced_config_map(
+                    "default", label_selector="torbed.io/run,grafana_dashboard=1").items)
+            except Exception:      # an API hiccup: look again
+                pass
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     t0 = time.time()
-    p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "60s")
-    return {"p": p, "run_dir": run_dir, "took_s": time.time() - t0}
+    try:
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "60s")
+    finally:
+        done.set()
+        watcher.join()
+    return {"p": p, "run_dir": run_dir, "took_s": time.time() - t0, "dashboards_seen": seen}
 
 
 def test_quickstart_runs_and_reports(kube, quickstart):
@@ -97,6 +115,11 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert (run_dir / "report" / "report.html").exists()
     assert hw["cpu_model"] in (run_dir / "report" / "report.md").read_text()
     assert leftovers(kube, meta["release"]) == []
+    # Dashboards: one ConfigMap each for the whole run (releases ship none), gone with the run.
+    info = json.loads((run_dir / "run.json").read_text())
+    assert len(info["k8s"]["dashboards"]) == 3 and set(info["k8s"]["dashboards"]) == quickstart["dashboards_seen"], \
+        (info.get("k8s"), quickstart["dashboards_seen"])
+    assert not kube.CoreV1Api().list_namespaced_config_map("default", label_selector="torbed.io/run").items
 
 
 def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube, quickstart):

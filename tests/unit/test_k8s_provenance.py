@@ -61,3 +61,40 @@ def test_meta_records_each_pods_builds_and_warns_when_a_tag_is_two_builds(monkey
 def test_the_version_line_of_tor():
     assert backend.TOR_VERSION_RE.search("Tor version 0.4.9.11.\nTor is running on Linux").group(1) == "0.4.9.11"
     assert backend.TOR_VERSION_RE.search("Tor version 0.4.9.0-alpha-dev (git-abc).").group(1) == "0.4.9.0-alpha-dev (git-abc)"
+
+
+def test_a_runs_dashboards_are_one_configmap_each_labelled_for_grafanas_sidecar():
+    cms = backend.run_dashboards("quickstart-20261126T233000Z")
+    assert [c["metadata"]["name"] for c in cms] == [
+        "torbed-run-quickstart-20261126t233000z-torbed-clients", "torbed-run-quickstart-20261126t233000z-torbed-emulator",
+        "torbed-run-quickstart-20261126t233000z-torbed-network"]
+    labels = cms[0]["metadata"]["labels"]
+    assert labels["grafana_dashboard"] == "1" and labels["torbed.io/run"] == "quickstart-20261126T233000Z"
+    assert cms[0]["metadata"]["annotations"] == {"grafana_folder": "torbed"}
+    [(key, text)] = cms[0]["data"].items()
+    assert key == "torbed-clients.json" and text.lstrip().startswith("{")
+    # the chart's dashboards.* settings, as --set passes them; names stay within 63 characters
+    cms = backend.run_dashboards("x" * 100, backend._set_values(
+        ["dashboards.label=dash", "dashboards.labelValue=yes", "variant=v"], "dashboards."))
+    assert all(len(c["metadata"]["name"]) <= 63 and c["metadata"]["labels"]["dash"] == "yes" for c in cms)
+
+
+def test_dashboards_live_for_the_run_not_the_release(tmp_path):
+    made, deleted = [], []
+    core = NS(create_namespaced_config_map=lambda ns, cm: made.append(cm["metadata"]["name"]),
+              delete_namespaced_config_map=lambda name, ns: deleted.append(name))
+    b = backend.K8sBackend.__new__(backend.K8sBackend)
+    b.cluster = NS(core=core, ns="default", ApiException=Exception, TransportError=(OSError,))
+    b.extra_set, b.traces, b.console = ["images.tag=t"], None, NS(log=print)
+    run = NS(run_dir=tmp_path / "qs-1", scenario=NS(model_dump=lambda **kw: {"name": "qs"}), info={})
+    (tmp_path / "qs-1").mkdir()
+    b.start_run(run)
+    assert len(made) == 3 and run.info["k8s"]["dashboards"] == made
+    assert b.extra_set == ["dashboards.enabled=false", "images.tag=t"]   # releases ship none of their own
+    b.finish_run(run)
+    assert deleted == made
+    # --set dashboards.enabled=false: none at all
+    made.clear()
+    b.extra_set = ["dashboards.enabled=false"]
+    b.start_run(run)
+    assert made == [] and b.extra_set == ["dashboards.enabled=false"]

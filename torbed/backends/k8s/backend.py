@@ -426,6 +426,27 @@ class K8sBackend:
         if self.traces:
             values["replayTraces"] = {"inline": self.traces}
         self.values.write_text(yaml.safe_dump(values, sort_keys=False))
+        # Grafana dashboards once for the whole run, not per release: the chart's per-release
+        # ConfigMaps went with each repetition's uninstall, so the run's dashboards came and
+        # went between repetitions and were gone when one looked at the run afterwards.
+        settings = _set_values(self.extra_set, "dashboards.")
+        self.dashboards: list[str] = []
+        if settings.get("enabled", "true") != "false":
+            self.extra_set = ["dashboards.enabled=false", *self.extra_set]
+            self.dashboards = create_run_dashboards(self.cluster, run.run_dir.name, settings)
+            run.info.setdefault("k8s", {})["dashboards"] = self.dashboards
+
+    def finish_run(self, run: engine.Run) -> None:
+        """Remove the run's dashboards (engine: after the last repetition, also when it failed)."""
+        for name in getattr(self, "dashboards", []):
+            try:
+                self.cluster.core.delete_namespaced_config_map(name, self.cluster.ns)
+            except self.cluster.ApiException as e:
+                if e.status != 404:
+                    self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: HTTP {e.status}")
+            except self.cluster.TransportError as e:
+                self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: {e}")
+        self.dashboards = []
 
     def prepare(self, rep: engine.Repetition) -> None:
         s, st = rep.scenario, rep.state
@@ -752,6 +773,45 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
                          else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw
+
+
+def _set_values(sets: list[str], prefix: str) -> dict[str, str]:
+    """The KEY=VALUE --set values under ``prefix`` ("dashboards."), by the rest of the key."""
+    return {k[len(prefix):]: v for k, _, v in (s.partition("=") for s in sets) if k.startswith(prefix)}
+
+
+def run_dashboards(run_id: str, settings: dict[str, str] | None = None) -> list[dict]:
+    """ConfigMaps of torbed's Grafana dashboards (the chart's generated files) for one run,
+    labelled as the chart labels them (dashboards.label/labelValue/folder, overridable with
+    --set) and with torbed.io/run, for Grafana's dashboard sidecar."""
+    settings = settings or {}
+    run_label = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[-63:].strip("-_.") or "run"
+    out = []
+    for path in sorted((CHART / "files" / "grafana" / "dashboards").glob("*.json")):
+        name = f"torbed-run-{run_label.lower()}"[:63 - len(path.stem) - 1].rstrip("-.") + f"-{path.stem}"
+        out.append({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name,
+                                 "labels": {"app.kubernetes.io/name": "torbed", "app.kubernetes.io/managed-by": "torbed",
+                                            "torbed.io/run": run_label,
+                                            settings.get("label", "grafana_dashboard"): settings.get("labelValue", "1")},
+                                 "annotations": {"grafana_folder": settings.get("folder", "torbed")}},
+                    "data": {path.name: path.read_text()}})
+    return out
+
+
+def create_run_dashboards(cluster: Cluster, run_id: str, settings: dict[str, str]) -> list[str]:
+    """Create (or replace) the run's dashboard ConfigMaps; their names."""
+    names = []
+    for cm in run_dashboards(run_id, settings):
+        name = cm["metadata"]["name"]
+        try:
+            cluster.core.create_namespaced_config_map(cluster.ns, cm)
+        except cluster.ApiException as e:
+            if e.status != 409:
+                raise KubernetesError(f"Kubernetes API: create configmap {name}: HTTP {e.status} {e.reason}") from None
+            cluster.core.replace_namespaced_config_map(name, cluster.ns, cm)
+        names.append(name)
+    return names
 
 
 TOR_VERSION_RE = re.compile(r"^Tor version (.+?)\.?$", re.M)   # "0.4.9.11", "0.4.9.0-alpha-dev (git-abc)"
