@@ -179,10 +179,16 @@ class Repetition:
     dir: Path
     meta: dict
     state: Any = field(default_factory=dict)    # the backend's per-repetition state (its own type)
+    _block: Scenario | None = field(default=None, repr=False)
 
     @property
     def scenario(self) -> Scenario:
-        return self.run.scenario
+        # With a sampled network per block (scenario.samples), block k runs its own network.
+        if not self.run.scenario.samples:
+            return self.run.scenario
+        if self._block is None:
+            self._block = self.run.scenario.for_block(self.index)
+        return self._block
 
     @property
     def console(self):
@@ -272,6 +278,7 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             "seed": scenario.seed, "variants": variants,
             "baseline": scenario.baseline_variant if scenario.baseline_variant in variants else variants[0],
             "repetitions": scenario.repetitions, "backend": backend.name,
+            "network_design": scenario.network_design,
             "torbed_version": __version__, "python_dependencies": python_dependencies(),
             "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
             **({"source": str(source)} if source else {}),
@@ -413,6 +420,8 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
             "t_end": None, "warmup_s": s.measure.warmup.seconds, "duration_s": s.measure.duration.seconds,
             "faults": [], "session": session,
+            # The seed of the network this block ran (scenario.samples); null: the scenario's network.
+            "network_sample_seed": s.samples[k % len(s.samples)].seed if s.samples else None,
             # Earlier attempts of this repetition discarded by a resume (torbed/resume.py).
             "history": list(history or [])}
     rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)

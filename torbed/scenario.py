@@ -91,6 +91,12 @@ class RelayGroup(Strict):
     exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] | None = Field(
+        None, description="Consensus weights the authorities vote for this group's relays, one per relay in node "
+                          "order (units of a consensus' 'w Bandwidth=', as measured bandwidths in the authorities' "
+                          "V3BandwidthsFile); set on every relay group or none, with 3 or more authorities. "
+                          "Default: none (the authorities vote each relay's self-advertised bandwidth). Local "
+                          "backend only (docs/generate.md)")
     torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
                                        "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(
@@ -441,6 +447,25 @@ class Generated(Strict):
         default_factory=dict, description="The generator's inputs and the budget it fitted to")
 
 
+class SampledGroup(Strict):
+    """One relay group as one block's sampled network has it (same name and count as in
+    ``network.relays``; its own rate and weights)."""
+    bandwidth: Rate = Field(..., description="BandwidthRate/BandwidthBurst of each relay in this block's network")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] = Field(
+        ..., min_length=1, description="Consensus weights the authorities vote, one per relay in node order")
+
+
+class NetworkSample(Strict):
+    """One independently sampled network (torbed generate --networks): repetition k (block k)
+    runs sample k mod len(samples), with the relay groups' rates and weights and the links
+    of that sample (replacing links.pairs between the same groups); everything else is the
+    scenario's."""
+    seed: int = Field(..., ge=0, description="Seed this network was drawn with")
+    relays: dict[GroupName, SampledGroup] = Field(..., min_length=1,
+                                                   description="Every relay group of network.relays, by name")
+    pairs: list[LinkPair] = Field(default_factory=list, description="links.pairs of this block's network")
+
+
 # ---------------------------------------------------------------------------------------
 # Scenario
 
@@ -463,6 +488,10 @@ class Scenario(Strict):
     load: Load | None = Field(None, description="Background users (Locust) through their own tors")
     generated: Generated | None = Field(None, description="Provenance of a scenario made by torbed generate "
                                                           "(sources, seed, method); not used to run it")
+    samples: list[NetworkSample] = Field(
+        default_factory=list, description="An independently sampled network per block (torbed generate --networks; "
+                                          "Jansen, Tracey & Goldberg 2021): repetition k runs samples[k mod n]. "
+                                          "Empty: every repetition runs network as written")
     design: Design | None = Field(None, description="Sequential design: a pilot, then blocks until the primary "
                                                     "comparison's 95% interval is narrow enough or the maximum "
                                                     "is reached (repetitions = design.max_repetitions)")
@@ -495,6 +524,26 @@ class Scenario(Strict):
     def load_files(self) -> dict[str, units.Size]:
         """Files the background users fetch, added to their server's files: load-<mix name>."""
         return {} if self.load is None else {f"load-{n}": r.size for n, r in self.load.mix.items()}
+
+    @property
+    def network_design(self) -> str:
+        """'network-per-block' (samples) or 'one-network'."""
+        return "network-per-block" if self.samples else "one-network"
+
+    def for_block(self, k: int) -> "Scenario":
+        """The scenario repetition (block) ``k`` runs: with samples, sample k mod n's relay rates,
+        weights and relay links; otherwise this scenario itself."""
+        if not self.samples:
+            return self
+        smp = self.samples[k % len(self.samples)]
+        relays = {g: rg.model_copy(update={"bandwidth": smp.relays[g].bandwidth, "weights": list(smp.relays[g].weights)})
+                  for g, rg in self.network.relays.items()}
+        own = {frozenset(p.between) for p in smp.pairs}
+        pairs = [p for p in self.links.pairs if frozenset(p.between) not in own] + list(smp.pairs)
+        out = self.model_copy(update={"network": self.network.model_copy(update={"relays": relays}),
+                                      "links": self.links.model_copy(update={"pairs": pairs})})
+        out._warnings, out._base_dir = self._warnings, self._base_dir
+        return out
 
     def group_names(self) -> list[str]:
         return [*self.network.relays, *self.servers, *self.clients]
@@ -547,6 +596,48 @@ def _message(err: dict) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return msg
+
+
+def _sample_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Each block's network has exactly the relay groups of network.relays, a weight per
+    relay, and links between relay groups only."""
+    problems = []
+    relays = s.network.relays
+    if s.samples and not all(rg.weights for rg in relays.values()):
+        problems.append(("samples", "a sampled network per block needs weights on every relay group of network.relays"))
+    for i, smp in enumerate(s.samples):
+        if set(smp.relays) != set(relays):
+            problems.append((f"samples[{i}].relays", f"groups {', '.join(sorted(smp.relays))}; every block must have "
+                                                     f"network.relays' groups: {', '.join(sorted(relays))}"))
+            continue
+        for g, sg in smp.relays.items():
+            if len(sg.weights) != relays[g].count:
+                problems.append((f"samples[{i}].relays.{g}.weights",
+                                 f"{len(sg.weights)} weights for {relays[g].count} relays; give one per relay"))
+        for j, p in enumerate(smp.pairs):
+            if not set(p.between) <= {*s.group_names(), "authority"}:
+                problems.append((f"samples[{i}].pairs[{j}].between", f"{p.between}: not groups of this scenario"))
+    return problems
+
+
+def _weight_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Voted consensus weights: one per relay, on every group or none, and enough
+    authorities for tor to use them (a consensus takes measured bandwidths only when more
+    than two authorities vote them: dirvote.c, "num_mbws > 2")."""
+    relays = s.network.relays
+    with_w = [g for g, rg in relays.items() if rg.weights is not None]
+    problems = [(f"network.relays.{g}.weights", f"{len(rg.weights)} weights for {rg.count} relays; give one per relay")
+                for g, rg in relays.items() if rg.weights is not None and len(rg.weights) != rg.count]
+    if with_w and len(with_w) != len(relays):
+        missing = [g for g in relays if g not in with_w]
+        problems.append(("network.relays", f"weights are set on {', '.join(with_w)} but not on {', '.join(missing)}: "
+                                           "set them on every relay group or none (an unmeasured relay's weight is "
+                                           "capped at 20 when the others are measured)"))
+    if with_w and s.network.authorities < 3:
+        problems.append(("network.authorities", f"{s.network.authorities} authorities: relay weights need 3 or more "
+                                                "(tor uses voted measurements only when more than two authorities "
+                                                "vote them)"))
+    return problems
 
 
 def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
@@ -630,6 +721,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         problems += [(f"network.relays.{g}.torrc", msg)
                      for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
                                                       variant_options=extra)]
+    problems += _weight_problems(s) + _sample_problems(s)
     exits = [g for g, rg in relays.items() if rg.exit]
     if not exits:
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))

@@ -29,7 +29,7 @@ def test_each_setup_gets_its_own_command_line():
     assert [s.shell() for s in imageload.steps("minikube", REFS, cluster="p2")] == [
         "minikube image load torbed/client:0.1.0 -p p2", "minikube image load torbed/relay:vanilla-0.1.0 -p p2"]
     [local] = imageload.steps("local", REFS)
-    assert local.argv == (str(resources.ROOT / "hack" / "cluster.sh"), "load-image", *REFS)
+    assert local.argv == (str(resources.ROOT / "hack" / "cluster" / "cluster.sh"), "load-image", *REFS)
 
 
 def test_bad_targets_and_flags_are_refused():

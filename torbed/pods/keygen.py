@@ -43,7 +43,7 @@ from pathlib import Path
 
 from .. import constants, keys, torrc
 from . import env, load_scenario, log, plan
-from ..errors import RunFailed
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RunFailed
 from .api import Api
 
 GENERATED_LABEL = "torbed.io/generated"
@@ -145,9 +145,9 @@ def create() -> int:
                               "data": identities})
     log(f"keygen: created secret {release}-keys and configmap {release}-identities, "
         + (f"deleted with helm's {owner[0]['kind']} {owner[0]['name']}" if owner else
-           "but found no Helm release record (secrets or configmaps owner=helm) to tie them to: "
+           "but found no Helm release record (sh.helm.release.v1.<release>.v1) to tie them to: "
            "they stay after helm uninstall"))
-    return 0
+    return EXIT_OK
 
 
 def delete() -> int:
@@ -161,19 +161,19 @@ def delete() -> int:
     tests = f"app.kubernetes.io/instance={env('TORBED_INSTANCE')},app.kubernetes.io/component=test"
     api.delete_collection("pods", tests)
     log(f"cleanup: deleted pods matching {tests}")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv not in (["create"], ["delete"]):
         print("usage: python -m torbed.pods.keygen create|delete", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     try:
         return create() if argv[0] == "create" else delete()
     except RunFailed as e:   # ApiError, KeyGenerationError
         log(f"keygen: {e}")
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ to Docker Hub unless the images are already in each node's container runtime or 
 registry the chart is pointed at. Each kind of cluster has its own way in; this module builds
 that setup's own command line and runs it:
 
-    local     hack/cluster.sh load-image REF...            (the project's cluster, tests/e2e)
+    local     hack/cluster/cluster.sh load-image REF...    (the project's cluster, tests/e2e)
     kind      kind load docker-image REF... --name CLUSTER
     k3s       docker save REF... | k3s ctr images import -  (run on each k3s node, as root)
     minikube  minikube image load REF -p PROFILE          (one call per image)
@@ -61,7 +61,7 @@ def steps(target: str, refs: list[str], cluster: str | None = None) -> list[Step
         raise InputError("no images to load")
     if target == "local":
         # hack/ is in a checkout only (not shipped): the local cluster is a developer's.
-        return [Step((str(resources.ROOT / "hack" / "cluster.sh"), "load-image", *refs))]
+        return [Step((str(resources.ROOT / "hack" / "cluster" / "cluster.sh"), "load-image", *refs))]
     if target == "kind":
         return [Step(("kind", "load", "docker-image", *refs, "--name", cluster or DEFAULT_CLUSTER["kind"]))]
     if target == "k3s":
@@ -132,7 +132,7 @@ def add_parser(sub, fmt) -> None:
     lp = isub.add_parser("load", help="load the images `make images` built into a cluster, or push them to a registry",
                          formatter_class=fmt)
     lp.add_argument("--to", required=True, choices=TARGETS,
-                    help="local: the project's cluster (hack/cluster.sh); kind: kind load docker-image; k3s: docker save | "
+                    help="local: the project's cluster (hack/cluster/cluster.sh); kind: kind load docker-image; k3s: docker save | "
                          "k3s ctr images import - (on the node); minikube: minikube image load; registry: docker push")
     lp.add_argument("--cluster", default=None, help="kind cluster name (default kind) or minikube profile (default minikube)")
     lp.add_argument("--registry", default=None, help="--to registry: HOST[:PORT] to push to")
