@@ -20,7 +20,7 @@ Public API:
   ``plot_relay_metric(series, variants, path, title, ylabel)``
 - ``resource_summary(run) -> {node: {variant: (cpu_fraction, peak_rss_bytes, role)}}``
   (resources.jsonl); ``plot_resources(summary, variants, path)``
-- ``Figure``: ``path``, ``title``, ``caption``, ``section``
+- ``Figure``: ``path``, ``title``, ``caption``, ``section``, ``metrics`` (the metric ids shown)
 - ``make_all(run, extracted, summary, out_dir) -> list[Figure]``
 """
 
@@ -71,6 +71,7 @@ class Figure:
     title: str
     caption: str
     section: str
+    metrics: tuple[str, ...] = ()     # the summary metric ids it shows (headline.lead_figure)
 
 
 def _colors(variants: list[str]) -> dict[str, str]:
@@ -497,7 +498,8 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
             p = out_dir / f"{stem}-{_safe(g)}-{_safe(f)}.png"
             title = f"Transfer times {what}, {sub}"
             if plot_cdf(panels, variants, baseline, p, title):
-                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {reps_note}", "Transfers"))
+                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {reps_note}", "Transfers",
+                                   tuple(f"{k}/{g}:{f}" for k in pair)))
         entries = [(metrics_mod.METRICS[k].title, summary["metrics"][f"{k}/{g}:{f}"]) for k in ("ttfb_s", "ttlb_s")]
         p = out_dir / f"quantiles-{_safe(g)}-{_safe(f)}.png"
         title = f"Transfer time quantiles, {sub}"
@@ -510,7 +512,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         p = out_dir / "cdf-circuit_build_s.png"
         title = "Circuit build time, all clients"
         if plot_cdf([(m.info.title, m)], variants, baseline, p, title):
-            figs.append(Figure(p, title, f"CDF of circuit build times. {reps_note}", "Circuits"))
+            figs.append(Figure(p, title, f"CDF of circuit build times. {reps_note}", "Circuits", ("circuit_build_s",)))
 
     fw = faults_mod.planned_windows(run)   # shaded on every time series
     ts = metrics_mod.throughput_series(run)
@@ -550,7 +552,7 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         title = f"Circuit-queue wait per cell at relay {relay} (all circuits)"
         if plot_cdf(panels, variants, baseline, p, title):
             figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
-                               + reps_note, "Relays"))
+                               + reps_note, "Relays", tuple(f"cell_wait_ms/{relay}/{d}/all" for d in metrics_mod.DIRECTIONS)))
     delay = sorted({(m.params["client_group"], m.params["direction"]) for m in ms.values()
                     if m.metric == "cell_delay_ms" and not m.params.get("class")})
     if delay:
