@@ -66,7 +66,7 @@ def report_table(summary: dict) -> tuple[Table, list[str]]:
     from rich import box
     from .headline import outcome_table
     headers, rows, left_out = outcome_table(summary)
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
               title=f"{summary['run']['scenario']}: per-repetition medians (geometric mean), Δ vs {summary['baseline']}")
     for col in headers:
         t.add_column(col, justify="left" if col in ("outcome", "variant", "verdict", "Δ [95% CI]") else "right",
@@ -76,7 +76,8 @@ def report_table(summary: dict) -> tuple[Table, list[str]]:
     inf = summary["inference"]
     notes = [f"p: Holm-adjusted over {inf['family_size']} comparisons"
              + ("; * the primary comparison (declared before the run): its own p" if inf.get("primary") else "")
-             + "; descr.: not tested, too few repetitions with data"]
+             + "; sig. = p < 0.05, n.s. = not significant, equiv. = within ±10% (TOST); descr. = "
+             "descriptive, not tested (too few repetitions with data)"]
     if left_out > 0:
         notes.append(f"{left_out} more comparisons, the full tables and the figures: report.md / report.html")
     bad = [r for r in summary["repetitions"] if r["status"] != "ok"]
@@ -106,7 +107,8 @@ def cmd_report(args) -> int:
     from .headline import lead
     out.print(lead(summary).text.replace("**", ""), highlight=False, markup=False)
     table, notes = report_table(summary)
-    out.print(table)
+    if table.row_count:
+        out.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)
     out.print(f"[green]ok[/green] wrote {out_dir}/report.html, report.md, summary.json, "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .figures import Figure
 from .inference import FAMILY_METRICS, STAT_NAMES
+from .stats import ALPHA, MIN_REPS
 
 # Lead order by kind of metric (a client's experience first); gh70 classes are duplicates of
 # the per-client rows and never lead or fill the terminal.
@@ -96,9 +97,16 @@ def _tested_sentence(title, variant, baseline, inf, p_text, tail) -> str:
         f"; {ci}; {p_text}, {_design(inf)}{tail})."
 
 
-def _untested_sentence(title, variant, baseline, inf, lead_words: str) -> str:
+def _excluded(s: dict) -> str:
+    """", N excluded by the mechanism gates" when a gate rejected repetitions (a busy machine)."""
+    n = sum(1 for r in s["repetitions"] if r["status"] == "invalid")
+    return f", {n} of {len(s['repetitions'])} repetitions excluded by the mechanism gates" if n else ""
+
+
+def _untested_sentence(title, variant, baseline, inf, lead_words: str, excluded: str = "") -> str:
     ch = inf.get("change_pct_descriptive")
-    why = f"{inf.get('n', 0)} vs {inf.get('n_baseline', 0)} repetitions with data, 3 per variant needed"
+    why = (f"{inf.get('n', 0)} vs {inf.get('n_baseline', 0)} repetitions with data{excluded}, "
+           f"{MIN_REPS} per variant needed")
     if ch is None:
         return f"**{lead_words}** {_subject(title)}, {variant} against {baseline}: no data to compare ({why})."
     return (f"**{lead_words}** " + _claim(title, variant, baseline, inf.get("statistic", "median"), ch)
@@ -108,7 +116,7 @@ def _untested_sentence(title, variant, baseline, inf, lead_words: str) -> str:
 def _primary_lead(s: dict, pr: dict) -> Lead:
     t, v, b = pr["title"], pr["variant"], pr["baseline"]
     if pr.get("status") != "tested":
-        text = _untested_sentence(t, v, b, pr, "Not tested:")
+        text = _untested_sentence(t, v, b, pr, "Not tested:", _excluded(s))
     elif pr["significant"]:
         text = "**Finding:** " + _tested_sentence(t, v, b, pr, f"p {_p(pr['pvalue'])}",
                                                   "; the primary comparison, declared before the run")
@@ -133,7 +141,8 @@ def lead(s: dict) -> Lead:
     fam = inf_all["family_size"]
     if sig:
         mid, v, e, inf = min(sig, key=_rank)
-        more = f"; {len(sig)} of {fam} comparisons significant after Holm" if len(sig) > 1 else ""
+        n_sig = len(inf_all.get("significant") or sig)
+        more = f"; {n_sig} of {fam} comparisons significant after Holm" if n_sig > 1 else ""
         return Lead("**Finding:** " + _tested_sentence(e["title"], v, b, inf, f"Holm-adjusted p {_p(inf['pvalue_holm'])}",
                                                        more), mid, v)
     if tested:
@@ -142,7 +151,7 @@ def lead(s: dict) -> Lead:
                     "example, " + _tested_sentence(e["title"], v, b, inf, f"p {_p(inf['pvalue'])} unadjusted", ""),
                     mid, v)
     mid, v, e, inf = min(items, key=_rank)
-    return Lead(_untested_sentence(e["title"], v, b, inf, "Not tested:"), mid, v)
+    return Lead(_untested_sentence(e["title"], v, b, inf, "Not tested:", _excluded(s)), mid, v)
 
 
 def lead_figure(figures: list[Figure], metric: str | None) -> Figure | None:
@@ -173,20 +182,24 @@ def _num(x, unit: str) -> str:
 
 
 def _verdict(inf: dict, primary: bool) -> str:
+    """sig. (Holm, or for the primary comparison its own p, below alpha), equiv. (TOST within
+    the margin), n.s. (neither: inconclusive), untested."""
     if inf.get("status") != "tested":
-        return "untested" if inf.get("status") == "not enough repetitions" else str(inf.get("status"))
-    if primary:
-        return "significant" if inf["pvalue"] < 0.05 else "not sig."
-    if inf.get("significant"):
-        return "significant"
-    return "equivalent" if (inf.get("equivalence") or {}).get("equivalent") else "inconclusive"
+        return "untested" if inf.get("status") in ("not enough repetitions", "no data") else str(inf.get("status"))
+    if inf.get("significant") or (primary and inf["pvalue"] < ALPHA):
+        return "sig."
+    return "equiv." if (inf.get("equivalence") or {}).get("equivalent") else "n.s."
+
+
+def _p_cell(p) -> str:
+    return DASH if p is None else "<0.001" if p < 0.001 else f"{p:.2g}"
 
 
 def _delta(inf: dict) -> str:
     if inf.get("status") == "tested":
         lo, hi = inf.get("change_ci95") or (None, None)
         ci = f" [{lo:+.0f}, {hi:+.0f}]" if lo is not None and hi is not None else ""
-        return f"{inf['change_pct']:+.0f}%{ci}"
+        return f"{inf['change_pct']:+.0f}%{ci.replace(', ', ',')}"
     ch = inf.get("change_pct_descriptive")
     return DASH if ch is None else f"{ch:+.0f}% descr."
 
@@ -211,5 +224,5 @@ def outcome_table(s: dict, limit: int = 10) -> tuple[list[str], list[list[str]],
         new = _num((e["variants"][v].get("rep_summary") or {}).get("estimate"), e["unit"])
         p = inf.get("pvalue") if is_primary else inf.get("pvalue_holm")
         rows.append([_short_name(e) + (" *" if is_primary else "")] + ([base, new] if one else [v, f"{base} → {new}"])
-                    + [_delta(inf), DASH if p is None else f"{p:.2g}", _verdict(inf, is_primary)])
+                    + [_delta(inf), _p_cell(p), _verdict(inf, is_primary)])
     return headers, rows, len(_comparisons(s)) - len(rows)

@@ -330,9 +330,10 @@ def add_primary(summary: dict, metric: str, variant: str | None = None,
     Raises InputError (unknown metric, variant or baseline as the variant)."""
     from .errors import InputError
     entry = summary["metrics"].get(metric)
-    if entry is None:
-        some = ", ".join(m for m in summary["metrics"] if m.startswith(("ttlb_s/", "ttfb_s/")))
-        raise InputError(f"--primary {metric!r}: not a metric of this run (e.g. {some})")
+    kind = metric.split("/")[0]
+    if entry is None and any(m.split("/")[0] == kind for m in summary["metrics"]):
+        some = ", ".join(m for m in summary["metrics"] if m.split("/")[0] == kind)
+        raise InputError(f"--primary {metric!r}: not a metric of this run (of its kind: {some})")
     others = [v for v in summary["run"]["variants"] if v != summary["baseline"]]
     if variant is None:
         if len(others) != 1:
@@ -341,9 +342,12 @@ def add_primary(summary: dict, metric: str, variant: str | None = None,
     if variant not in others:
         raise InputError(f"--primary {metric}@{variant}: not a variant compared with the baseline "
                          f"{summary['baseline']} (variants: {', '.join(others) or 'none'})")
-    inf = entry["variants"][variant]["vs_baseline"]["inference"]
+    # No metric of its kind at all: no repetition recorded one (e.g. a gate excluded them all).
+    inf = entry["variants"][variant]["vs_baseline"]["inference"] if entry else {"status": "no data", "n": 0,
+                                                                                 "n_baseline": 0}
     p = inf.get("pvalue") if inf.get("status") == "tested" else None
-    out = {"metric": metric, "variant": variant, "baseline": summary["baseline"], "title": entry["title"],
+    out = {"metric": metric, "variant": variant, "baseline": summary["baseline"],
+           "title": entry["title"] if entry else metric,
            "alpha": stats.ALPHA, "declared": declared, "significant": p is not None and p < stats.ALPHA,
            **{k: inf.get(k) for k in ("status", "test", "n", "n_baseline", "statistic", "change_pct", "change_ci95",
                                       "pvalue", "change_pct_descriptive")}}
