@@ -67,7 +67,7 @@ def report_table(summary: dict) -> tuple[Table, list[str]]:
     from .headline import outcome_table
     headers, rows, left_out = outcome_table(summary)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
-              title=f"{summary['run']['scenario']}: per-repetition medians (geometric mean), Δ vs {summary['baseline']}")
+              title=f"{summary['run']['scenario']}: per-repetition statistic (geometric mean), Δ vs {summary['baseline']}")
     for col in headers:
         t.add_column(col, justify="left" if col in ("outcome", "variant", "verdict", "Δ [95% CI]") else "right",
                      no_wrap=True)
@@ -86,7 +86,7 @@ def report_table(summary: dict) -> tuple[Table, list[str]]:
         why = why if len(why) <= 60 else why[:59] + "…"
         notes.append(f"variant {r['variant']} rep {r['rep']}: {r['status']}" + (f" ({why})" if why else ""))
     if bad:
-        notes.append("  (left out of the statistics; a broken block is compared unpaired)")
+        notes.append("  (a block with one is compared unpaired; an invalid one is left out of every statistic)")
     if summary["missing"]:
         notes.append(f"{len(summary['missing'])} notes on missing or incomplete data: report.md, "
                      "'Missing or incomplete data'")
