@@ -198,8 +198,11 @@ def _p_cell(p) -> str:
 def _delta(inf: dict) -> str:
     if inf.get("status") == "tested":
         lo, hi = inf.get("change_ci95") or (None, None)
-        ci = f" [{lo:+.0f}, {hi:+.0f}]" if lo is not None and hi is not None else ""
-        return f"{inf['change_pct']:+.0f}%{ci.replace(', ', ',')}"
+        if lo is None or hi is None:
+            ci = ""
+        else:   # an interval past ±1000% (a linear-scale test of near-zero values) says only "wide"
+            ci = f" [{lo:+.0f},{hi:+.0f}]" if max(abs(lo), abs(hi)) < 1000 else " [wide]"
+        return f"{inf['change_pct']:+.0f}%{ci}"
     ch = inf.get("change_pct_descriptive")
     return DASH if ch is None else f"{ch:+.0f}% descr."
 

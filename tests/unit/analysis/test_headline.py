@@ -2,9 +2,10 @@
 80-column table (analysis/headline.py, summary.add_primary, cli.report_table).
 
 Summaries: the golden run's (a synthetic Tang & Goldberg experiment 1 in miniature: a Holm
-finding), tests/data/demo-busy.summary.json (a real quickstart run on a busy machine, trimmed:
-the CPU gate left too few repetitions to test) and an A/A run made of tests/data/aa-recorded's
-six repetitions of one variant split into two arms.
+finding), two real quickstart runs, trimmed: tests/data/demo.summary.json (`make demo`, every
+repetition valid: it concludes) and tests/data/demo-busy.summary.json (a busy machine: the CPU
+gate left too few repetitions to test), and an A/A run made of tests/data/aa-recorded's six
+repetitions of one variant split into two arms.
 """
 
 import copy
@@ -29,6 +30,10 @@ def golden() -> dict:
 
 def busy() -> dict:
     return json.loads((DATA / "demo-busy.summary.json").read_text())
+
+
+def demo() -> dict:
+    return json.loads((DATA / "demo.summary.json").read_text())
 
 
 def terminal(summary: dict) -> list[str]:
@@ -60,6 +65,20 @@ def test_primary_is_read_alone_at_alpha():
     assert re.search(r"; p = [0-9.e-]+, Welch", text) and "declared before the run" in text
 
 
+def test_make_demo_concludes():
+    """The real `make demo` run: the declared comparison, paired over 3 blocks, is the finding;
+    it also survives Holm over the 27 outcome comparisons."""
+    s = demo()
+    assert headline.lead(s).text == (
+        "**Finding:** ewma-66 cut time to last byte, web: small (300 KB) by 57.9% against vanilla (median per "
+        "repetition; 95% CI −62.7% to −52.5%; p = 0.001, paired t-test over 3 blocks; the primary comparison, "
+        "declared before the run).")
+    s["inference"].pop("primary")
+    text = headline.lead(s).text
+    assert text.startswith("**Finding:** ewma-66 cut time to last byte, web: small (300 KB) by 57.9%")
+    assert "Holm-adjusted p = 0.027, paired t-test over 3 blocks; 2 of 27 comparisons significant" in text
+
+
 def test_primary_errors_and_no_data():
     s = golden()
     with pytest.raises(InputError, match="not a metric of this run"):
@@ -82,9 +101,9 @@ def test_untested_lead_is_descriptive_and_says_why():
     assert headline.lead(s).text == text
 
 
-@pytest.mark.parametrize("which", ["golden", "golden+primary", "busy"])
+@pytest.mark.parametrize("which", ["golden", "golden+primary", "busy", "demo"])
 def test_terminal_fits_80_columns(which):
-    s = busy() if which == "busy" else golden()
+    s = {"busy": busy, "demo": demo}.get(which, golden)()
     if which == "golden+primary":
         add_primary(s, "ttlb_s/web:small")
     lines = terminal(round_floats(s))
@@ -94,9 +113,11 @@ def test_terminal_fits_80_columns(which):
     assert "TTLB web:small (s)" in text and "Δ [95% CI]" in text
     if which == "busy":
         assert "-58% descr." in text and "variant vanilla rep 1: invalid" in text
-    if which == "golden+primary":
+    if which in ("golden+primary", "demo"):
         row = next(line for line in lines if "TTLB web:small (s) *" in line)
         assert row.rstrip().endswith("sig.")
+    if which == "demo":
+        assert "-100% [-530,+330]" in text and "+1007% " in text    # near-zero queue waits, still whole
 
 
 def test_lead_figure_is_the_metric_cdf(golden_report):
