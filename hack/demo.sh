@@ -19,6 +19,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 "$bin/torbed" validate "$scenario"
 "$bin/torbed" plan "$scenario"
+echo "demo: $repetitions blocks per variant (warm-up $warmup, duration $duration each, overriding the" \
+     "scenario's repetitions and measure); primary comparison: $primary" >&2
 # `torbed run` prints the run directory on stdout (its progress goes to stderr); it exits 1
 # when a repetition failed, and the report still says what the others measured.
 run_dir=$("$bin/torbed" run "$scenario" --out "$out" --repetitions "$repetitions" --warmup "$warmup" \
