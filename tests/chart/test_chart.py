@@ -3,7 +3,7 @@ manifests validate offline against Kubernetes 1.33 and the CRDs we use (PodMonit
 ServiceMonitor, Chaos Mesh); the chart's helm-unittest suites pass; invalid scenarios are
 refused by the values schema with the offending field named.
 
-Tools and schemas come from `make tools` (hack/k8s-tools.sh), cached under
+Tools and schemas come from `make tools` (hack/chart/k8s-tools.sh), cached under
 ${TORBED_CACHE:-~/.cache/torbed}/tools. TORBED_CHART points the suite at another chart.
 """
 
@@ -19,16 +19,33 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = Path(os.environ.get("TORBED_CHART", REPO / "charts" / "torbed"))
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
 TIMEOUT = 180
-BUILD_HINT = "run `make tools` (hack/k8s-tools.sh) to build them"
+BUILD_HINT = "run `make tools` (hack/chart/k8s-tools.sh) to build them"
 
-# kubeconform's layouts (see hack/openapi2jsonschema.py).
+# kubeconform's layouts (see hack/chart/openapi2jsonschema.py).
 K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json"
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
+
+
+# Features the chart refuses (only the local backend carries them out; _validate.tpl): the
+# scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
+# not rendered.
+LOCAL_ONLY = {"cpu", "weights", "samples"}
+
+
+def local_only(path: Path) -> set[str]:
+    from torbed import engine, scenario
+    return LOCAL_ONLY & set(engine.features_used(scenario.load(path)))
+
+
+# The shipped scenarios the chart deploys (the others are checked to be refused).
+K8S_SCENARIOS = [p for p in SCENARIOS if not local_only(p)]
 
 
 def scenario_variants():
     cases = []
     for path in SCENARIOS:
+        if local_only(path):
+            continue
         with open(path) as f:
             variants = (yaml.safe_load(f) or {}).get("variants") or []
         for v in variants:
@@ -37,10 +54,10 @@ def scenario_variants():
 
 
 def tool_env():
-    """Locations from `hack/k8s-tools.sh --env` (it knows the pinned versions). TORBED_*
+    """Locations from `hack/chart/k8s-tools.sh --env` (it knows the pinned versions). TORBED_*
     variables already set win, so a runner can point elsewhere; HELM_PLUGINS is always ours
     (a user's own HELM_PLUGINS would not hold this helm-unittest)."""
-    out = subprocess.run(["bash", str(REPO / "hack" / "k8s-tools.sh"), "--env"],
+    out = subprocess.run(["bash", str(REPO / "hack" / "chart" / "k8s-tools.sh"), "--env"],
                          check=True, capture_output=True, text=True).stdout
     found = {}
     for line in out.splitlines():
@@ -142,9 +159,9 @@ def chaos_manifests(tools, values: Path) -> list[dict]:
 
 
 def test_chaos_mesh_controller_manifests_validate(tools):
-    """hack/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
+    """hack/cluster/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
     tests/e2e/test_chaos_mesh_k8s.py) against the Kubernetes schemas, strictly."""
-    m = run(tools, "bash", str(REPO / "hack" / "chaos-mesh.sh"), "manifests")
+    m = run(tools, "bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh"), "manifests")
     assert m.returncode == 0, show(m)
     env = tools["env"]
     k = run(tools, tools["kubeconform"], "-strict", "-summary", "-kubernetes-version", env["TORBED_KUBE_VERSION"],
@@ -361,3 +378,34 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
     needed = {("", "pods/exec", "create"), ("", "pods/resize", "patch"), ("", "pods", "list"), ("", "pods", "delete")}
     needed |= {("chaos-mesh.org", plural, v) for plural in CHAOS_PLURALS for v in ("list", "create", "delete")}
     assert needed <= held, sorted(needed - held)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"network.relays.middle.cpu": "qemu"}, "network.relays.middle.cpu: qemu emulates a slow CPU on the local backend only"),
+    ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
+      "network.relays.exit.weights": [300]}, "network.relays.exit.weights: the authorities vote these weights"),
+    ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
+      "network.relays.exit.weights": [300],
+      "samples": [{"seed": 2, "relays": {g: {"bandwidth": "2mbit", "weights": [w]}
+                                         for g, w in (("guard", 1), ("middle", 2), ("exit", 3))}}]},
+     "samples: a network sampled anew per block is built by the local backend only"),
+], ids=["cpu-qemu", "weights", "samples"])
+def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
+    """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
+    refuses them, naming the field, instead of deploying without them (torbed run --backend k8s
+    refuses the same: tests/unit/test_k8s_local_only.py)."""
+    from tests.unit.test_scenario import patched
+    from torbed import cli
+    values = tmp_path / "s.yaml"
+    values.write_text(yaml.safe_dump(patched(changes)))
+    assert cli.main(["validate", str(values)]) == 0
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(values), "--set", "variant=kist")
+    assert t.returncode != 0 and message in t.stderr, show(t)
+
+
+@pytest.mark.parametrize("path", [p for p in SCENARIOS if local_only(p)], ids=lambda p: p.stem)
+def test_shipped_local_only_scenarios_are_refused(tools, path):
+    """A shipped scenario that uses what only the local backend does (e.g. Engler & Goldberg's
+    emulated slow CPU) is refused by helm with the field, not deployed without it."""
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(path), "--set", "variant=vanilla")
+    assert t.returncode != 0 and "local backend only" in t.stderr, show(t)

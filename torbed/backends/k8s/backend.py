@@ -239,14 +239,14 @@ def _image_problem(pod) -> str | None:
         node = pod.spec.node_name or "?"
         if w.reason == "ErrImageNeverPull" or "not present" in (w.message or ""):
             todo = ("the node does not have it and may not pull it: build and load it (`make images`, then "
-                    "`hack/cluster.sh load-image IMAGE` for the local cluster, or `ctr -n k8s.io images import` on the "
+                    "`hack/cluster/cluster.sh load-image IMAGE` for the local cluster, or `ctr -n k8s.io images import` on the "
                     "node), or push it to a registry and pass --set images.registry=REGISTRY")
         elif w.reason == "InvalidImageName":
             todo = "the image reference is malformed: check images.registry, images.tag and the repositories"
         else:
             todo = ("the node could not pull it: check that the registry (images.registry) has this tag, that "
                     "the node reaches the registry, and pull secrets if it is private (charts/torbed/README.md); "
-                    "without a registry, load the image into the node (`make images`, `hack/cluster.sh load-image IMAGE`)")
+                    "without a registry, load the image into the node (`make images`, `hack/cluster/cluster.sh load-image IMAGE`)")
         return (f"image {st.image} is not available on node {node} (pod {pod.metadata.name}, container "
                 f"{st.name}: {w.reason}): {todo}")
     return None
@@ -370,8 +370,12 @@ class K8sBackend:
                             "balances across them); name the whole group",
         "faults.restart.downtime": "a restart's duration (downtime): on Kubernetes the kubelet starts the tor "
                                    "container again at once, so only duration 0 (the default) runs there",
-        "cpu": "network.relays.*.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, "
+        "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
+               "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
+        "weights": "the authorities vote these weights from a bandwidth file only the local backend writes; "
+                   "on Kubernetes the authorities measure the relays themselves",
+        "samples": "a network sampled anew per block is built by the local backend only",
     }
     bringup_estimate_s = 60.0
 
@@ -404,8 +408,14 @@ class K8sBackend:
             if f.kind == "restart" and f.duration is not None and f.duration.seconds > 0:
                 raise InputError(f"{where}faults[{i}].duration: {self.unsupported['faults.restart.downtime']}; "
                                  "run it with --backend local")
-        if any(g.cpu != "native" for g in scenario.network.relays.values()):
+        if any(g.cpu != "native" or g.cpu_per_thread is not None for g in scenario.network.relays.values()):
             raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
+        if scenario.samples:   # first: samples need weights, and this is the one to name
+            raise InputError(f"{where}samples: {self.unsupported['samples']}; run it with --backend local")
+        for name, g in scenario.network.relays.items():
+            if g.weights:
+                raise InputError(f"{where}network.relays.{name}.weights: {self.unsupported['weights']}; "
+                                 "run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()
