@@ -66,7 +66,7 @@ def report_table(summary: dict) -> tuple[Table, list[str]]:
     from rich import box
     from .headline import outcome_table
     headers, rows, left_out = outcome_table(summary)
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
               title=f"{summary['run']['scenario']}: per-repetition statistic (geometric mean), Δ vs {summary['baseline']}")
     for col in headers:
         t.add_column(col, justify="left" if col in ("outcome", "variant", "verdict", "Δ [95% CI]") else "right",
