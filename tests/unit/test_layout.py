@@ -93,7 +93,6 @@ PENDING = {
     ("torbed/backends/local/backend.py", "_fast_first_round"),
     ("torbed/backends/local/backend.py", "_wait_clients"),
     ("torbed/torrc.py", "static_fragments"),
-    ("analysis/render.py", "blocks"),
 }
 
 
