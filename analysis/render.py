@@ -326,9 +326,9 @@ def _hardware_blocks(s: dict) -> list[tuple]:
          ("p", "Relays ran on " + "; ".join(
              f"{k}: {', '.join(e['relays'])} (node {', '.join(e['nodes'])})" for k, e in h["hardware"].items())
           + ". Client groups are compared by the hardware their path ran on: " + "; ".join(
-             f"{g}: {k}" for g, k in h["client_groups"].items()) + ". Per-repetition medians, Welch's t on their "
-          "logs against the arm whose path ran on the fewest kinds of hardware; descriptive (not in the "
-          "Holm family). Emulated hardware runs the arm64 code under qemu-user on another machine: its "
+             f"{g}: {k}" for g, k in h["client_groups"].items()) + ". Per-repetition medians on the log scale against the arm whose path ran on the fewest "
+          "kinds of hardware: a paired test on the blocks where they are intact, else Welch's t (the "
+          "last column says which and why); descriptive (not in the Holm family). Emulated hardware runs the arm64 code under qemu-user on another machine: its "
           "timings are the emulator's, not the hardware's.")]
     rows = []
     for c in h["comparisons"]:
@@ -339,6 +339,8 @@ def _hardware_blocks(s: dict) -> list[tuple]:
             elif vs.get("status") == "tested":
                 lo, hi = vs["change_ci95"]
                 cmp_ = f"{vs['change_pct']:+.1f}% [{lo:+.1f}, {hi:+.1f}], p={vs['pvalue']:.3g}"
+                if vs.get("test_reason"):
+                    cmp_ += f" ({vs['test_reason']})"
             else:
                 cmp_ = vs.get("reason") or vs.get("status")
             rows.append([c["metric"], c["file"], c["variant"], label, ", ".join(a["groups"]), str(a["n"]),
