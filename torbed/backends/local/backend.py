@@ -11,12 +11,13 @@ run.json/meta.json, handles signals and always calls ``teardown``):
   faults on schedule, resource samples;
 - teardown: stop every process, remove every namespace and the scratch directory.
 
-A run killed with SIGKILL is cleaned by ``torbed clean`` (``clean``).
+A run whose torbed is killed with SIGKILL stops and cleans itself (torbed.backends.local.lifetime:
+parent-death signals and a watchdog); ``torbed clean`` (``clean``) covers the rest.
 
 Public API:
 
 - ``LocalBackend(console, system_tor=False)``: the engine's ``Backend``
-- ``preflight(scenario) -> shaper``; ``clean(console, force=False) -> int``
+- ``preflight(scenario) -> shaper``; ``clean(console, force=False) -> dict`` (lifetime.clean)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, gatesample, netns, prometheus, state
+from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state
 from ... import constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
@@ -45,7 +46,7 @@ from ...network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
 from ...records import RecordWriter
 from ...replay.trace import read as read_trace
 from ...scenario import Scenario
-from .supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
+from .supervise import NodeFailed, Supervisor, tail
 from .torenv import child_env, tor_env
 from ...torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
 from ...variants import load_variant
@@ -198,10 +199,14 @@ class LocalBackend:
         plan = st.plan = make_plan(rep.scenario, rep.variant)
         st.run_id = run_id = secrets.token_hex(3)
         st.scratch = scratch = Path(f"/tmp/torbed-{run_id}")
-        scratch.mkdir(mode=0o700)
+        lock = lifetime.RunLock(scratch)      # held until teardown's end (Supervisor.forget)
         st.topo = topo = netns.Topology(run_id, plan, switch="linkemu" if self.shaper == "linkemu" else "bridge")
-        st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
-                                        "scratch": str(scratch), "run_dir": str(rep.dir)})
+        try:
+            st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
+                                         "scratch": str(scratch), "run_dir": str(rep.dir)}, lock=lock)
+        except BaseException:
+            lock.release()
+            raise
         meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={})
         rep.write_meta()
         self.console.rule(f"[bold]{rep.scenario.name}[/bold]: variant [cyan]{rep.variant}[/cyan], "
@@ -1280,37 +1285,5 @@ class _Watch:
                                      + tail(self.sup.log_of(name), 5))
 
 
-# ---------------------------------------------------------------------------------------
-
-def clean(console, force: bool = False) -> int:
-    """Remove namespaces, processes and scratch directories of runs whose torbed is gone."""
-    removed = 0
-    live_ns: set[str] = set()
-    for st in read_states():
-        if owner_alive(st) and not force:
-            live_ns.update(st.get("namespaces", []))
-            continue
-        for name, pid in (st.get("pids") or {}).items():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for ns in st.get("namespaces", []):
-            if ns in netns.list_namespaces(ns):
-                netns.delete_namespace(ns)
-                removed += 1
-        if st.get("scratch"):
-            shutil.rmtree(st["scratch"], ignore_errors=True)
-        faults.remove_cgroups(st.get("cgroups") or [])
-        Path(st["_file"]).unlink(missing_ok=True)
-        console.log(f"cleaned run {st.get('run_id')} ({st.get('run_dir', '?')})")
-    for ns in netns.list_namespaces():
-        if ns not in live_ns:
-            n = netns.kill_namespace_processes(ns)
-            netns.delete_namespace(ns)
-            removed += 1
-            console.log(f"removed namespace {ns}" + (f" and {n} process(es)" if n else ""))
-    for d in Path("/tmp").glob("torbed-*"):
-        if d.is_dir() and not any(str(d) in str(st.get("scratch")) for st in read_states()):
-            shutil.rmtree(d, ignore_errors=True)
-    return removed
+# ``torbed clean`` (what a killed run left): torbed.backends.local.lifetime.
+clean = lifetime.clean
