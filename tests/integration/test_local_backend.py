@@ -150,7 +150,7 @@ def test_htb_link_rate_within_10_percent(tmp_path):
     data = small_scenario("it-rate", **{"links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})
     s = scenario.parse(data, "it-rate")
     plan = network.plan(s, "kist")
-    topo = netns.Topology("itrate", plan)
+    topo = netns.Topology(f"rate{os.getpid()}", plan)    # its own names: other test runs may be on
     try:
         topo.create()
         for n in plan.nodes:
@@ -180,13 +180,13 @@ def test_htb_link_rate_within_10_percent(tmp_path):
         # An unshaped pair (100 mbit default) is much faster: the class applies per destination.
     finally:
         topo.destroy()
-    assert not [n for n in namespaces() if n.startswith("tb-itrate")]
+    assert not [n for n in namespaces() if n.startswith(topo.prefix)]
 
 
 def test_no_route_out(tmp_path):
     data = small_scenario("it-iso")
     plan = network.plan(scenario.parse(data, "it-iso"), "kist")
-    topo = netns.Topology("itiso", plan)
+    topo = netns.Topology(f"iso{os.getpid()}", plan)
     try:
         topo.create()
         probe = ("import socket\n"

@@ -40,6 +40,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,6 +50,7 @@ import time
 from pathlib import Path
 
 LOCK_NAME = ".lock"
+SCRATCH_NAME = re.compile(r"torbed-[0-9a-f]{6}")     # /tmp/torbed-<run id> (backend.prepare)
 
 
 class RunLock:
@@ -230,7 +232,13 @@ def clean(console, force: bool = False) -> dict:
         out["namespaces"] += 1
         console.log(f"removed namespace {ns}" + (f" and {n} process(es)" if n else ""))
     for d in Path("/tmp").glob("torbed-*"):
-        if d.is_dir() and str(d) not in live_scratch and (force or lock_held(d / LOCK_NAME) is False):
+        if not d.is_dir() or str(d) in live_scratch:
+            continue
+        held = lock_held(d / LOCK_NAME)
+        # Without a lock: a run of an older torbed, or no scratch at all (`torbed prometheus`
+        # serves a copy from /tmp/torbed-prometheus-*): removed only when forced, and only
+        # what is named like a scratch directory.
+        if held is False or (force and held is None and SCRATCH_NAME.fullmatch(d.name)):
             shutil.rmtree(d, ignore_errors=True)
     return out
 
