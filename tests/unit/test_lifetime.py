@@ -134,3 +134,21 @@ def test_a_reused_pid_is_not_the_owner(tmp_path):
     assert lifetime.run_alive(me)
     assert not lifetime.run_alive({**me, "owner_start": me["owner_start"] - 1})
     assert not lifetime.run_alive({"owner_pid": None})
+
+
+def test_a_run_marked_killed_can_be_resumed(tmp_path):
+    """What the watchdog or `torbed clean` leaves is what `torbed run --resume` takes: the
+    killed repetition is run again, the finished one kept."""
+    from torbed import resume
+    run = tmp_path / "run"
+    for k, status in ((0, "ok"), (1, "running")):
+        (run / "kist" / f"rep-{k}").mkdir(parents=True)
+        (run / "kist" / f"rep-{k}" / "meta.json").write_text(json.dumps({"status": status}))
+    (run / "run.json").write_text(json.dumps({
+        "status": "running", "fingerprint": {}, "order": [["kist", 0], ["kist", 1]], "source": "s.yaml",
+        "variants": ["kist"], "repetitions": 2, "sessions": [{"status": "running", "pid": 1}]}))
+    assert lifetime.mark_killed(run / "kist" / "rep-1", "why") == [run / "kist" / "rep-1" / "meta.json",
+                                                                   run / "run.json"]
+    info = resume.load_for_resume(run)
+    assert info["status"] == "killed" and info["sessions"][-1]["status"] == "killed"
+    assert resume.triage(run, info) == ([("kist", 0)], [("kist", 1)])
