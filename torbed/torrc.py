@@ -37,6 +37,7 @@ class NodePaths:
     log: str
     control_socket: str | None = None
     extra_log: str | None = None     # e.g. an info-level log, off by default
+    log_stdout: bool = False         # the notice log on stdout (a file the launcher opened), not at ``log``
 
 
 def dir_authority_lines(plan: Plan, ids: Identities) -> list[str]:
@@ -236,7 +237,7 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
     lines += [
         f"Nickname {node.nickname}",
         f"DataDirectory {paths.datadir}",
-        f"Log notice file {paths.log}",
+        "Log notice stdout" if paths.log_stdout else f"Log notice file {paths.log}",
     ]
     if paths.extra_log:
         lines.append(f"Log info file {paths.extra_log}")

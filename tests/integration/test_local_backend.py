@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from tests.integration.helpers import (leftovers, namespaces, only_run_dir, proc
                                        run_torbed, small_scenario, start_torbed, states_under, wait_for,
                                        write_scenario)
 from torbed import network, scenario, shaping
-from torbed.backends.local import netns
+from torbed.backends.local import netns, toruser
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +46,7 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     rep = run / "kist" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     assert meta["status"] == "ok"
+    assert meta["tor_user"] == {"uid": toruser.DEFAULT_UID, "gid": toruser.DEFAULT_UID}, meta["tor_user"]
     print(f"quickstart-sized network ready in {meta['ready_s']:.1f} s")
     assert meta["ready_s"] < 120
     boot = meta["bootstrap"]
@@ -299,6 +302,8 @@ def test_a_sigkilled_run_stops_and_cleans_itself(tmp_path):
         run = _measuring(out, transfers=2)
         rep = run / "kist" / "rep-0"
         [state] = states_under(run)
+        tors = [pid for pid in state["pids"].values() if b"/torrc/" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(tors) == 7 and {_uid(pid) for pid in tors} == {toruser.DEFAULT_UID}, tors
         at_kill = len(records(rep / "transfers.jsonl"))
         proc.kill()
         proc.wait(10)
@@ -322,6 +327,42 @@ def test_a_sigkilled_run_stops_and_cleans_itself(tmp_path):
     p = run_torbed(["clean"])
     assert p.returncode == 0, p.stderr
     assert str(run) not in p.stderr
+
+
+def _uid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("\nUid:")[1].split()[1])    # effective uid
+
+
+@pytest.mark.parametrize("line", ["Log notice file /etc/torbed-escape-{pid}", "DataDirectory /etc/torbed-escape-{pid}",
+                                  "Log notice file /root/torbed-escape-{pid}"])
+def test_tor_as_its_own_user_cannot_write_outside_the_run(tmp_path, line):
+    """The layer under the torrc allow-list: a line that slipped through it, given to tor as
+    the local backend runs it (toruser), fails instead of writing on the host."""
+    user, why = toruser.choose()
+    assert user is not None, why
+    line = line.format(pid=os.getpid())
+    target = Path(line.split()[-1])
+    # As the backend's scratch: right under /tmp (pytest's tmp_path is under a 0700 directory).
+    scratch = Path(tempfile.mkdtemp(prefix="tb-escape-", dir="/tmp"))
+    scratch.chmod(0o711)
+    data = scratch / "data"
+    data.mkdir(mode=0o700)
+    toruser.own(data, user)
+    torrc = scratch / "torrc"
+    torrc.write_text(f"DataDirectory {data}\nSocksPort 0\nDisableNetwork 1\nLog notice stdout\n{line}\n")
+    torrc.chmod(0o644)
+    try:
+        p = subprocess.run(user.prefix() + [shutil.which("tor"), "-f", str(torrc)], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode != 0, p.stdout[-2000:]
+        assert not target.exists(), f"tor wrote {target}"
+        assert "Permission denied" in p.stdout, p.stdout[-2000:]
+    finally:
+        shutil.rmtree(scratch)
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
 
 
 def test_node_that_fails_to_start_gives_clear_error(tmp_path):
@@ -371,6 +412,7 @@ def test_user_namespace_mode(tmp_path):
     run = only_run_dir(out)
     meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "ok"
+    assert meta["tor_user"]["uid"] == 0 and "user namespace" in meta["tor_user"]["why"], meta["tor_user"]
     # Real-time scheduling needs CAP_SYS_NICE in the initial namespace: recorded as not applied.
     assert meta["bootstrap"]["authority_realtime_until_ready"] is None
     ok = [t for t in records(run / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]

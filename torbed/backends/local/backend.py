@@ -37,7 +37,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state
+from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state, toruser
 from ... import constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
@@ -207,7 +207,11 @@ class LocalBackend:
         except BaseException:
             lock.release()
             raise
-        meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={})
+        st.tor_user, why_root = toruser.choose()
+        if st.tor_user is not None:
+            os.chmod(scratch, 0o711)          # tor's uid passes through to its own directories
+        meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={},
+                    tor_user=st.tor_user.describe() if st.tor_user else {"uid": os.geteuid(), "why": why_root})
         rep.write_meta()
         self.console.rule(f"[bold]{rep.scenario.name}[/bold]: variant [cyan]{rep.variant}[/cyan], "
                           f"repetition {rep.index + 1}/{rep.scenario.repetitions}")
@@ -233,17 +237,7 @@ class LocalBackend:
         st, meta = state.of(rep), rep.meta
         plan, scratch = st.plan, st.scratch
         ids = st.ids = Identities()
-        paths: dict[str, NodePaths] = {}
-        for n in plan.nodes:
-            if not n.runs_tor:
-                continue
-            data = scratch / n.name
-            paths[n.name] = NodePaths(datadir=str(data), log=str(rep.logs / f"{n.name}.log"),
-                                      control_socket=str(data / "control"),
-                                      extra_log=str(rep.logs / f"{n.name}.info.log")
-                                      if os.environ.get("TORBED_INFO_LOGS") else None)
-            data.mkdir(mode=0o700, exist_ok=True)
-        st.paths = paths
+        st.paths = self._node_paths(rep)
         key_cache = None if os.environ.get("TORBED_FRESH_KEYS") else constants.CACHE_DIR / "keys" / rep.scenario.name
         with ThreadPoolExecutor(max_workers=8) as pool:
             futures = {n.name: pool.submit(node_keys, n, scratch / n.name, st.stock.tor_gencert,
@@ -258,9 +252,34 @@ class LocalBackend:
                     ids.authorities[name] = auth
                     meta["authorities"].append({"name": name, "v3ident": auth.v3ident, "cert_expires": auth.expires})
         meta["keys"] = sources
+        for name, p in st.paths.items():
+            toruser.own(Path(p.datadir), st.tor_user)
         self.console.log(f"keys for {len(futures)} relays and authorities: "
                          f"{', '.join(f'{n} {k}' for k, n in sorted(sources.items()))} "
                          f"({time.time() - st.t0:.1f} s)")
+
+    @staticmethod
+    def _node_paths(rep: engine.Repetition) -> dict[str, NodePaths]:
+        """Each tor's data directory (made here), log and control socket. The notice log goes
+        to tor's stdout, a file in the run directory opened by torbed (tor's uid may not
+        reach the run directory: torbed.backends.local.toruser); an info log (TORBED_INFO_LOGS)
+        is written under the scratch directory then and copied at teardown."""
+        st = state.of(rep)
+        info_dir = (st.scratch / "logs") if st.tor_user else rep.logs
+        if os.environ.get("TORBED_INFO_LOGS"):
+            info_dir.mkdir(exist_ok=True)
+            toruser.own(info_dir, st.tor_user)
+        paths: dict[str, NodePaths] = {}
+        for n in st.plan.nodes:
+            if not n.runs_tor:
+                continue
+            data = st.scratch / n.name
+            paths[n.name] = NodePaths(datadir=str(data), log=str(rep.logs / f"{n.name}.log"), log_stdout=True,
+                                      control_socket=str(data / "control"),
+                                      extra_log=str(info_dir / f"{n.name}.info.log")
+                                      if os.environ.get("TORBED_INFO_LOGS") else None)
+            data.mkdir(mode=0o700, exist_ok=True)
+        return paths
 
     def bring_up(self, rep: engine.Repetition) -> None:
         st = state.of(rep)
@@ -332,12 +351,14 @@ class LocalBackend:
         # timers start (1 s after its own start, or at torbed's kick); an authority not yet
         # listening then would miss it until the relay's descriptor is dirty again, hours
         # later. (Relays first saved nothing measurable: 5.4-5.9 s either way under load.)
+        user = st.tor_user.prefix() if st.tor_user else []
         for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
-            st.sup.start(n.name, netns.exec_prefix(st.topo.ns(n.name)) + cpu_prefix(st.plan, n) + [
-                st.build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
-                rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
+            binary = toruser.reachable_binary(st.build[n.name].tor, st.scratch, st.tor_user)
+            st.sup.start(n.name, netns.exec_prefix(st.topo.ns(n.name)) + user + cpu_prefix(st.plan, n) + [
+                binary, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
+                rep.logs / f"{n.name}.log", env=tor_env(own) if own else env)
             if n.role == "authority" and rt is not None and not fast:
                 # At once: launching 750 tors takes a minute, and the authorities vote meanwhile.
                 rt = _set_realtime(st.sup, [n.name], AUTHORITY_RT_PRIORITY)
@@ -414,8 +435,17 @@ class LocalBackend:
         so the first consensus already lists them (instead of the next 10 s interval)."""
         st, meta = state.of(rep), rep.meta
         plan, ids = st.plan, st.ids
-        torrc_dir = rep.dir / "torrc"
-        torrc_dir.mkdir(parents=True, exist_ok=True)
+        # What tor reads is in the scratch directory (tor's uid may not reach the run
+        # directory: toruser); the run directory keeps the same files as the record.
+        torrc_dir, record = st.scratch / "torrc", rep.dir / "torrc"
+        torrc_dir.mkdir(mode=0o755)
+        record.mkdir(parents=True, exist_ok=True)
+
+        def write(name: str, text: str) -> None:
+            (torrc_dir / name).write_text(text)
+            os.chmod(torrc_dir / name, 0o644)
+            (record / name).write_text(text)
+
         t_launch = time.time() + 0.3
         interval, vote_delay, dist_delay = voting_schedule(plan)
         mode = first_round(plan)
@@ -438,13 +468,13 @@ class LocalBackend:
         st.fallback_valid_after = int(t_launch + lead)
         for name, text in render_fragments(plan, ids, st.variants, voting_offset, torrc_schedule,
                                            diff_age).items():
-            (torrc_dir / name).write_text(text)
+            write(name, text)
         for n in plan.nodes:
             if n.runs_tor:
                 text = render_node(n, plan, st.paths[n.name], str(torrc_dir))
                 if n.role == "loadworker":
                     text += "".join(line + "\n" for line in load.torrc_lines(rep.scenario, plan, ids.fingerprints))
-                (torrc_dir / f"{n.name}.torrc").write_text(text)
+                write(f"{n.name}.torrc", text)
         meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
                           "build": st.build[n.name].key if n.runs_tor else None} for n in plan.nodes]
         rep.write_meta()
@@ -595,6 +625,8 @@ class LocalBackend:
         if st.topo is not None:
             st.topo.destroy()
         if st.scratch is not None:
+            for log in (st.scratch / "logs").glob("*.log"):     # info logs of an unprivileged tor
+                shutil.copyfile(log, rep.logs / log.name)
             shutil.rmtree(st.scratch, ignore_errors=True)
         if sup is not None:
             sup.forget()
