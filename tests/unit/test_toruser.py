@@ -52,3 +52,8 @@ def test_a_binary_tor_cannot_reach_is_copied_into_the_scratch_directory(tmp_path
     assert copy.parent.parent == tmp_path / "scratch" / "bin" and copy.read_bytes() == b"#!/bin/sh\n"
     assert copy.stat().st_mode & 0o777 == 0o755 and copy.parent.stat().st_mode & 0o777 == 0o755
     assert toruser.reachable_binary(str(home / "tor"), tmp_path / "scratch", None) == str(home / "tor")
+    # Executable by anyone and on the same file system: a hard link, no copy.
+    (home / "tor2").write_bytes(b"#!/bin/sh\n")
+    (home / "tor2").chmod(0o755)
+    link = Path(toruser.reachable_binary(str(home / "tor2"), tmp_path / "scratch", user))
+    assert link.stat().st_ino == (home / "tor2").stat().st_ino

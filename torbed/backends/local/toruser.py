@@ -95,7 +95,8 @@ def own(path: Path, user: TorUser | None) -> None:
 
 def reachable_binary(tor: str, scratch: Path, user: TorUser | None) -> str:
     """``tor`` itself when every directory above it may be entered by anyone (/usr/bin/tor),
-    else a copy under ``scratch``/bin (a build in root's cache: /root is 0700)."""
+    else a hard link (same file system, executable by anyone) or a copy under ``scratch``/bin
+    (a build in root's cache: /root is 0700; a copy of a 14 MB tor otherwise)."""
     if user is None or _world_reachable(Path(tor)):
         return tor
     digest = hashlib.sha256(tor.encode()).hexdigest()[:12]
@@ -104,8 +105,13 @@ def reachable_binary(tor: str, scratch: Path, user: TorUser | None) -> str:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(scratch / "bin", 0o755)
         os.chmod(dest.parent, 0o755)
-        shutil.copy2(tor, dest)
-        os.chmod(dest, 0o755)
+        try:
+            if not os.stat(tor).st_mode & 0o001:
+                raise PermissionError(tor)
+            os.link(tor, dest)
+        except OSError:
+            shutil.copy2(tor, dest)
+            os.chmod(dest, 0o755)
     return str(dest)
 
 
