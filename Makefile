@@ -50,7 +50,7 @@ demo: setup  ## run scenarios/quickstart.yaml and write its report
 	hack/demo.sh
 
 tools: venv  ## helm, helm-unittest, kubeconform + offline Kubernetes/CRD schemas, cached in ~/.cache/torbed/tools
-	hack/k8s-tools.sh
+	hack/chart/k8s-tools.sh
 
 chart-test: tools  ## lint, render and validate charts/torbed for every scenario x variant; its unit tests
 	$(BIN)/pytest -q tests/chart $(PYTEST_ARGS)
@@ -73,15 +73,15 @@ images: venv  ## container images (dirauth, client, relay per variant family, pr
 images-arm64: venv  ## the same for linux/arm64 (tor cross-compiled, the rest under qemu); tags end in -arm64
 	$(BIN)/python -m torbed.images --platform linux/arm64 $(IMAGES_ARGS)
 
-# A registry for multi-arch tags and the chart (hack/registry.sh: Debian's docker-registry on
+# A registry for multi-arch tags and the chart (hack/images/registry.sh: Debian's docker-registry on
 # 127.0.0.1:5000, plain HTTP). REGISTRY=host:port pushes elsewhere (docker login first).
 REGISTRY ?= 127.0.0.1:5000
 registry-up:  ## start the local registry (127.0.0.1:5000)
-	hack/registry.sh up
+	hack/images/registry.sh up
 registry-down:  ## stop the local registry (its data stays)
-	hack/registry.sh down
+	hack/images/registry.sh down
 images-push: venv  ## push every built architecture of each image under one tag (manifest list) and the chart (OCI) to REGISTRY
-	$(if $(filter 127.0.0.1:5000,$(REGISTRY)),hack/registry.sh up)
+	$(if $(filter 127.0.0.1:5000,$(REGISTRY)),hack/images/registry.sh up)
 	$(BIN)/python -m torbed.backends.k8s.registry --registry $(REGISTRY) --chart $(IMAGES_ARGS)
 
 images-test: images  ## tests/images against the built images
@@ -90,40 +90,39 @@ images-test: images  ## tests/images against the built images
 bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load cost, mtrelay throughput); results in runs/bench/ (BENCH_QUICK=1: shorter)
 	hack/bench.sh
 
-# Seed papers' experiments -> docs/reproduction.md (analysis/reproduce.py). Hours: it prints its
-# estimate for the chosen settings first (`$(BIN)/python -m torbed.analysis.reproduce --dry-run`
-# prints only that); resumable (finished runs in runs/reproduce/ are reused). REPRODUCE_QUICK=1: one experiment
-# only (REPRODUCE_ONLY=name,... to choose), runs in runs/reproduce-quick/, document labelled so.
-# REPRODUCE_REPS / REPRODUCE_DURATION override 3 repetitions x 180 s.
+# Seed papers' pre-registered comparisons (analysis/preregistration.yaml) -> one record per finished
+# repetition under docs/reproduction/records/ -> docs/reproduction.md (analysis/campaign.py).
+# Many hours in all: run it again in every session until each experiment has concluded; Ctrl-C
+# is safe. `$(BIN)/python -m torbed.analysis.reproduce --estimate` prints the machine time left.
 # Not niced: a measurement must never run at a lower priority than other load (it would
 # measure that load); `torbed run` warns when the machine is busy (torbed/hostload.py).
-reproduce: setup  ## run the papers' experiments torbed has variants for; writes docs/reproduction.md
-	$(BIN)/python -m torbed.analysis.reproduce
+reproduce: setup  ## one session of the papers' pre-registered campaign (resumes from docs/reproduction/records); RENDER_ONLY=1: only re-render docs/reproduction.md
+	$(BIN)/python -m torbed.analysis.reproduce $(if $(filter-out 0,$(RENDER_ONLY)),--render-only)
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean
 
-# Local single-node Kubernetes cluster for e2e tests (hack/cluster.sh; root). The binaries are
+# Local single-node Kubernetes cluster for e2e tests (hack/cluster/cluster.sh; root). The binaries are
 # built from the Go module proxy once and cached under ~/.cache/torbed/k8s (TORBED_CACHE).
 .PHONY: cluster-build cluster-up cluster-down cluster-status e2e-cluster e2e
 
 cluster-build:  ## build/cache Kubernetes v1.33.13, CoreDNS and the cluster's images (about 15 min the first time)
-	hack/cluster.sh build
+	hack/cluster/cluster.sh build
 
 cluster-up:  ## start the local cluster; prints the KUBECONFIG to export
-	hack/cluster.sh up
+	hack/cluster/cluster.sh up
 
 cluster-down:  ## stop the local cluster and remove its processes, mounts, bridge and iptables rules
-	hack/cluster.sh down
+	hack/cluster/cluster.sh down
 
 cluster-status:
-	hack/cluster.sh status
+	hack/cluster/cluster.sh status
 
 # The cluster stays up afterwards (tests/e2e uses the reachable KUBECONFIG and leaves it be):
 # rerun quickly, then `make cluster-down`.
 e2e-cluster: venv  ## bring the cluster up, check pod/Service/DNS networking, then run tests/e2e against it
-	hack/cluster.sh up
-	hack/cluster.sh smoke
+	hack/cluster/cluster.sh up
+	hack/cluster/cluster.sh smoke
 	KUBECONFIG=$${TORBED_K8S_STATE:-/var/lib/torbed-k8s}/kubeconfig $(BIN)/pytest -q -m e2e tests/e2e $(PYTEST_ARGS)
 
 e2e: tools  ## e2e tests on a real cluster: KUBECONFIG's when reachable, else the local one (brought up and down again)

@@ -57,7 +57,7 @@ setup(
     packages=packages(),
     # The trace-capture scenario (hack/capture-traces.sh) beside its scripts; tor's option list
     # (torbed.torrc_policy), so installed copies (the client image) check torrc lines too.
-    package_data={"torbed.replay.capture": ["*.yaml"], "torbed": ["data/*.txt"]},
+    package_data={"torbed.replay.capture": ["*.yaml"], "torbed.analysis": ["*.yaml"], "torbed": ["data/*.txt"]},
     # Not MANIFEST.in's files as package data too: replay/traces lies inside a package folder
     # but ships once, under torbed/_data (as does linkemu/, the crate beside the package).
     include_package_data=False,

@@ -17,6 +17,12 @@ Modules, one concern each:
     compare    compare(run_a, run_b, force=False, out_dir=None) -> comparison dict
     aa         A/A calibration: one variant's repetitions split into two arms
     reproduce  ``make reproduce``: the seed papers' experiments -> docs/reproduction.md
+    prereg     the pre-registered comparisons (preregistration.yaml) and their verdict rules
+    campaign   the reproduction as records per repetition (docs/reproduction/records/), resumed
+               across sessions and machines
+    gates      per-repetition mechanism gates (queueing location, CPU, completion)
+    circuits   circuits labelled by client group at every hop (CELL_STATS chains)
+    survival   censored transfers: Kaplan-Meier estimates
     torchestra, circswitch  what a run of that variant must show (its notice lines, counters,
                transfers) and the small network that shows it; integration tests and make bench
     cli        register(subparsers, formatter_class): the ``report``, ``compare`` and ``aa`` commands

@@ -55,32 +55,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
     gates.exclude_invalid(b)
     ea, eb = metrics.extract(a), metrics.extract(b)
     variants = [v for v in a.variants if v in b.variants]
-    out_metrics = {}
-    for mid, ma in ea.metrics.items():
-        mb = eb.metrics.get(mid)
-        if mb is None:
-            continue
-        entry = {"metric": ma.metric, "title": ma.title, "unit": ma.unit, "variants": {}}
-        for v in variants:
-            xa, xb = ma.pooled(v), mb.pooled(v)
-            da, db = stats.describe(xa), stats.describe(xb)
-            tests = stats.two_sample_tests(xb, xa) or {
-                "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
-            entry["variants"][v] = {
-                "n_a": da["n"], "n_b": db["n"],
-                "inference": inference.compare_arms(ma, v, mb, v, scale=inference.metric_scale_two(ma, mb, v),
-                                                    rng=stats.rng_for(0, "compare", mid, v)),
-                "pooled_tests": "descriptive",
-                "median_a": da.get("median"), "median_b": db.get("median"),
-                "mean_a": da.get("mean"), "mean_b": db.get("mean"),
-                "median_change_pct": stats.pct_change(db.get("median"), da.get("median")),
-                "mean_change_pct": stats.pct_change(db.get("mean"), da.get("mean")),
-                **tests}
-        out_metrics[mid] = entry
-    items = [{"id": mid, "variant": v, "inference": d["inference"]}
-             for mid, e in out_metrics.items() for v, d in e["variants"].items()]
-    sig = inference.apply_holm(items)
-    fam = sum(1 for it in items if it["inference"]["in_family"] and it["inference"]["status"] == "tested")
+    out_metrics = _compare_metrics(ea, eb, variants)
+    summary = _inference_summary(out_metrics)
     err_a, err_b = metrics.error_rates(a), metrics.error_rates(b)
     return {
         "schema": 1,
@@ -91,24 +67,64 @@ def compare_runs(run_a: str | Path, run_b: str | Path, force: bool = False) -> d
         "metrics_only_in_a": sorted(set(ea.metrics) - set(eb.metrics)),
         "metrics_only_in_b": sorted(set(eb.metrics) - set(ea.metrics)),
         "metrics": out_metrics,
-        "inference": {
-            "alpha": stats.ALPHA, "correction": "holm", "family_size": fam, "tests": len(items),
-            "min_reps_per_arm": stats.MIN_REPS,
-            "not_enough_repetitions": sum(1 for it in items if it["inference"]["status"] == "not enough repetitions"),
-            "headline": [inference.headline_line(out_metrics[it["id"]]["title"], it["variant"] + " (B)", "A",
-                                                 it["inference"]) for it in sig],
-            "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
-            "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
-            "descriptive": [line for it in items
-                            if it["inference"]["in_family"] and it["inference"]["status"] == "not enough repetitions"
-                            and (line := inference.descriptive_line(out_metrics[it["id"]]["title"],
-                                                                    it["variant"] + " (B)", "A", it["inference"]))],
-            "methods": list(inference.METHOD_TEXT)},
+        "inference": summary,
         "errors": {v: {"rate_a": err_a[v]["rate"], "rate_b": err_b[v]["rate"],
                        "errors_a": err_a[v]["errors"], "errors_b": err_b[v]["errors"],
                        "transfers_a": err_a[v]["transfers"], "transfers_b": err_b[v]["transfers"]}
                    for v in variants},
     }
+
+
+def _compare_metrics(ea, eb, variants: list[str]) -> dict:
+    """Metric id -> its entry (title, unit, per-variant comparison) for metrics both runs have."""
+    out_metrics = {}
+    for mid, ma in ea.metrics.items():
+        mb = eb.metrics.get(mid)
+        if mb is None:
+            continue
+        out_metrics[mid] = {"metric": ma.metric, "title": ma.title, "unit": ma.unit,
+                            "variants": {v: _compare_variant(mid, ma, mb, v) for v in variants}}
+    return out_metrics
+
+
+def _compare_variant(mid: str, ma, mb, v: str) -> dict:
+    """One variant of one metric, run A against run B: the inference and the pooled descriptives."""
+    xa, xb = ma.pooled(v), mb.pooled(v)
+    da, db = stats.describe(xa), stats.describe(xb)
+    tests = stats.two_sample_tests(xb, xa) or {
+        "ks_statistic": None, "ks_pvalue": None, "mwu_statistic": None, "mwu_pvalue": None}
+    return {
+        "n_a": da["n"], "n_b": db["n"],
+        "inference": inference.compare_arms(ma, v, mb, v, scale=inference.metric_scale_two(ma, mb, v),
+                                            rng=stats.rng_for(0, "compare", mid, v)),
+        "pooled_tests": "descriptive",
+        "median_a": da.get("median"), "median_b": db.get("median"),
+        "mean_a": da.get("mean"), "mean_b": db.get("mean"),
+        "median_change_pct": stats.pct_change(db.get("median"), da.get("median")),
+        "mean_change_pct": stats.pct_change(db.get("mean"), da.get("mean")),
+        **tests}
+
+
+def _inference_summary(out_metrics: dict) -> dict:
+    """The family of tests over every (metric, variant), Holm-corrected: its size, headline and
+    descriptive lines (apply_holm marks each entry's inference in place)."""
+    items = [{"id": mid, "variant": v, "inference": d["inference"]}
+             for mid, e in out_metrics.items() for v, d in e["variants"].items()]
+    sig = inference.apply_holm(items)
+    fam = sum(1 for it in items if it["inference"]["in_family"] and it["inference"]["status"] == "tested")
+    return {
+        "alpha": stats.ALPHA, "correction": "holm", "family_size": fam, "tests": len(items),
+        "min_reps_per_arm": stats.MIN_REPS,
+        "not_enough_repetitions": sum(1 for it in items if it["inference"]["status"] == "not enough repetitions"),
+        "headline": [inference.headline_line(out_metrics[it["id"]]["title"], it["variant"] + " (B)", "A",
+                                             it["inference"]) for it in sig],
+        "significant": [{"metric": it["id"], "variant": it["variant"]} for it in sig],
+        "equivalence_margin_pct": stats.EQUIVALENCE_MARGIN_PCT,
+        "descriptive": [line for it in items
+                        if it["inference"]["in_family"] and it["inference"]["status"] == "not enough repetitions"
+                        and (line := inference.descriptive_line(out_metrics[it["id"]]["title"],
+                                                                it["variant"] + " (B)", "A", it["inference"]))],
+        "methods": list(inference.METHOD_TEXT)}
 
 
 def rows(c: dict) -> list[list[str]]:

@@ -475,19 +475,30 @@ def plot_cell_wait(series: dict, variants: list[str], path: Path, bin_s: float =
     return True
 
 
+REPS_NOTE = ("Lines: all repetitions pooled; shaded band: per-quantile range over the "
+             "repetitions (shown when >= 2 repetitions have data). Where transfers were cut off "
+             "by the end of the window, the line is the Kaplan-Meier CDF (1 - survival) with "
+             "each censored time marked '|', and the band is of the completed transfers.")
+
+
 def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> list[Figure]:
     """Draw every figure of the report into ``out_dir`` (created). Returns the figures
     written, in report order; metrics without data are skipped (the report says so)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    variants, baseline = run.variants, summary["baseline"]
     ms = extracted.metrics
-    figs: list[Figure] = []
-    reps_note = ("Lines: all repetitions pooled; shaded band: per-quantile range over the "
-                 "repetitions (shown when >= 2 repetitions have data). Where transfers were cut off "
-                 "by the end of the window, the line is the Kaplan-Meier CDF (1 - survival) with "
-                 "each censored time marked '|', and the band is of the completed transfers.")
+    fw = faults_mod.planned_windows(run)   # shaded on every time series
+    return [*_transfer_figures(run, ms, summary, out_dir),
+            *_circuit_figures(run, ms, summary, out_dir),
+            *_relay_series_figures(run, out_dir, fw),
+            *_cell_figures(run, ms, summary, out_dir, fw),
+            *_resource_figures(run, out_dir)]
 
+
+def _transfer_figures(run: Run, ms: dict, summary: dict, out_dir: Path) -> list[Figure]:
+    """Per (group, file): the CDFs from the request and from stream start, and the quantile bars."""
+    variants, baseline = run.variants, summary["baseline"]
+    figs: list[Figure] = []
     groups = sorted({(m.params["group"], m.params["file"]) for m in ms.values() if "group" in m.params})
     for g, f in groups:
         sub = ms[f"ttlb_s/{g}:{f}"].subject
@@ -497,22 +508,31 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
             p = out_dir / f"{stem}-{_safe(g)}-{_safe(f)}.png"
             title = f"Transfer times {what}, {sub}"
             if plot_cdf(panels, variants, baseline, p, title):
-                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {reps_note}", "Transfers"))
+                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {REPS_NOTE}", "Transfers"))
         entries = [(metrics_mod.METRICS[k].title, summary["metrics"][f"{k}/{g}:{f}"]) for k in ("ttfb_s", "ttlb_s")]
         p = out_dir / f"quantiles-{_safe(g)}-{_safe(f)}.png"
         title = f"Transfer time quantiles, {sub}"
         if plot_quantile_bars(entries, variants, p, title):
             figs.append(Figure(p, title, "Quantiles of TTFB and TTLB per variant, repetitions pooled; "
                                "the error bar is the 95% CI of the median from a cluster bootstrap over whole repetitions.", "Transfers"))
+    return figs
 
+
+def _circuit_figures(run: Run, ms: dict, summary: dict, out_dir: Path) -> list[Figure]:
     m = ms.get("circuit_build_s")
-    if m is not None:
-        p = out_dir / "cdf-circuit_build_s.png"
-        title = "Circuit build time, all clients"
-        if plot_cdf([(m.info.title, m)], variants, baseline, p, title):
-            figs.append(Figure(p, title, f"CDF of circuit build times. {reps_note}", "Circuits"))
+    if m is None:
+        return []
+    p = out_dir / "cdf-circuit_build_s.png"
+    title = "Circuit build time, all clients"
+    if plot_cdf([(m.info.title, m)], run.variants, summary["baseline"], p, title):
+        return [Figure(p, title, f"CDF of circuit build times. {REPS_NOTE}", "Circuits")]
+    return []
 
-    fw = faults_mod.planned_windows(run)   # shaded on every time series
+
+def _relay_series_figures(run: Run, out_dir: Path, fw) -> list[Figure]:
+    """Time series of the relays (throughput, OR connections, circuits) and of the background load."""
+    variants = run.variants
+    figs: list[Figure] = []
     ts = metrics_mod.throughput_series(run)
     p = out_dir / "timeseries-relay-throughput.png"
     if plot_throughput(ts, variants, p, faults=fw):
@@ -541,7 +561,13 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
                            "The Locust master's statistics (load.jsonl) every load.stats_interval: requests "
                            "and failures per second, and response-time percentiles over Locust's current "
                            "10 s window.", "Background load"))
+    return figs
 
+
+def _cell_figures(run: Run, ms: dict, summary: dict, out_dir: Path, fw) -> list[Figure]:
+    """Per-cell timing: circuit-queue waits per relay, replayed traffic's one-way delay, waits over time."""
+    variants, baseline = run.variants, summary["baseline"]
+    figs: list[Figure] = []
     cw_relays = sorted({m.params["relay"] for m in ms.values() if m.metric == "cell_wait_ms" and "relay" in m.params})
     for relay in cw_relays:
         panels = [(f"{d.capitalize()} ({'toward the client' if d == 'inbound' else 'toward the exit'})",
@@ -550,31 +576,41 @@ def make_all(run: Run, extracted: Extracted, summary: dict, out_dir: Path) -> li
         title = f"Circuit-queue wait per cell at relay {relay} (all circuits)"
         if plot_cdf(panels, variants, baseline, p, title):
             figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
-                               + reps_note, "Relays"))
-    delay = sorted({(m.params["client_group"], m.params["direction"]) for m in ms.values()
-                    if m.metric == "cell_delay_ms" and not m.params.get("class")})
-    if delay:
-        panels = [(f"{g}, {d}stream", ms[f"cell_delay_ms/{g}/{d}"]) for g, d in delay]
-        p = out_dir / "cdf-cell-delay.png"
-        title = "Per-cell one-way delay of replayed traffic"
-        if plot_cdf(panels, variants, baseline, p, title):
-            means = "; ".join(f"{g} {d}: " + ", ".join(
-                f"{v} {summary['metrics'][f'cell_delay_ms/{g}/{d}']['variants'][v].get('mean', float('nan')):.1f} ms"
-                for v in variants if summary["metrics"][f"cell_delay_ms/{g}/{d}"]["variants"][v].get("n"))
-                for g, d in delay)
-            figs.append(Figure(p, title, "CDF of receive - send time of every replayed chunk (one cell's "
-                               f"payload) after the warm-up. Average delay per cell: {means}. " + reps_note,
-                               "Replayed traffic"))
+                               + REPS_NOTE, "Relays"))
+    figs += _cell_delay_figure(ms, summary, variants, out_dir)
     cws = metrics_mod.cell_wait_series(run)
     p = out_dir / "timeseries-cell-wait.png"
     if plot_cell_wait(cws, variants, p, faults=fw):
         figs.append(Figure(p, "Circuit-queue wait per cell over time",
                            "sum(time_ms) / sum(removed) over the circuits of a class at each relay, "
                            "5 s bins; light and heavy as Gopal & Heninger 2012 class circuits (70% of a connection's cells), after the warm-up.", "Relays"))
-    p = out_dir / "resources-per-node.png"
-    if plot_resources(resource_summary(run), variants, p):
-        figs.append(Figure(p, "CPU and memory per node",
-                           "Per tor process, repetitions pooled: CPU seconds used per second between the first "
-                           "and last sample (at readiness, every 30 s, at the end) and the largest peak RSS "
-                           "(VmHWM) (resources.jsonl).", "Resources"))
     return figs
+
+
+def _cell_delay_figure(ms: dict, summary: dict, variants: list[str], out_dir: Path) -> list[Figure]:
+    delay = sorted({(m.params["client_group"], m.params["direction"]) for m in ms.values()
+                    if m.metric == "cell_delay_ms" and not m.params.get("class")})
+    if not delay:
+        return []
+    panels = [(f"{g}, {d}stream", ms[f"cell_delay_ms/{g}/{d}"]) for g, d in delay]
+    p = out_dir / "cdf-cell-delay.png"
+    title = "Per-cell one-way delay of replayed traffic"
+    if not plot_cdf(panels, variants, summary["baseline"], p, title):
+        return []
+    means = "; ".join(f"{g} {d}: " + ", ".join(
+        f"{v} {summary['metrics'][f'cell_delay_ms/{g}/{d}']['variants'][v].get('mean', float('nan')):.1f} ms"
+        for v in variants if summary["metrics"][f"cell_delay_ms/{g}/{d}"]["variants"][v].get("n"))
+        for g, d in delay)
+    return [Figure(p, title, "CDF of receive - send time of every replayed chunk (one cell's "
+                   f"payload) after the warm-up. Average delay per cell: {means}. " + REPS_NOTE,
+                   "Replayed traffic")]
+
+
+def _resource_figures(run: Run, out_dir: Path) -> list[Figure]:
+    p = out_dir / "resources-per-node.png"
+    if plot_resources(resource_summary(run), run.variants, p):
+        return [Figure(p, "CPU and memory per node",
+                       "Per tor process, repetitions pooled: CPU seconds used per second between the first "
+                       "and last sample (at readiness, every 30 s, at the end) and the largest peak RSS "
+                       "(VmHWM) (resources.jsonl).", "Resources")]
+    return []

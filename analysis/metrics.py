@@ -352,8 +352,18 @@ def extract(run: Run) -> Extracted:
     """
     notes: list[str] = []
     out: dict[str, MetricSamples] = {}
+    _transfer_times(run, out)
+    _circuit_builds(run, out)
+    _relay_throughput(run, out, notes)
+    _relay_cell_waits(run, out)
+    _client_cell_waits(run, out, notes)
+    _cell_delays(run, out)
+    return Extracted(metrics=out, notes=notes)
 
-    # Transfer groups: (client group, file) with the most common size.
+
+def _transfer_times(run: Run, out: dict[str, MetricSamples]) -> None:
+    """TRANSFER_METRICS per transfer group (client group, file; with its most common size),
+    censored transfers' times apart."""
     sizes: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for r in run.reps:
         for t in r.transfers:
@@ -383,7 +393,9 @@ def extract(run: Run) -> Extracted:
             for gk, vals in cens.items():
                 out[f"{metric}/{gk[0]}:{gk[1]}"].censored[r.variant][r.index] = np.array(vals)
 
-    # Circuit build time: distinct circuits of successful measured transfers.
+
+def _circuit_builds(run: Run, out: dict[str, MetricSamples]) -> None:
+    """Circuit build time: distinct circuits of successful measured transfers."""
     cb = _new(run, "circuit_build_s", "circuit_build_s", {})
     for r in run.reps:
         seen: dict[tuple, float] = {}
@@ -394,7 +406,9 @@ def extract(run: Run) -> Extracted:
         cb.values[r.variant][r.index] = np.array(list(seen.values()))
     out[cb.id] = cb
 
-    # Relay throughput.
+
+def _relay_throughput(run: Run, out: dict[str, MetricSamples], notes: list[str]) -> None:
+    """Each relay's largest moving-average throughput after the warm-up."""
     relays = sorted({str(b["relay"]) for r in run.reps for b in r.relay_bw})
     groups = {str(b["relay"]): b.get("group") for r in run.reps for b in r.relay_bw}
     for relay in relays:
@@ -417,7 +431,9 @@ def extract(run: Run) -> Extracted:
             else:
                 out[f"relay_throughput_Bps/{relay}"].values[r.variant][r.index] = np.array([v])
 
-    # Circuit-queue wait per cell.
+
+def _relay_cell_waits(run: Run, out: dict[str, MetricSamples]) -> None:
+    """Circuit-queue wait per cell at each relay, per direction and circuit class."""
     cw_relays = sorted({str(c["relay"]) for r in run.reps for c in r.cellstats})
     cw_groups = {str(c["relay"]): c.get("group") for r in run.reps for c in r.cellstats}
     for relay in cw_relays:
@@ -450,10 +466,6 @@ def extract(run: Run) -> Extracted:
                 m = out[f"cell_wait_ms/{relay}/{d}/{c}"]
                 m.values[r.variant][r.index] = np.array(vals)
                 m.totals[r.variant][r.index] = (sums[(d, c)][0], sums[(d, c)][1])
-
-    _client_cell_waits(run, out, notes)
-    _cell_delays(run, out)
-    return Extracted(metrics=out, notes=notes)
 
 
 def _client_cell_waits(run: Run, out: dict[str, MetricSamples], notes: list[str]) -> None:

@@ -131,36 +131,48 @@ def _stream(rep: Rep, t: dict) -> tuple[str, dict]:
             "payload-progress-recv": f"{progress:.2f}%", "payload-progress-send": "100.00%",
             "total-bytes-recv": str(got), "total-bytes-send": "0",
         },
-        "time_info": {
-            "created-ts": str(int(round(ts * 1e6))) if _num(ts) else "0",
-            "now-ts": str(int(round(end * 1e6))) if _num(end) else "0",
-            "usecs-to-socket-create": "0" if _num(ts) else "-1",
-            "usecs-to-socket-connect": "-1", "usecs-to-proxy-init": "-1",
-            "usecs-to-proxy-choice": "-1", "usecs-to-proxy-request": "-1",
-            "usecs-to-proxy-response": _usecs(t.get("t_socks"), ts),
-            "usecs-to-command": _usecs(t.get("t_request"), ts),
-            # tgen's "response" is the server's first reply bytes; ours is the first byte of the
-            # HTTP response (t_first_byte), so response - command is the circuit round trip
-            # tornettools reads as RTT.
-            "usecs-to-response": _usecs(t.get("t_first_byte"), ts),
-            "usecs-to-first-byte-recv": _usecs(t.get("t_first_byte"), ts),
-            "usecs-to-last-byte-recv": _usecs(t.get("t_last_byte"), ts) if ok else "-1",
-            "usecs-to-checksum-recv": "-1", "usecs-to-first-byte-send": "-1",
-            "usecs-to-last-byte-send": "-1", "usecs-to-checksum-send": "-1",
-        },
+        "time_info": _time_info(t, ts, end, ok),
     }
     if ok and _num(t.get("t_last_byte")) and _num(ts):
-        last = round(t["t_last_byte"] - ts, 6)
-        by_bytes, by_fraction = _progress(t, size, ts)
-        by_bytes.setdefault(str(got or size), last)
-        by_fraction.setdefault("1.0", last)
-        stream["elapsed_seconds"] = {
-            "payload_bytes_recv": by_bytes,
-            "payload_progress_recv": by_fraction,
-            "payload_bytes_send": {},
-            "payload_progress_send": {},
-        }
+        stream["elapsed_seconds"] = _elapsed_seconds(t, size, got, ts)
     return sid, stream
+
+
+def _time_info(t: dict, ts, end, ok: bool) -> dict:
+    """tgen's time_info: microseconds from the stream's start to each step ("-1": not reached
+    or not measured)."""
+    return {
+        "created-ts": str(int(round(ts * 1e6))) if _num(ts) else "0",
+        "now-ts": str(int(round(end * 1e6))) if _num(end) else "0",
+        "usecs-to-socket-create": "0" if _num(ts) else "-1",
+        "usecs-to-socket-connect": "-1", "usecs-to-proxy-init": "-1",
+        "usecs-to-proxy-choice": "-1", "usecs-to-proxy-request": "-1",
+        "usecs-to-proxy-response": _usecs(t.get("t_socks"), ts),
+        "usecs-to-command": _usecs(t.get("t_request"), ts),
+        # tgen's "response" is the server's first reply bytes; ours is the first byte of the
+        # HTTP response (t_first_byte), so response - command is the circuit round trip
+        # tornettools reads as RTT.
+        "usecs-to-response": _usecs(t.get("t_first_byte"), ts),
+        "usecs-to-first-byte-recv": _usecs(t.get("t_first_byte"), ts),
+        "usecs-to-last-byte-recv": _usecs(t.get("t_last_byte"), ts) if ok else "-1",
+        "usecs-to-checksum-recv": "-1", "usecs-to-first-byte-send": "-1",
+        "usecs-to-last-byte-send": "-1", "usecs-to-checksum-send": "-1",
+    }
+
+
+def _elapsed_seconds(t: dict, size: int, got: int, ts: float) -> dict:
+    """elapsed_seconds of a successful stream: seconds since its start at each byte count and
+    tenth of the payload, the last byte included."""
+    last = round(t["t_last_byte"] - ts, 6)
+    by_bytes, by_fraction = _progress(t, size, ts)
+    by_bytes.setdefault(str(got or size), last)
+    by_fraction.setdefault("1.0", last)
+    return {
+        "payload_bytes_recv": by_bytes,
+        "payload_progress_recv": by_fraction,
+        "payload_bytes_send": {},
+        "payload_progress_send": {},
+    }
 
 
 def _progress(t: dict, size: int, ts: float) -> tuple[dict, dict]:

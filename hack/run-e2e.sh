@@ -3,8 +3,8 @@
 # cluster, in stages (hack/stage.sh: wall time beside budget, per-test durations and junit
 # XML under $TORBED_TEST_REPORTS):
 #
-#   cluster-build  Kubernetes, CoreDNS, pause, toolbox (hack/cluster.sh build; cached by version)
-#   chaos-build    Chaos Mesh's controller-manager (hack/chaos-mesh.sh build; cached by version)
+#   cluster-build  Kubernetes, CoreDNS, pause, toolbox (hack/cluster/cluster.sh build; cached by version)
+#   chaos-build    Chaos Mesh's controller-manager (hack/cluster/chaos-mesh.sh build; cached by version)
 #   e2e-images     the images the tests install (torbed.images; cached by content), and
 #                  the arm64 relay image the emulated Pi node runs
 #   e2e            tests/e2e (-m "e2e and not experiment"); the session fixture brings the
@@ -21,8 +21,8 @@ bin=.venv/bin
 E2E_IMAGES=dirauth,client,locust,relay,prometheus,nightly
 
 prepare() {
-  stage cluster-build hack/cluster.sh build || return 1
-  stage chaos-build hack/chaos-mesh.sh build || return 1
+  stage cluster-build hack/cluster/cluster.sh build || return 1
+  stage chaos-build hack/cluster/chaos-mesh.sh build || return 1
   stage e2e-images "$bin/python" -m torbed.images --images "$E2E_IMAGES" || return 1
   # The emulated Pi's relay (tests/e2e/test_pi_k8s.py): tor cross-compiled, the rest under qemu.
   stage e2e-images-arm64 "$bin/python" -m torbed.images --platform linux/arm64 --images relay --variants vanilla \

@@ -59,7 +59,7 @@ fi
 stage lint "$bin/ruff" check . || exit 1
 # Unit and chart tests are CPU-bound and independent: one worker per core (pytest-xdist).
 stage unit pytest_stage unit -n 2 tests/unit "$@" || exit 1
-stage chart-tools hack/k8s-tools.sh || exit 1
+stage chart-tools hack/chart/k8s-tools.sh || exit 1
 stage chart pytest_stage chart -n 2 tests/chart "$@" || exit 1
 command -v "$cargo" >/dev/null || { echo "run-tests: cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
 stage linkemu linkemu_tests || exit 1

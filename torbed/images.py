@@ -14,8 +14,8 @@ Public API:
 - ``plan(platform=None, kinds=IMAGES, families=None) -> list[Image]``
 - ``build(images, verbose=False, console=None) -> list[Result]`` raises
   ``ImageError`` (the message names the image and its log)
-- ``ensure_engine() -> str`` the docker client to build with (runs hack/docker.sh)
-- ``ensure_base(arch) -> str`` the runtime base image for ``arch`` (runs hack/base-image.sh)
+- ``ensure_engine() -> str`` the docker client to build with (runs hack/images/docker.sh)
+- ``ensure_base(arch) -> str`` the runtime base image for ``arch`` (runs hack/images/base-image.sh)
 - ``tag(kind, family=None, arch=None) -> str``
 
 Tags: ``torbed/relay:<family>-<version>``, ``torbed/dirauth:<version>``,
@@ -170,20 +170,20 @@ def ensure_engine() -> str:
     """Start or install the Docker engine if needed; return the client to build with."""
     if os.environ.get("TORBED_DOCKER"):
         return os.environ["TORBED_DOCKER"]
-    return _run_hack("docker.sh", "--client")
+    return _run_hack("images/docker.sh", "--client")
 
 
 def ensure_base(arch: str, docker: str) -> str:
     """Make the base image for ``arch`` exist; return its reference (for BASE_IMAGE)."""
-    return _run_hack("base-image.sh", "--arch", arch, env=dict(os.environ, DOCKER=docker))
+    return _run_hack("images/base-image.sh", "--arch", arch, env=dict(os.environ, DOCKER=docker))
 
 
 def _stage_helm() -> None:
-    """The pinned helm (hack/k8s-tools.sh builds it, cached) into the build context."""
-    _run_hack("k8s-tools.sh")
+    """The pinned helm (hack/chart/k8s-tools.sh builds it, cached) into the build context."""
+    _run_hack("chart/k8s-tools.sh")
     helm = constants.CACHE_DIR / "tools" / "bin" / "helm"
     if not helm.exists():
-        raise ImageError(f"hack/k8s-tools.sh did not produce {helm}")
+        raise ImageError(f"hack/chart/k8s-tools.sh did not produce {helm}")
     dest = STAGE / "nightly" / "helm"
     dest.parent.mkdir(parents=True, exist_ok=True)
     if not dest.exists() or dest.read_bytes() != helm.read_bytes():

@@ -76,7 +76,7 @@ def probe_kernel() -> KernelCaps:
     return KernelCaps(htb=htb, netem=netem, detail=detail)
 
 
-def _tc_limitation(plan: Plan, caps: KernelCaps) -> str | None:
+def tc_limitation(plan: Plan, caps: KernelCaps) -> str | None:
     """Why tc cannot shape this plan's links on this kernel (None: it can)."""
     specs = [plan.default_link, *plan.group_links.values()]
     if plan.needs_delay_emulation():
@@ -94,6 +94,16 @@ def _tc_limitation(plan: Plan, caps: KernelCaps) -> str | None:
     return None
 
 
+def linkemu_reason(plan: Plan, caps: KernelCaps) -> str | None:
+    """Why choose_shaper picks linkemu for this plan, in words (None: tc can shape it and
+    nothing asks for linkemu)."""
+    if plan.scenario.links.emulator == "linkemu":
+        return "requested by links.emulator"
+    if any(f.kind == "link" for f in plan.scenario.faults):
+        return "link faults change links at run time"
+    return tc_limitation(plan, caps)
+
+
 def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
     mode = plan.scenario.links.emulator
     if mode == "linkemu":
@@ -106,7 +116,7 @@ def choose_shaper(plan: Plan, caps: KernelCaps) -> str:
         return "linkemu"
     if not plan.shaped_pair_count():
         return "none"
-    why = _tc_limitation(plan, caps)
+    why = tc_limitation(plan, caps)
     if why is None:
         return "htb+netem" if plan.needs_delay_emulation() else "htb"
     if mode == "tc":

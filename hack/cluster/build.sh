@@ -4,7 +4,7 @@
 #   $CACHE/k8s/<k8s version>/bin/     kube-apiserver kube-controller-manager kube-scheduler
 #                                     kubelet kube-proxy kubectl   (from the Go module proxy)
 #   $CACHE/k8s/coredns-<version>/     coredns + coredns.tar (image FROM scratch)
-#   $CACHE/k8s/pause-<src hash>/      pause + pause.tar (image FROM scratch, hack/pause/pause.c)
+#   $CACHE/k8s/pause-<src hash>/      pause + pause.tar (image FROM scratch, hack/cluster/pause/pause.c)
 #   $CACHE/k8s/toolbox-<src hash>/    toolbox.tar (FROM scratch: Debian's static busybox and
 #                                     hack/cluster/netcheck; the DNS check and smoke test use it)
 #
@@ -16,8 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
 . "$HERE/common.sh"
 
-log() { printf '[cluster-build] %s\n' "$*" >&2; }
-die() { printf '[cluster-build] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=cluster-build
 
 command -v go >/dev/null || die "go is required (Go 1.24+ for Kubernetes $K8S_VERSION)"
 mkdir -p "$CACHE/k8s"
@@ -112,8 +111,8 @@ build_coredns() {
 build_pause() {
   local out=$1
   command -v gcc >/dev/null || die "gcc is required for the pause image (apt-get install gcc libc6-dev)"
-  gcc -static -Os -Wall -Wextra -o "$out/pause" "$HERE/../pause/pause.c" >"$LOGDIR/build-pause.log" 2>&1 \
-    || die "compiling hack/pause/pause.c failed; see $LOGDIR/build-pause.log"
+  gcc -static -Os -Wall -Wextra -o "$out/pause" "$HERE/pause/pause.c" >"$LOGDIR/build-pause.log" 2>&1 \
+    || die "compiling hack/cluster/pause/pause.c failed; see $LOGDIR/build-pause.log"
   strip "$out/pause"
   mkdir "$out/rootfs"
   cp "$out/pause" "$out/rootfs/pause"

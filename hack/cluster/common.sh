@@ -1,11 +1,12 @@
 # shellcheck shell=bash disable=SC2034  # variables for the scripts that source this
-# Shared settings of hack/cluster.sh and hack/cluster/build.sh (sourced, not run).
-# Everything version-dependent lives here so a version bump is one edit and a new cache key.
+# Shared settings of hack/cluster/cluster.sh and hack/cluster/build.sh (sourced, not run).
+# The versions come from hack/versions.env; a bump there is a new cache key here.
 
-K8S_VERSION=v1.33.13
-K8S_STAGING_VERSION=v0.33.13          # the staging modules (k8s.io/api, client-go, ...) of K8S_VERSION
-K8S_SAMPLE_APISERVER_VERSION=v0.33.3  # k8s.io/sample-apiserver has no v0.33.13 on the proxy
-COREDNS_VERSION=v1.14.7
+# shellcheck source=hack/versions.env
+. "$(dirname "${BASH_SOURCE[0]}")/../versions.env"
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
@@ -13,7 +14,7 @@ K8S_DIR=$CACHE/k8s/$K8S_VERSION
 K8S_BIN=$K8S_DIR/bin
 COREDNS_DIR=$CACHE/k8s/coredns-$COREDNS_VERSION
 # The pause image is keyed by its source so an edit rebuilds it.
-PAUSE_KEY=$(sha256sum "$(dirname "${BASH_SOURCE[0]}")/../pause/pause.c" | cut -c1-12)
+PAUSE_KEY=$(sha256sum "$(dirname "${BASH_SOURCE[0]}")/pause/pause.c" | cut -c1-12)
 PAUSE_DIR=$CACHE/k8s/pause-$PAUSE_KEY
 # The toolbox image (static busybox + hack/cluster/netcheck) is keyed by netcheck's source.
 TOOLBOX_KEY=$(cat "$(dirname "${BASH_SOURCE[0]}")"/netcheck/* | sha256sum | cut -c1-12)
@@ -25,5 +26,18 @@ PAUSE_IMAGE=localhost/torbed/pause:1.0
 COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
 TOOLBOX_IMAGE=localhost/torbed/toolbox:1
 
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# render FILE NAME=VALUE...: hack/cluster/config/FILE on stdout, each __NAME__ replaced by VALUE
+# (any characters, newlines included).
+render() {
+  local file=$CLUSTER_DIR/config/$1 kv val args=(-e '')
+  shift
+  for kv in "$@"; do
+    val=${kv#*=}
+    val=${val//\\/\\\\}
+    val=${val//\#/\\#}
+    val=${val//&/\\&}
+    val=${val//$'\n'/\\$'\n'}   # a value of several lines
+    args+=(-e "s#__${kv%%=*}__#${val}#g")
+  done
+  sed "${args[@]}" "$file"
+}

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034
-# The emulated Raspberry Pi: a second node of the local cluster (sourced by hack/cluster.sh,
+# The emulated Raspberry Pi: a second node of the local cluster (sourced by hack/cluster/cluster.sh,
 # which provides start/stop/pid_of/mkcert/wait_for and the settings).
 #
 # A node of its own, as a Pi joined with `kubeadm join` or a k3s agent would be:
@@ -63,29 +63,7 @@ masquerade() {
 cni_conflist() {
   local dir=$1 subnet=$2 ipam=$3
   mkdir -p "$dir"
-  cat >"$dir/10-torbed.conflist.tmp" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "$CNI_NET",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "$subnet"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "$ipam"
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "firewall"}
-  ]
-}
-EOF
+  render cni.conflist CNI_NET="$CNI_NET" SUBNET="$subnet" IPAM_DIR="$ipam" >"$dir/10-torbed.conflist.tmp"
   mv "$dir/10-torbed.conflist.tmp" "$dir/10-torbed.conflist"
 }
 
@@ -98,14 +76,8 @@ pi_configs() {
   grep -F "$PI_CTRD_SOCK" "$CONF/containerd-pi.toml" >/dev/null || die "could not derive $CONF/containerd-pi.toml"
   sed -e "s#$PKI/kubelet-serving#$PKI/kubelet-serving-pi#" -e "s#unix://$CTRD_SOCK#unix://$PI_CTRD_SOCK#" \
     "$CONF/kubelet.yaml" >"$CONF/kubelet-pi.yaml"
-  cat >>"$CONF/kubelet-pi.yaml" <<EOF
-# The Pi's own cgroup root and pod log directory (the main kubelet removes log directories
-# of pods it does not know under its own).
-cgroupRoot: /$PI_CGROUP
-podLogsDir: "$PI_STATE/pod-logs"
-registerWithTaints:
-  - {key: $PI_TAINT_KEY, value: $PI_TAINT_VALUE, effect: NoSchedule}
-EOF
+  render kubelet-pi.yaml PI_CGROUP="$PI_CGROUP" PI_STATE="$PI_STATE" PI_TAINT_KEY="$PI_TAINT_KEY" \
+    PI_TAINT_VALUE="$PI_TAINT_VALUE" >>"$CONF/kubelet-pi.yaml"
   sed -e "s#hostnameOverride: .*#hostnameOverride: \"$PI_NODE\"#" \
     -e "s#$STATE/kubeconfigs/kube-proxy#$STATE/kubeconfigs/kube-proxy-pi#" \
     "$CONF/kube-proxy.yaml" >"$CONF/kube-proxy-pi.yaml"
@@ -121,7 +93,7 @@ pi_pki() {
 }
 
 pi_network() {
-  ip netns add "$PI_NETNS" 2>/dev/null || die "network namespace $PI_NETNS exists (hack/cluster.sh remove-pi)"
+  ip netns add "$PI_NETNS" 2>/dev/null || die "network namespace $PI_NETNS exists (hack/cluster/cluster.sh remove-pi)"
   ip link add "$PI_HOST_IF" type veth peer name "$PI_IF" netns "$PI_NETNS" \
     || die "cannot create the veth pair $PI_HOST_IF/$PI_IF"
   ip addr add "$PI_HOST_IP/30" dev "$PI_HOST_IF"
@@ -176,7 +148,7 @@ binfmt_arm64() {
 cmd_add_pi() {
   need_root
   lock
-  all_running && api_ready || die "the cluster is not running (hack/cluster.sh up first)"
+  all_running && api_ready || die "the cluster is not running (hack/cluster/cluster.sh up first)"
   if pi_present; then
     if all_pi_running && node_ready "$PI_NODE"; then
       log "node $PI_NODE already runs"
@@ -300,9 +272,9 @@ cmd_remove_pi() {
 load_image_pi() {
   local a plain t0
   t0=$(now)
-  pid_of containerd-pi >/dev/null || die "node $PI_NODE is not running (hack/cluster.sh add-pi)"
-  command -v docker >/dev/null || die "load-image: docker is not installed (hack/docker.sh)"
-  timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/docker.sh)"
+  pid_of containerd-pi >/dev/null || die "node $PI_NODE is not running (hack/cluster/cluster.sh add-pi)"
+  command -v docker >/dev/null || die "load-image: docker is not installed (hack/images/docker.sh)"
+  timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/images/docker.sh)"
   for a in "$@"; do
     docker image inspect "$a" >/dev/null 2>&1 || die "load-image: Docker has no image $a"
     docker save "$a" | ctr_pi images import --all-platforms - >>"$LOGS/images.log" 2>&1 \

@@ -12,63 +12,23 @@ TIMEOUT=${TORBED_K8S_TIMEOUT:-180}
 NS=torbed-smoke
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$STATE/kubeconfig")
 kc() { "${KUBECTL[@]}" "$@"; }
-log() { printf '[smoke] %s\n' "$*" >&2; }
+LOG_TAG=smoke
+# A failed check, not a broken script: says FAILED rather than lib.sh's ERROR.
 die() { printf '[smoke] FAILED: %s\n' "$*" >&2; exit 1; }
 
-[ -x "$K8S_BIN/kubectl" ] && [ -f "$STATE/kubeconfig" ] || die "no cluster (hack/cluster.sh up)"
+[ -x "$K8S_BIN/kubectl" ] && [ -f "$STATE/kubeconfig" ] || die "no cluster (hack/cluster/cluster.sh up)"
 t0=$(now)
 cleanup() { [ -n "${TORBED_SMOKE_KEEP:-}" ] || kc delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 # A namespace left by an interrupted run is still terminating: wait until it is gone.
 kc delete namespace "$NS" --ignore-not-found --timeout="${TIMEOUT}s" >/dev/null
 
-kc apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $NS}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: web, namespace: $NS, labels: {app: web}}
-spec:
-  terminationGracePeriodSeconds: 0
-  containers:
-    - name: web
-      image: $TOOLBOX_IMAGE
-      imagePullPolicy: Never
-      command: [netcheck, serve, ":8080"]
-      ports: [{containerPort: 8080}]
-      readinessProbe:
-        httpGet: {path: /, port: 8080}
-        periodSeconds: 1
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: $NS}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080}]
-EOF
+render smoke-server.yaml NS="$NS" TOOLBOX_IMAGE="$TOOLBOX_IMAGE" | kc apply -f - >/dev/null
 kc -n "$NS" wait --for=condition=Ready pod/web --timeout="${TIMEOUT}s" >/dev/null \
   || die "server pod not ready; kubectl -n $NS describe pod web"
 cluster_ip=$(kc -n "$NS" get service web -o 'jsonpath={.spec.clusterIP}')
 
-kc apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: client, namespace: $NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 0
-  containers:
-    - name: client
-      image: $TOOLBOX_IMAGE
-      imagePullPolicy: Never
-      command:
-        - sh
-        - -c
-        - netcheck resolve web 60 && netcheck resolve web.$NS.svc.cluster.local 10 && netcheck get http://web/ 60
-EOF
+render smoke-client.yaml NS="$NS" TOOLBOX_IMAGE="$TOOLBOX_IMAGE" | kc apply -f - >/dev/null
 deadline=$(($(date +%s) + TIMEOUT))
 while :; do
   phase=$(kc -n "$NS" get pod client -o 'jsonpath={.status.phase}' 2>/dev/null || true)

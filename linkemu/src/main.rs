@@ -135,6 +135,49 @@ fn serve_conn(conn: &mut Conn, engine: &mut Engine, table_path: &str) -> ConnSta
 
 fn run(table_path: &str) -> Result<(), String> {
     let table = Table::load(table_path)?;
+    let (mut socks, buf_size) = open_ports(&table)?;
+    let control_path = table.control_socket.clone();
+    let spin_ns = table.spin_us * 1000;
+    let nports = table.ports.len();
+    let mut engine = Engine::new(table, buf_size)?;
+    let mut lp = Loop::new(&socks, control_path.as_deref())?;
+    tune_thread(engine.table().realtime_priority);
+    log(&format!("forwarding between {nports} ports (frames up to {buf_size} bytes); table {table_path}"));
+
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    'main: loop {
+        let now = sys::now_ns();
+        engine.egress(now, &mut socks);
+        let next = engine.next_departure();
+        let spinning = matches!(next, Some(t) if t <= now + spin_ns);
+        if !spinning {
+            lp.timer.set(next.map(|t| t - spin_ns.min(t)));
+        }
+        let n = lp.epoll.wait(&mut events, if spinning { 0 } else { -1 }).map_err(|e| format!("epoll: {e}"))?;
+        for ev in &events[..n] {
+            let key = ev.u64; // (a copy: epoll_event is packed)
+            match key {
+                KEY_TIMER => lp.timer.clear(),
+                KEY_SIGNAL => {
+                    if lp.on_signals(&mut engine, table_path) {
+                        break 'main;
+                    }
+                }
+                KEY_LISTEN => lp.accept(),
+                k if k >= KEY_CONN => lp.on_conn(k, &mut engine, table_path),
+                port => lp.on_port(port as usize, &mut engine, &mut socks)?,
+            }
+        }
+    }
+    write_stats(&engine);
+    if let Some(path) = control_path {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// A packet socket per port of the table, and the receive buffer size its MTUs need.
+fn open_ports(table: &Table) -> Result<(Sockets, usize), String> {
     let mut mtu = 1500;
     for p in &table.ports {
         mtu = mtu.max(sys::mtu(&p.dev).map_err(|e| format!("{}: {e}", p.dev))?);
@@ -145,133 +188,129 @@ fn run(table_path: &str) -> Result<(), String> {
     for p in &table.ports {
         socks.0.push(PacketSocket::open(&p.dev, RCVBUF).map_err(|e| format!("port {}: {e}", p.dev))?);
     }
-    let control_path = table.control_socket.clone();
-    let spin_ns = table.spin_us * 1000;
-    let nports = table.ports.len();
-    let mut engine = Engine::new(table, buf_size)?;
+    Ok((socks, buf_size))
+}
 
-    let epoll = Epoll::new().map_err(|e| e.to_string())?;
-    for (i, s) in socks.0.iter().enumerate() {
-        epoll.add(s.fd, i as u64).map_err(|e| e.to_string())?;
-    }
-    let mut timer = Timer::new().map_err(|e| e.to_string())?;
-    epoll.add(timer.fd, KEY_TIMER).map_err(|e| e.to_string())?;
-    let signals = Signals::new().map_err(|e| e.to_string())?;
-    epoll.add(signals.fd, KEY_SIGNAL).map_err(|e| e.to_string())?;
-    let listener = match &control_path {
-        Some(path) => {
-            let _ = std::fs::remove_file(path);
-            let l = UnixListener::bind(path).map_err(|e| format!("control socket {path}: {e}"))?;
-            l.set_nonblocking(true).map_err(|e| e.to_string())?;
-            epoll.add(l.as_raw_fd(), KEY_LISTEN).map_err(|e| e.to_string())?;
-            Some(l)
-        }
-        None => None,
-    };
-    let mut conns: HashMap<RawFd, Conn> = HashMap::new();
-    // Sleeps end on time: no timer slack for this thread.
+/// Sleeps end on time: no timer slack for this thread; real-time priority when asked for.
+fn tune_thread(prio: u32) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
-    let prio = engine.table().realtime_priority;
     if prio > 0 {
         if let Err(e) = sys::set_realtime(prio) {
             log(&format!("running without real-time priority (SCHED_FIFO {prio}: {e}); delays may be late on a busy machine"));
         }
     }
-    log(&format!("forwarding between {nports} ports (frames up to {buf_size} bytes); table {table_path}"));
+}
 
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut oversize_warned = false;
-    'main: loop {
-        let now = sys::now_ns();
-        engine.egress(now, &mut socks);
-        let next = engine.next_departure();
-        let spinning = matches!(next, Some(t) if t <= now + spin_ns);
-        if !spinning {
-            timer.set(next.map(|t| t - spin_ns.min(t)));
+/// What the forwarding loop waits on besides the ports: the departure timer, signals, the
+/// control socket and its connections.
+struct Loop {
+    epoll: Epoll,
+    timer: Timer,
+    signals: Signals,
+    listener: Option<UnixListener>,
+    conns: HashMap<RawFd, Conn>,
+    oversize_warned: bool,
+}
+
+impl Loop {
+    fn new(socks: &Sockets, control_path: Option<&str>) -> Result<Loop, String> {
+        let epoll = Epoll::new().map_err(|e| e.to_string())?;
+        for (i, s) in socks.0.iter().enumerate() {
+            epoll.add(s.fd, i as u64).map_err(|e| e.to_string())?;
         }
-        let n = epoll.wait(&mut events, if spinning { 0 } else { -1 }).map_err(|e| format!("epoll: {e}"))?;
-        for ev in &events[..n] {
-            let key = ev.u64;
-            match key {
-                KEY_TIMER => timer.clear(),
-                KEY_SIGNAL => {
-                    while let Some(sig) = signals.read() {
-                        if sig == libc::SIGHUP {
-                            match Table::load(table_path).and_then(|t| engine.apply_table(t)) {
-                                Ok(()) => log("SIGHUP: table reloaded"),
-                                Err(e) => log(&format!("SIGHUP: table not reloaded: {e}")),
-                            }
-                        } else {
-                            log(&format!("signal {sig}: stopping"));
-                            break 'main;
-                        }
-                    }
+        let timer = Timer::new().map_err(|e| e.to_string())?;
+        epoll.add(timer.fd, KEY_TIMER).map_err(|e| e.to_string())?;
+        let signals = Signals::new().map_err(|e| e.to_string())?;
+        epoll.add(signals.fd, KEY_SIGNAL).map_err(|e| e.to_string())?;
+        let listener = match control_path {
+            Some(path) => {
+                let _ = std::fs::remove_file(path);
+                let l = UnixListener::bind(path).map_err(|e| format!("control socket {path}: {e}"))?;
+                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                epoll.add(l.as_raw_fd(), KEY_LISTEN).map_err(|e| e.to_string())?;
+                Some(l)
+            }
+            None => None,
+        };
+        Ok(Loop { epoll, timer, signals, listener, conns: HashMap::new(), oversize_warned: false })
+    }
+
+    /// SIGHUP reloads the table; any other signal stops the loop (true).
+    fn on_signals(&mut self, engine: &mut Engine, table_path: &str) -> bool {
+        while let Some(sig) = self.signals.read() {
+            if sig == libc::SIGHUP {
+                match Table::load(table_path).and_then(|t| engine.apply_table(t)) {
+                    Ok(()) => log("SIGHUP: table reloaded"),
+                    Err(e) => log(&format!("SIGHUP: table not reloaded: {e}")),
                 }
-                KEY_LISTEN => {
-                    if let Some(l) = &listener {
-                        while let Ok((stream, _)) = l.accept() {
-                            let fd = stream.as_raw_fd();
-                            if stream.set_nonblocking(true).is_ok() && epoll.add(fd, KEY_CONN + fd as u64).is_ok() {
-                                conns.insert(fd, Conn { stream, pending: Vec::new(), out: Vec::new(),
-                                                        eof: false, interest: (true, false) });
-                            }
-                        }
-                    }
-                }
-                k if k >= KEY_CONN => {
-                    let fd = (k - KEY_CONN) as RawFd;
-                    let keep = match conns.get_mut(&fd) {
-                        Some(c) => match serve_conn(c, &mut engine, table_path) {
-                            ConnState::Keep { output } => {
-                                // A closed peer's EOF stays readable: then wait only for room to write.
-                                let want = (!c.eof, output);
-                                want == c.interest || epoll.modify(fd, k, want.0, want.1).map(|_| c.interest = want).is_ok()
-                            }
-                            ConnState::Close => false,
-                        },
-                        None => false,
-                    };
-                    if !keep {
-                        epoll.del(fd);
-                        conns.remove(&fd);
-                    }
-                }
-                port => {
-                    let port = port as usize;
-                    for _ in 0..BUDGET {
-                        let mut buf = engine.buffer();
-                        match socks.0[port].recv(&mut buf) {
-                            Ok(Some(len)) if len <= buf.len() => {
-                                engine.ingress(sys::now_ns(), port, buf, len, &mut socks);
-                            }
-                            Ok(Some(len)) => {
-                                engine.note_oversize(port);
-                                engine.recycle(buf);
-                                if !oversize_warned {
-                                    oversize_warned = true;
-                                    log(&format!("dropped a {len}-byte frame on {} (larger than MTU: are \
-                                                  TSO/GSO/GRO off? see `linkemu offloads-off`)", socks.0[port].dev));
-                                }
-                            }
-                            Ok(None) => {
-                                engine.recycle(buf);
-                                break;
-                            }
-                            Err(e) => {
-                                engine.recycle(buf);
-                                return Err(format!("receive on {}: {e}", socks.0[port].dev));
-                            }
-                        }
-                    }
+            } else {
+                log(&format!("signal {sig}: stopping"));
+                return true;
+            }
+        }
+        false
+    }
+
+    fn accept(&mut self) {
+        if let Some(l) = &self.listener {
+            while let Ok((stream, _)) = l.accept() {
+                let fd = stream.as_raw_fd();
+                if stream.set_nonblocking(true).is_ok() && self.epoll.add(fd, KEY_CONN + fd as u64).is_ok() {
+                    self.conns.insert(fd, Conn { stream, pending: Vec::new(), out: Vec::new(),
+                                                 eof: false, interest: (true, false) });
                 }
             }
         }
     }
-    write_stats(&engine);
-    if let Some(path) = control_path {
-        let _ = std::fs::remove_file(path);
+
+    fn on_conn(&mut self, key: u64, engine: &mut Engine, table_path: &str) {
+        let fd = (key - KEY_CONN) as RawFd;
+        let keep = match self.conns.get_mut(&fd) {
+            Some(c) => match serve_conn(c, engine, table_path) {
+                ConnState::Keep { output } => {
+                    // A closed peer's EOF stays readable: then wait only for room to write.
+                    let want = (!c.eof, output);
+                    want == c.interest || self.epoll.modify(fd, key, want.0, want.1).map(|_| c.interest = want).is_ok()
+                }
+                ConnState::Close => false,
+            },
+            None => false,
+        };
+        if !keep {
+            self.epoll.del(fd);
+            self.conns.remove(&fd);
+        }
     }
-    Ok(())
+
+    /// Up to BUDGET frames from one port into the engine.
+    fn on_port(&mut self, port: usize, engine: &mut Engine, socks: &mut Sockets) -> Result<(), String> {
+        for _ in 0..BUDGET {
+            let mut buf = engine.buffer();
+            match socks.0[port].recv(&mut buf) {
+                Ok(Some(len)) if len <= buf.len() => {
+                    engine.ingress(sys::now_ns(), port, buf, len, socks);
+                }
+                Ok(Some(len)) => {
+                    engine.note_oversize(port);
+                    engine.recycle(buf);
+                    if !self.oversize_warned {
+                        self.oversize_warned = true;
+                        log(&format!("dropped a {len}-byte frame on {} (larger than MTU: are \
+                                      TSO/GSO/GRO off? see `linkemu offloads-off`)", socks.0[port].dev));
+                    }
+                }
+                Ok(None) => {
+                    engine.recycle(buf);
+                    break;
+                }
+                Err(e) => {
+                    engine.recycle(buf);
+                    return Err(format!("receive on {}: {e}", socks.0[port].dev));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn offloads(args: &[String]) -> Result<(), String> {

@@ -3,7 +3,7 @@ manifests validate offline against Kubernetes 1.33 and the CRDs we use (PodMonit
 ServiceMonitor, Chaos Mesh); the chart's helm-unittest suites pass; invalid scenarios are
 refused by the values schema with the offending field named.
 
-Tools and schemas come from `make tools` (hack/k8s-tools.sh), cached under
+Tools and schemas come from `make tools` (hack/chart/k8s-tools.sh), cached under
 ${TORBED_CACHE:-~/.cache/torbed}/tools. TORBED_CHART points the suite at another chart.
 """
 
@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = Path(os.environ.get("TORBED_CHART", REPO / "charts" / "torbed"))
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
 TIMEOUT = 180
-BUILD_HINT = "run `make tools` (hack/k8s-tools.sh) to build them"
+BUILD_HINT = "run `make tools` (hack/chart/k8s-tools.sh) to build them"
 
-# kubeconform's layouts (see hack/openapi2jsonschema.py).
+# kubeconform's layouts (see hack/chart/openapi2jsonschema.py).
 K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json"
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
@@ -37,10 +37,10 @@ def scenario_variants():
 
 
 def tool_env():
-    """Locations from `hack/k8s-tools.sh --env` (it knows the pinned versions). TORBED_*
+    """Locations from `hack/chart/k8s-tools.sh --env` (it knows the pinned versions). TORBED_*
     variables already set win, so a runner can point elsewhere; HELM_PLUGINS is always ours
     (a user's own HELM_PLUGINS would not hold this helm-unittest)."""
-    out = subprocess.run(["bash", str(REPO / "hack" / "k8s-tools.sh"), "--env"],
+    out = subprocess.run(["bash", str(REPO / "hack" / "chart" / "k8s-tools.sh"), "--env"],
                          check=True, capture_output=True, text=True).stdout
     found = {}
     for line in out.splitlines():
@@ -142,9 +142,9 @@ def chaos_manifests(tools, values: Path) -> list[dict]:
 
 
 def test_chaos_mesh_controller_manifests_validate(tools):
-    """hack/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
+    """hack/cluster/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
     tests/e2e/test_chaos_mesh_k8s.py) against the Kubernetes schemas, strictly."""
-    m = run(tools, "bash", str(REPO / "hack" / "chaos-mesh.sh"), "manifests")
+    m = run(tools, "bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh"), "manifests")
     assert m.returncode == 0, show(m)
     env = tools["env"]
     k = run(tools, tools["kubeconform"], "-strict", "-summary", "-kubernetes-version", env["TORBED_KUBE_VERSION"],

@@ -2,7 +2,7 @@
 
 The cluster: the one KUBECONFIG points to when it is reachable (kind, k3s, a real cluster:
 the images must be available to its nodes), else the local single-node cluster that
-hack/cluster.sh builds and starts (and stops again at the end of the session). The images
+hack/cluster/cluster.sh builds and starts (and stops again at the end of the session). The images
 are built (`python -m torbed.images`, cached) and loaded into the local cluster.
 """
 
@@ -40,19 +40,19 @@ def _reachable(kubeconfig: str) -> bool:
 
 @pytest.fixture(scope="session")
 def cluster():
-    """{'kubeconfig': path, 'local': bool (hack/cluster.sh's: the images are loaded into it),
+    """{'kubeconfig': path, 'local': bool (hack/cluster/cluster.sh's: the images are loaded into it),
     'ours': bool (brought up here: torn down afterwards)}."""
     existing = os.environ.get("KUBECONFIG")
     if existing and _reachable(existing):
         # KUBECONFIG may be the local cluster's own (`make e2e-cluster` exports it): its nodes
         # get the images only from us, or the tests would run whatever images were loaded last.
-        env = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "env"], capture_output=True, text=True)
+        env = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "env"], capture_output=True, text=True)
         local = f"KUBECONFIG={existing}" in env.stdout
         yield {"kubeconfig": existing, "local": local, "ours": False}
         return
-    up = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "up"], capture_output=True, text=True)
+    up = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "up"], capture_output=True, text=True)
     if up.returncode != 0:
-        pytest.fail(f"hack/cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}", pytrace=False)
+        pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}", pytrace=False)
     m = re.search(r"export KUBECONFIG=(\S+)", up.stdout + up.stderr)
     assert m, up.stdout
     kubeconfig = m.group(1).strip("'\"")
@@ -60,7 +60,7 @@ def cluster():
     try:
         yield {"kubeconfig": kubeconfig, "local": True, "ours": True, "bringup": up.stdout}
     finally:
-        subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "down"], capture_output=True, text=True)
+        subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "down"], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +77,7 @@ def images(cluster):
     assert tags, b.stdout
     if cluster["local"]:
         t0 = time.time()
-        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "load-image", *tags],
+        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "load-image", *tags],
                             capture_output=True, text=True)
         assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
         print(f"loaded {len(tags)} images into the cluster in {time.time() - t0:.1f} s")

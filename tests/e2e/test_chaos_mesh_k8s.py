@@ -1,5 +1,5 @@
 """Chaos Mesh itself carries out a scenario's kill fault, on time: its controller-manager,
-built from its Go module by hack/chaos-mesh.sh (image FROM scratch), runs in the cluster;
+built from its Go module by hack/cluster/chaos-mesh.sh (image FROM scratch), runs in the cluster;
 `torbed run --backend k8s --set chaosMesh.enabled=true` creates the chart's PodChaos (kept
 as a manifest in the release's <release>-faults ConfigMap) at the fault's time, the
 controller deletes the relay's pod and its StatefulSet recreates it.
@@ -29,7 +29,7 @@ import yaml
 from conftest import QUICKSTART, REPO, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
-CHAOS_MESH = ["bash", str(REPO / "hack" / "chaos-mesh.sh")]
+CHAOS_MESH = ["bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh")]
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +43,14 @@ def chaos_mesh(cluster):
     tarball = b.stdout.strip().splitlines()[-1]
     print(f"controller-manager image ready after {time.time() - t0:.1f} s ({b.stderr.strip()[-200:]})")
     if cluster["local"]:   # also when KUBECONFIG already points at it (make e2e-cluster)
-        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "load-image", tarball],
+        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "load-image", tarball],
                             capture_output=True, text=True)
         assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
     env = {**os.environ, "KUBECONFIG": cluster["kubeconfig"]}
     t0 = time.time()
     up = subprocess.run([*CHAOS_MESH, "up"], capture_output=True, text=True, env=env)
     try:
-        assert up.returncode == 0, f"hack/chaos-mesh.sh up failed:\n{up.stdout[-2000:]}\n{up.stderr[-4000:]}"
+        assert up.returncode == 0, f"hack/cluster/chaos-mesh.sh up failed:\n{up.stdout[-2000:]}\n{up.stderr[-4000:]}"
         print(f"controller-manager running {time.time() - t0:.1f} s after `up`")
         yield env
     finally:

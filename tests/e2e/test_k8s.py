@@ -137,7 +137,7 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
     container-kill, StressChaos: what the backend creates at each fault's time) must pass the
     API server's validation (server-side dry run), and a wrong one must not."""
     import re
-    ver = re.search(r"^CHAOS_MESH_VERSION=(\S+)", (REPO / "hack" / "k8s-tools.sh").read_text(), re.M).group(1)
+    ver = re.search(r"^CHAOS_MESH_VERSION=(\S+)", (REPO / "hack" / "versions.env").read_text(), re.M).group(1)
     d = subprocess.run(["go", "mod", "download", "-json", f"github.com/chaos-mesh/chaos-mesh@{ver}"],
                        capture_output=True, text=True, check=True)
     crd_dir = Path(json.loads(d.stdout)["Dir"]) / "helm" / "chaos-mesh" / "crds"

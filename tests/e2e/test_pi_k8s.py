@@ -1,4 +1,4 @@
-"""Two nodes: the local cluster's own and an emulated Raspberry Pi (`hack/cluster.sh add-pi`:
+"""Two nodes: the local cluster's own and an emulated Raspberry Pi (`hack/cluster/cluster.sh add-pi`:
 a second kubelet, containerd and kube-proxy in their own network namespace with their own pod
 CIDR, routes between the nodes, labelled torbed.io/hardware=rpi and tainted NoSchedule; its
 images are the arm64 builds of `make images-arm64`, run by qemu-user).
@@ -26,7 +26,7 @@ from conftest import ISOLATE, REPO, exec_in, records, torbed_run, uninstall, wai
 pytestmark = pytest.mark.e2e
 SCENARIO = REPO / "scenarios" / "hardware-comparison.yaml"
 PI = "torbed-pi"
-CLUSTER = ["bash", str(REPO / "hack" / "cluster.sh")]
+CLUSTER = ["bash", str(REPO / "hack" / "cluster" / "cluster.sh")]
 
 
 def kube_nodes() -> list:
@@ -53,7 +53,7 @@ def _pi_leftovers() -> list[str]:
 @pytest.fixture(scope="module")
 def pi(cluster, images):
     if not cluster["local"]:
-        pytest.skip("the emulated Pi is a node of hack/cluster.sh's cluster; KUBECONFIG names another one")
+        pytest.skip("the emulated Pi is a node of hack/cluster/cluster.sh's cluster; KUBECONFIG names another one")
     t0 = time.time()
     # The relay image (tor, the thing on trial) in its arm64 build; the client image (the
     # relay pod's collector and shaper sidecars) stays amd64: qemu-user cannot run tc's

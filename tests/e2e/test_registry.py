@@ -1,6 +1,6 @@
 """Images and chart from a registry, as a cluster user gets them: `make images-push` puts every
 built architecture of each image under one tag (a manifest list) and the chart as an OCI
-artifact into the local registry (hack/registry.sh); the cluster then installs the chart
+artifact into the local registry (hack/images/registry.sh); the cluster then installs the chart
 from the registry and its nodes pull every image from it (pullPolicy Always: the images
 imported for the other tests are not used), and `helm test` passes."""
 
@@ -23,12 +23,12 @@ ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
 
 @pytest.fixture(scope="module")
 def registry(images):
-    was_up = subprocess.run(["bash", str(REPO / "hack" / "registry.sh"), "status"], capture_output=True).returncode == 0
-    up = subprocess.run(["bash", str(REPO / "hack" / "registry.sh"), "up"], capture_output=True, text=True)
+    was_up = subprocess.run(["bash", str(REPO / "hack" / "images" / "registry.sh"), "status"], capture_output=True).returncode == 0
+    up = subprocess.run(["bash", str(REPO / "hack" / "images" / "registry.sh"), "up"], capture_output=True, text=True)
     assert up.returncode == 0, up.stderr
     yield REGISTRY
     if not was_up:   # leave nothing running that this test started
-        subprocess.run(["bash", str(REPO / "hack" / "registry.sh"), "down"], capture_output=True)
+        subprocess.run(["bash", str(REPO / "hack" / "images" / "registry.sh"), "down"], capture_output=True)
 
 
 def _local_image(ref: str) -> bool:

@@ -1,6 +1,6 @@
 """The container images themselves (`make images`), run with the local Docker engine.
 
-The session fixture makes Docker available (hack/docker.sh) and brings the images for this
+The session fixture makes Docker available (hack/images/docker.sh) and brings the images for this
 machine's architecture up to date (torbed.images: seconds when nothing changed); when either
 is impossible the tests fail, they never skip. TORBED_IMAGES_BUILD=0 uses the images as they
 are. Every container is started with --rm, --network none (a tor must never reach out) and a

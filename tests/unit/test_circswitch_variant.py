@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torbed.analysis import circswitch as bench_circswitch
+from torbed.analysis import circswitch
 from torbed import constants
 from torbed.backends.k8s.chart import CHART_DIR
 from torbed.variants import VariantError, load_variant
@@ -66,6 +66,6 @@ def test_parser_matches_the_patchs_notice_lines():
     for pattern, kind in (("to the second \"", "to the second connection"), ("back: channel", "back")):
         fmt = _c_format(pattern)
         line = re.sub(r"%\.\df", "0.5", fmt).replace("%u", "7").replace("%d", "3").replace("%s", "guard")
-        m = bench_circswitch.MOVE.search(line)
+        m = circswitch.MOVE.search(line)
         assert m and m.group(2) == kind, line
-    assert bench_circswitch.ONSET in OURS.read_text()
+    assert circswitch.ONSET in OURS.read_text()

@@ -1,4 +1,4 @@
-"""hack/cluster.sh's process helpers, sourced without running a command.
+"""hack/cluster/cluster.sh's process helpers, sourced without running a command.
 
 The cold-machine failure "etcd exited while waiting for etcd healthy" came from reading a
 daemon's /proc/PID/cmdline before the forked shell had exec'd it: `start` must return only
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _harness(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     # Everything but the last line (`main "$@"`), then the test's own commands.
-    script = (ROOT / "hack/cluster.sh").read_text().rsplit("\nmain \"$@\"", 1)[0]
-    script = script.replace('HERE=$(cd "$(dirname "$0")" && pwd)', f"HERE={ROOT / 'hack'}", 1)
+    script = (ROOT / "hack/cluster/cluster.sh").read_text().rsplit("\nmain \"$@\"", 1)[0]
+    script = script.replace('HERE=$(cd "$(dirname "$0")" && pwd)', f"HERE={ROOT / 'hack' / 'cluster'}", 1)
     slow = tmp_path / "slow-exec.sh"
     # Stands in for a daemon whose exec is slow on a cold machine: until it execs, its
     # command line is this script's, not the daemon's.

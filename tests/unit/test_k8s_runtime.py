@@ -275,10 +275,22 @@ def test_start_barrier_waits_for_every_client(tmp_path):
             assert r.status == 204
         body = post("/ready/web0")
         assert body["ready"] == 2 and body["t_workload"] > body["t_all_ready"]
-        from torbed.pods.client import wait_start
+        from torbed.pods.bringup import wait_start
         import time as _t
-        assert wait_start(url, "web0", _t.time() + 5) == body["t_workload"]
+        assert wait_start(url, node="web0", deadline=_t.time() + 5) == body["t_workload"]
 
+
+
+def test_one_start_barrier_wait_for_clients_and_the_locust_master(tmp_path):
+    """bringup.wait_start: a client reports itself ready first; the Locust master (not a
+    client) only polls, for as long as its Locust runs."""
+    import time as _t
+    from torbed.pods.bringup import wait_start
+    with results_server(tmp_path, clients=1) as url:
+        assert wait_start(url, deadline=_t.time() + 0.5) is None                # nobody ready: the deadline passes
+        assert wait_start(url, alive=lambda: False) is None                     # Locust ended
+        t = wait_start(url, node="web0", deadline=_t.time() + 5)                # reports web0 ready: opens it
+        assert t is not None and wait_start(url, alive=lambda: True, interval=0.5) == t
 
 def test_start_barrier_also_waits_for_the_shapers(tmp_path):
     import urllib.request

@@ -80,3 +80,67 @@ def test_every_backend_has_its_face():
         assert (REPO / "torbed" / "backends" / name / "__init__.py").is_file()
         for attr in ("HELP", "Options", "add_arguments", "backend_class", "create", "plan_lines", "register_commands"):
             assert hasattr(face, attr), f"torbed.backends.{name} lacks {attr}"
+
+
+# Issue 39 item 4: a function over MAX_FUNCTION_LINES (its def line to its last line; nested
+# functions count on their own) is split along its sections, unless a comment
+# "# long-function: <why>" stands on the line above its def.
+MAX_FUNCTION_LINES = 60
+# Being split now on other branches. The set only shrinks: an entry no longer over the limit
+# (split, renamed or gone) fails the test until it is removed here.
+PENDING = {
+    ("torbed/backends/local/backend.py", "bring_up"),
+    ("torbed/backends/local/backend.py", "_fast_first_round"),
+    ("torbed/backends/local/backend.py", "_wait_clients"),
+    ("torbed/torrc.py", "static_fragments"),
+    ("torbed/client/driver.py", "transfer"),
+    ("torbed/client/driver.py", "_receive"),
+    ("replay/client.py", "replay_flow"),
+    ("torbed/nightly/runner.py", "run_night"),
+    ("analysis/aa.py", "aa_analyse"),
+    ("analysis/gates.py", "cpu_gate"),
+    ("analysis/circuits.py", "attribute"),
+    ("analysis/hardware.py", "by_hardware"),
+    ("analysis/render.py", "blocks"),
+    ("torbed/scenario.py", "_semantics"),
+    ("torbed/scenario.py", "_fault_problems"),
+}
+
+
+def long_functions(source: str) -> dict[str, int]:
+    """Function name -> its length in lines, for every function over MAX_FUNCTION_LINES
+    without a "# long-function:" reason on the line above its def."""
+    lines = source.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+            if length > MAX_FUNCTION_LINES and not above.startswith("# long-function:"):
+                out[node.name] = max(length, out.get(node.name, 0))
+    return out
+
+
+def test_no_function_is_over_60_lines():
+    found = {}
+    for folder in CORE:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            for name, length in long_functions(path.read_text()).items():
+                found[(rel, name)] = length
+    new = {k: n for k, n in found.items() if k not in PENDING}
+    assert not new, (f"functions over {MAX_FUNCTION_LINES} lines: split them along their sections, or give the "
+                     "reason in a '# long-function: ...' comment above the def:\n"
+                     + "\n".join(f"  {f}: {name} ({n} lines)" for (f, name), n in sorted(new.items())))
+    done = sorted(PENDING - set(found))
+    assert not done, ("no longer over the limit; remove from PENDING in tests/unit/test_layout.py:\n"
+                      + "\n".join(f"  {f}: {name}" for f, name in done))
+
+
+def test_the_length_rule_counts_as_the_issue_does():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    assert long_functions(f"def f():\n{body}\n") == {}                                   # exactly 60 lines
+    assert long_functions(f"def f():\n{body}\n    return 1\n") == {"f": MAX_FUNCTION_LINES + 1}
+    assert long_functions(f"# long-function: a table\ndef f():\n{body}\n    return 1\n") == {}
+    nested = f"def outer():\n    def inner():\n    {body.replace(chr(10), chr(10) + '    ')}\n        return 1\n"
+    assert set(long_functions(nested)) == {"outer", "inner"}

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from torbed.analysis import torchestra as bench_torchestra
+from torbed.analysis import torchestra
 from torbed import constants
 from torbed.backends.k8s.chart import CHART_DIR
 from torbed.variants import VariantError, load_variant
@@ -63,11 +63,11 @@ def _fill(fmt: str) -> str:
 
 def test_parser_matches_the_patchs_notice_lines():
     move = _fill(_c_format('Torchestra: exit moves circuit'))
-    assert bench_torchestra.EXIT_MOVE.search(move), move
+    assert torchestra.EXIT_MOVE.search(move), move
     done = _fill(_c_format("Torchestra: switched circuit"))
-    m = bench_torchestra.SWITCHED.search(done)
+    m = torchestra.SWITCHED.search(done)
     assert m and m.group(1) == "heavy", done
-    assert bench_torchestra.ABANDONED in PATCH.read_text()
+    assert torchestra.ABANDONED in PATCH.read_text()
 
 
 def _summary(**relay):
@@ -77,12 +77,12 @@ def _summary(**relay):
 
 
 def test_problems_flags_lost_cells_not_stock_tiny_network_closes():
-    assert bench_torchestra.problems(_summary()) == []
+    assert torchestra.problems(_summary()) == []
     # tor's own close for a path through the hop it came from (3-relay networks) is not ours
-    assert bench_torchestra.problems(_summary(proto_violations=3.0, tiny_network_closes=3)) == []
-    assert bench_torchestra.problems(_summary(proto_violations=4.0, tiny_network_closes=3))
-    assert bench_torchestra.problems(_summary(warnings=["[warn] Didn't recognize a cell, but circ stops here!"]))
-    assert bench_torchestra.problems(_summary(metrics={"aborted": 1.0}))
+    assert torchestra.problems(_summary(proto_violations=3.0, tiny_network_closes=3)) == []
+    assert torchestra.problems(_summary(proto_violations=4.0, tiny_network_closes=3))
+    assert torchestra.problems(_summary(warnings=["[warn] Didn't recognize a cell, but circ stops here!"]))
+    assert torchestra.problems(_summary(metrics={"aborted": 1.0}))
     failed = _summary()
     failed["transfers_failed"] = 1
-    assert bench_torchestra.problems(failed)
+    assert torchestra.problems(failed)

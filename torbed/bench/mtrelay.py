@@ -170,22 +170,11 @@ def _cpu_text(pct: dict[int, float], pid: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repetitions", type=int, help="repetitions per arm (scenario: 3)")
-    ap.add_argument("--duration", help="measurement per repetition, incl. the 30 s warm-up (scenario: 150s)")
-    ap.add_argument("--quick", action="store_true", help="1 repetition of 75 s: a pipeline check (the emulated target saturates only after about 70 s)")
-    ap.add_argument("--out", type=Path, default=Path("runs/bench"))
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     from ..analysis.load import load_run
     from ..analysis.metrics import throughput_series
 
-    data = yaml.safe_load(SCENARIO.read_text())
-    if args.quick:
-        data["repetitions"], data["measure"]["duration"] = 1, "75s"
-    if args.repetitions:
-        data["repetitions"] = args.repetitions
-    if args.duration:
-        data["measure"]["duration"] = args.duration
+    data = _scenario(args)
     out = (args.out / "mtrelay-runs").resolve()
     out.mkdir(parents=True, exist_ok=True)
     console.log(f"mtrelay: {data['name']}, arms {', '.join(data['variants'])}, {data['repetitions']} repetition(s) "
@@ -207,6 +196,40 @@ def main(argv: list[str] | None = None) -> int:
     arms = list(data["variants"])
     values = {a: [series.get(a, {}).get(k, {}).get("rate_max") for k in range(run.repetitions)] for a in arms}
     rows = summarise(values)
+    failed, cpu = _failed_and_cpu(run, sampler)
+    _print_results(run, data, rows, failed, cpu)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    (args.out / f"mtrelay-{stamp}.json").write_text(json.dumps(
+        {"host_cpus": os.cpu_count(), "t": time.time(), "run_dir": str(run_dir), "scenario": data, "rows": rows,
+         "values": values, "failed_transfers": failed, "cpu_per_thread": cpu,
+         "incomplete": broken, "load_average": os.getloadavg()}, indent=2))
+    ok = p.returncode == 0 and all(r["n"] > 0 for r in rows) and not any(failed.values())
+    return 0 if ok else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repetitions", type=int, help="repetitions per arm (scenario: 3)")
+    ap.add_argument("--duration", help="measurement per repetition, incl. the 30 s warm-up (scenario: 150s)")
+    ap.add_argument("--quick", action="store_true", help="1 repetition of 75 s: a pipeline check (the emulated target saturates only after about 70 s)")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench"))
+    return ap
+
+
+def _scenario(args: argparse.Namespace) -> dict:
+    """The benchmark's scenario with the command line's repetitions and duration."""
+    data = yaml.safe_load(SCENARIO.read_text())
+    if args.quick:
+        data["repetitions"], data["measure"]["duration"] = 1, "75s"
+    if args.repetitions:
+        data["repetitions"] = args.repetitions
+    if args.duration:
+        data["measure"]["duration"] = args.duration
+    return data
+
+
+def _failed_and_cpu(run, sampler: ThreadSampler) -> tuple[dict, dict]:
+    """Failed transfers per arm, and the target's CPU per thread per repetition after the warm-up."""
     failed, cpu = {}, {}
     for r in run.reps:
         failed[r.variant] = failed.get(r.variant, 0) + sum(
@@ -216,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
             pct = cpu_per_thread(s["series"], r.t0 + max(30.0, r.warmup_s))
             cpu.setdefault(r.variant, []).append({"rep": r.index, "pid": s["pid"], "pct": pct,
                                                   "text": _cpu_text(pct, s["pid"])})
+    return failed, cpu
+
+
+def _print_results(run, data: dict, rows: list[dict], failed: dict, cpu: dict) -> None:
+    """The table per arm, the machine's physical limit, and the paper's figures to compare with."""
     t = Table(title=f"relay throughput of the target middle vs connection threads ({run.repetitions} repetition(s))")
     for col in ("arm", "n", "median MB/s", "range MB/s", "vs stock (kist)", "vs mtrelay-1",
                 "target CPU % per thread (rep 0)", "failed transfers"):
@@ -232,14 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"drivers and the server: no arm can exceed {ncpu}x the single-threaded relay's CPU, and less "
                   f"than that is free for it")
     console.print(PAPER)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (args.out / f"mtrelay-{stamp}.json").write_text(json.dumps(
-        {"host_cpus": ncpu, "t": time.time(), "run_dir": str(run_dir), "scenario": data, "rows": rows,
-         "values": values, "failed_transfers": failed, "cpu_per_thread": cpu,
-         "incomplete": broken, "load_average": os.getloadavg()}, indent=2))
-    ok = p.returncode == 0 and all(r["n"] > 0 for r in rows) and not any(failed.values())
-    return 0 if ok else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

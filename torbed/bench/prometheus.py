@@ -81,13 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = yaml.safe_load((constants.SCENARIOS_DIR / "quickstart.yaml").read_text())
-    scen = {}
-    for mode in ("on", "off"):
-        d = json.loads(json.dumps(base))
-        d.setdefault("measure", {})["prometheus"] = {"enabled": mode == "on"}
-        scen[mode] = out / f"prometheus-ab-{mode}.yaml"
-        scen[mode].write_text(yaml.safe_dump(d, sort_keys=False))
+    scen = _scenarios(out)
     reps: dict[str, list[Path]] = {"on": [], "off": []}
     try:
         for i in range(args.runs):
@@ -97,7 +91,30 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         console.print(f"[red]{e}[/red]")
         return 1
-    result: dict = {"runs": args.runs, "duration": args.duration, "modes": {}}
+    result = _result(reps, args.runs, args.duration)
+    console.print(_table(result))
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = out / f"prometheus-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {path}")
+    return 0
+
+
+def _scenarios(out: Path) -> dict[str, Path]:
+    """quickstart with Prometheus on and off, written under ``out``: mode -> scenario file."""
+    base = yaml.safe_load((constants.SCENARIOS_DIR / "quickstart.yaml").read_text())
+    scen = {}
+    for mode in ("on", "off"):
+        d = json.loads(json.dumps(base))
+        d.setdefault("measure", {})["prometheus"] = {"enabled": mode == "on"}
+        scen[mode] = out / f"prometheus-ab-{mode}.yaml"
+        scen[mode].write_text(yaml.safe_dump(d, sort_keys=False))
+    return scen
+
+
+def _result(reps: dict[str, list[Path]], runs: int, duration: str) -> dict:
+    """Per mode: readiness, relays' and observers' CPU; per client group: TTLB on vs off (KS test)."""
+    result: dict = {"runs": runs, "duration": duration, "modes": {}}
     ttlb: dict = {"on": {}, "off": {}}
     for mode, paths in reps.items():
         ready, cpu, relay_cpu = [], [], []
@@ -120,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                              "median_on": statistics.median(a) if a else None,
                              "median_off": statistics.median(b) if b else None,
                              "ks_statistic": ks.statistic if ks else None, "ks_p": ks.pvalue if ks else None}
+    return result
+
+
+def _table(result: dict) -> Table:
     t = Table(title="Prometheus on vs off (quickstart, vanilla)")
     for c in ("what", "on", "off"):
         t.add_column(c)
@@ -136,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['median_off']:.2f} ({r['n_off']})" if r["median_off"] else "-")
         if r["ks_p"] is not None:
             t.add_row(f"TTLB {g} KS", f"D={r['ks_statistic']:.3f}", f"p={r['ks_p']:.3f}")
-    console.print(t)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = out / f"prometheus-{stamp}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {path}")
-    return 0
-
+    return t
 
 if __name__ == "__main__":
     sys.exit(main())

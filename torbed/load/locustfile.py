@@ -123,80 +123,91 @@ def _stats_writer(environment, **_):
     if CFG.get("metrics"):
         m = CFG["metrics"]
         _metrics_module().serve(runner, CFG["variant"], m["address"], m["port"], m["buckets"])
-    state = {"greenlet": None, "end": None}
+    w = _StatsWriter(environment)
+    events.test_start.add_listener(w.start)
+    events.test_stopping.add_listener(w.stopping)
+    events.worker_report.add_listener(w.report)
+    events.test_stop.add_listener(w.stop)
+    events.quitting.add_listener(w.quitting)
 
-    def loop():
+
+class _StatsWriter:
+    """Records while users run: from the test's start (a headless master's spawn, the
+    Kubernetes master's /swarm) to its stop (--run-time, /stop), one 'end' record then;
+    a master that stays up afterwards (Kubernetes: its web UI) writes nothing while idle.
+
+    A master's test_stop is not the end of its statistics: with --run-time Locust fires it
+    before telling the workers to quit, and a worker sends the requests of its last
+    interval only then (or, after a /stop, in its next report). So the 'end' record waits
+    until every worker connected at the stop has reported with no user left running (its
+    statistics are then final), for at most END_WAIT_S, and is written at 'quitting' in any
+    case -- after the master's window for the workers' final reports."""
+
+    def __init__(self, environment):
+        self.environment = environment
+        self.runner = environment.runner
+        self.greenlet = None    # the periodic records' loop while a test runs
+        self.end = None         # from the stop on: {"final": workers done, "written", "waiter"}
+
+    def _loop(self):
         while True:
             gevent.sleep(CFG["stats_interval_s"])
-            _write(_record(environment, "periodic"))
+            _write(_record(self.environment, "periodic"))
 
-    # Records while users run: from the test's start (a headless master's spawn, the
-    # Kubernetes master's /swarm) to its stop (--run-time, /stop), one 'end' record then;
-    # a master that stays up afterwards (Kubernetes: its web UI) writes nothing while idle.
-    @events.test_start.add_listener
-    def _start(environment, **_):
-        if state["greenlet"] is None or state["greenlet"].dead:
-            state["greenlet"] = gevent.spawn(loop)
-            state["end"] = None
+    def _running(self) -> bool:
+        return self.greenlet is not None and not self.greenlet.dead
 
-    # A master's test_stop is not the end of its statistics: with --run-time Locust fires it
-    # before telling the workers to quit, and a worker sends the requests of its last
-    # interval only then (or, after a /stop, in its next report). So the 'end' record waits
-    # until every worker connected at the stop has reported with no user left running (its
-    # statistics are then final), for at most END_WAIT_S, and is written at 'quitting' in any
-    # case -- after the master's window for the workers' final reports.
-    @events.test_stopping.add_listener
-    def _stopping(environment, **_):
-        if state["greenlet"] is not None and not state["greenlet"].dead and state["end"] is None:
-            state["end"] = {"final": set(), "written": False, "waiter": None}
+    def start(self, environment, **_):
+        if not self._running():
+            self.greenlet = gevent.spawn(self._loop)
+            self.end = None
 
-    @events.worker_report.add_listener
-    def _report(client_id, data, **_):
-        end = state["end"]
-        if end is not None and data.get("user_count") == 0:
-            end["final"].add(client_id)
+    def stopping(self, environment, **_):
+        if self._running() and self.end is None:
+            self.end = {"final": set(), "written": False, "waiter": None}
 
-    def _pending() -> set:
+    def report(self, client_id, data, **_):
+        if self.end is not None and data.get("user_count") == 0:
+            self.end["final"].add(client_id)
+
+    def _pending(self) -> set:
         # Workers that left (quit, missed heartbeats) are not waited for.
-        return {c.id for c in runner.clients.all} - state["end"]["final"] if isinstance(runner, MasterRunner) else set()
+        if not isinstance(self.runner, MasterRunner):
+            return set()
+        return {c.id for c in self.runner.clients.all} - self.end["final"]
 
-    def _write_end():
-        end = state["end"]
+    def _write_end(self):
+        end = self.end
         if end is None or end["written"]:
             return
         end["written"] = True
-        _write(_record(environment, "end"))
+        _write(_record(self.environment, "end"))
 
-    def _wait_then_write():
+    def _wait_then_write(self):
         deadline = time.monotonic() + END_WAIT_S
-        while _pending() and time.monotonic() < deadline:
+        while self._pending() and time.monotonic() < deadline:
             gevent.sleep(0.1)
-        _write_end()
+        self._write_end()
 
-    @events.test_stop.add_listener
-    def _stop(environment, **_):
-        greenlet = state["greenlet"]
-        if greenlet is None or greenlet.dead:
+    def stop(self, environment, **_):
+        if not self._running():
             return
-        greenlet.kill(block=True)
-        if state["end"] is None:   # (a stop without test_stopping: none in Locust 2.47)
-            state["end"] = {"final": set(), "written": False, "waiter": None}
-        state["end"]["waiter"] = gevent.spawn(_wait_then_write)
+        self.greenlet.kill(block=True)
+        if self.end is None:   # (a stop without test_stopping: none in Locust 2.47)
+            self.end = {"final": set(), "written": False, "waiter": None}
+        self.end["waiter"] = gevent.spawn(self._wait_then_write)
 
-    @events.quitting.add_listener
-    def _quitting(environment, **_):
-        greenlet = state["greenlet"]
-        if greenlet is not None and not greenlet.dead and isinstance(runner, MasterRunner):
+    def quitting(self, environment, **_):
+        if self._running() and isinstance(self.runner, MasterRunner):
             # SIGTERM while users run: Locust fires 'quitting' before it tells the workers
             # to quit; quit them now, so their final reports (quit() waits 0.5 s for them)
             # are in the end record.
-            runner.quit()
-        greenlet = state["greenlet"]
-        if greenlet is not None and not greenlet.dead:   # stand-alone Locust: no stop came
-            greenlet.kill(block=True)
-            state["end"] = state["end"] or {"final": set(), "written": False, "waiter": None}
-        end = state["end"]
+            self.runner.quit()
+        if self._running():   # stand-alone Locust: no stop came
+            self.greenlet.kill(block=True)
+            self.end = self.end or {"final": set(), "written": False, "waiter": None}
+        end = self.end
         if end is not None and not end["written"]:
             if end["waiter"] is not None:
                 end["waiter"].kill(block=True)
-            _write_end()
+            self._write_end()

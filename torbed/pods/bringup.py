@@ -29,13 +29,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 import urllib.error
 import urllib.request
 
 import stem
 import stem.control
 
-from .. import readiness
+from .. import constants, readiness
 from ..network import Plan
 from . import log
 
@@ -145,3 +146,57 @@ def start_relay_nudge(plan: Plan, fprs: dict[str, str], node: str, results_url: 
     th = threading.Thread(target=run, daemon=True, name="bring-up")
     th.start()
     return th
+
+
+def connect_control(deadline: float) -> stem.control.Controller:
+    """This pod's tor's control port (127.0.0.1), authenticated; retried until ``deadline``."""
+    while True:
+        try:
+            ctl = stem.control.Controller.from_port("127.0.0.1", constants.CONTROL_PORT)
+            ctl.authenticate()
+            return ctl
+        except (stem.SocketError, stem.connection.AuthenticationFailure, OSError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def wait_network(ctl: stem.control.Controller, p: Plan, fprs: dict[str, str], path_nodes: list[str],
+                 deadline: float) -> str | None:
+    """Wait until this client's (or load node's) tor is ready as on every backend
+    (torbed.readiness; here it checks the flags in its own consensus). None once ready, else
+    what was still missing at ``deadline``."""
+    last_hup = 0.0
+    while (why := readiness.client_problem(ctl, p, fprs, path_nodes, check_flags=True)) is not None:
+        if why.startswith("no microdescriptor") and time.time() - last_hup > 5:
+            # tor backs off after failed directory fetches (early on, its caches had
+            # nothing to give); a HUP resets the back-off, as the local backend does.
+            ctl.signal(stem.Signal.RELOAD)
+            last_hup = time.time()
+        if time.time() > deadline:
+            return why
+        time.sleep(0.5)
+    return None
+
+
+def wait_start(url: str, *, node: str | None = None, deadline: float | None = None,
+               alive: Callable[[], bool] | None = None, interval: float = 0.2) -> float | None:
+    """The start barrier: t_workload once the results service opens it (every client ready).
+    ``node``: report this client ready first (POST /ready/<node>, retried with the polling; a
+    Locust master is not a client and reports nothing). None when ``deadline`` passes or
+    ``alive()`` turns false first."""
+    reported = node is None
+    while (deadline is None or time.time() < deadline) and (alive is None or alive()):
+        try:
+            if not reported:
+                req = urllib.request.Request(f"{url}/ready/{node}", data=b"", method="POST")
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    r.read()
+                reported = True
+            with urllib.request.urlopen(f"{url}/start", timeout=5) as r:
+                if r.status == 200:
+                    return float(json.loads(r.read())["t_workload"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            pass
+        time.sleep(interval)
+    return None

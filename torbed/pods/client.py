@@ -8,41 +8,22 @@ its consensus lists every relay of the scenario with Running, Valid, Fast, Stabl
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-import stem
 import stem.control
 
-from .. import constants, fileserver, readiness, workloads
+from .. import constants, fileserver, workloads
 from ..client import driver
+from ..errors import EXIT_FAILED, EXIT_OK
 from ..records import RecordWriter
 from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
                write_hardware)
-
-def _connect(deadline: float) -> stem.control.Controller:
-    while True:
-        try:
-            ctl = stem.control.Controller.from_port("127.0.0.1", constants.CONTROL_PORT)
-            ctl.authenticate()
-            return ctl
-        except (stem.SocketError, stem.connection.AuthenticationFailure, OSError):
-            if time.time() > deadline:
-                raise
-            time.sleep(0.5)
-
-
-def ready(ctl: stem.control.Controller, p, fprs: dict[str, str], path_nodes: list[str]) -> str | None:
-    """None when ready, else what is missing (torbed.readiness: the rule every backend uses;
-    here the client checks the flags in its own consensus)."""
-    return readiness.client_problem(ctl, p, fprs, path_nodes, check_flags=True)
+from .bringup import connect_control, wait_network, wait_start
 
 
 def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float, deadline: float) -> dict:
@@ -58,26 +39,6 @@ def go_online(ctl: stem.control.Controller, p, node: str, url: str, t0: float, d
     ctl.set_conf("DisableNetwork", "0")
     log(f"client {node}: network on after {t_online - t0:.1f} s ({have} of {want} directory caches ready)")
     return {"online_s": round(t_online - t0, 3), "caches_ready": have, "caches": want}
-
-
-def wait_start(url: str, node: str, deadline: float) -> float | None:
-    """Report readiness to the results service and wait for the common workload start
-    (every client ready); None when the deadline passes first."""
-    reported = False
-    while time.time() < deadline:
-        try:
-            if not reported:
-                req = urllib.request.Request(f"{url}/ready/{node}", data=b"", method="POST")
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    r.read()
-                reported = True
-            with urllib.request.urlopen(f"{url}/start", timeout=5) as r:
-                if r.status == 200:
-                    return float(json.loads(r.read())["t_workload"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    return None
 
 
 def replay_server_address(server_group: str, index: int, count: int, deadline: float) -> str:
@@ -131,50 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
     events = RecordWriter(out / "clients.jsonl")
     write_hardware(out, node, group)
-    rc = 1
+    rc = EXIT_FAILED
     try:
         t0 = time.time()
         deadline = t0 + s.measure.ready_timeout.seconds
-        ctl = _connect(deadline)
+        ctl = connect_control(deadline)
         online = go_online(ctl, p, node, env("TORBED_RESULTS_URL"), t0, deadline)
         path_nodes = [r.name for g in (cg.path or []) for r in p.group_nodes(g)]
-        why = "?"
-        last_hup = 0.0
-        while (why := ready(ctl, p, fprs, path_nodes)) is not None:
-            if why.startswith("no microdescriptor") and time.time() - last_hup > 5:
-                # tor backs off after failed directory fetches (early on, its caches had
-                # nothing to give); a HUP resets the back-off, as the local backend does.
-                ctl.signal(stem.Signal.RELOAD)
-                last_hup = time.time()
-            if time.time() > deadline:
-                log(f"client {node}: network not ready after {s.measure.ready_timeout}: {why}")
-                events.write({"client": node, "event": "not_ready", "why": why, "t": time.time(),
-                              "variant": variant(), "rep": repetition()})
-                return 1
-            time.sleep(0.5)
+        why = wait_network(ctl, p, fprs, path_nodes, deadline)
+        if why is not None:
+            log(f"client {node}: network not ready after {s.measure.ready_timeout}: {why}")
+            events.write({"client": node, "event": "not_ready", "why": why, "t": time.time(),
+                          "variant": variant(), "rep": repetition()})
+            return EXIT_FAILED
         ctl.close()
         t_ready = time.time()
         log(f"client {node}: network ready after {t_ready - t0:.1f} s; waiting for the other clients")
-        t_work = wait_start(env("TORBED_RESULTS_URL"), node, deadline)
+        t_work = wait_start(env("TORBED_RESULTS_URL"), node=node, deadline=deadline)
         if t_work is None:
             log(f"client {node}: not every client was ready within {s.measure.ready_timeout}")
             events.write({"client": node, "event": "not_ready", "why": "start barrier timed out",
                           "t": time.time(), "variant": variant(), "rep": repetition()})
-            return 1
-
-        wl = cg.workload
-        server_group = workloads.server_group(s, wl)
-        sg = s.servers[server_group]
-        if wl.kind == "replay":
-            workload = replay_workload(s, p, group, node, server_group, out)
-            server_ip = workload["address"]
-        else:
-            server_ip = socket.gethostbyname(service_host(server_group))
-            with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
-                manifest = fileserver.generate_files(Path(tmp), {wl.file: sg.files[wl.file].bytes}, s.seed)
-            target = workloads.Target(server=server_group, address=server_ip, ports={"http": sg.port},
-                                      manifest=manifest)
-            workload = workloads.workload_entry(wl, target)
+            return EXIT_FAILED
+        server_group, server_ip, workload = _workload(s, p, group, node, out)
         cfg = workloads.driver_config(
             s, p, client=node, group=group, variant=variant(), rep=repetition(), fingerprints=fprs,
             control={"address": "127.0.0.1", "port": constants.CONTROL_PORT}, socks_port=constants.SOCKS_PORT,
@@ -190,14 +130,28 @@ def main(argv: list[str] | None = None) -> int:
         log(f"client {node}: {n} transfers recorded")
         events.write({"client": node, "event": "done", "t": time.time(), "transfers": n,
                       "variant": variant(), "rep": repetition()})
-        rc = 0
+        rc = EXIT_OK
     finally:
         events.close()
         if not shipper.stop():
             log(f"client {node}: some records could not be delivered to the results service")
-            rc = 1
+            rc = EXIT_FAILED
     return rc
 
+
+def _workload(s, p, group: str, node: str, out: Path) -> tuple[str, str, dict]:
+    """(server group, server address, the driver's workload entry) of this client's group."""
+    wl = s.clients[group].workload
+    server_group = workloads.server_group(s, wl)
+    if wl.kind == "replay":
+        workload = replay_workload(s, p, group, node, server_group, out)
+        return server_group, workload["address"], workload
+    sg = s.servers[server_group]
+    server_ip = socket.gethostbyname(service_host(server_group))
+    with tempfile.TemporaryDirectory(prefix="torbed-files-") as tmp:
+        manifest = fileserver.generate_files(Path(tmp), {wl.file: sg.files[wl.file].bytes}, s.seed)
+    target = workloads.Target(server=server_group, address=server_ip, ports={"http": sg.port}, manifest=manifest)
+    return server_group, server_ip, workloads.workload_entry(wl, target)
 
 if __name__ == "__main__":
     sys.exit(main())

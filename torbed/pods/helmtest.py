@@ -20,6 +20,8 @@ import urllib.error
 import urllib.request
 from collections import Counter
 
+from ..errors import EXIT_FAILED, EXIT_OK
+
 POLL_S = 3.0
 
 
@@ -74,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
             path = "-".join(h.get("node", "?") for h in (r.get("circuit") or {}).get("path", [])) or "tor's choice"
             print(f"ok: {r['client']} fetched {r['file']} ({r['size']} B) from {r['server']} through "
                   f"{path} in {r['ttlb_s']:.2f} s; {summary(records)}")
-            return 0
+            return EXIT_OK
         time.sleep(POLL_S)
     print(f"FAILED: no transfer crossed the network within {args.timeout:.0f} s; {summary(records)}"
           + (f"; {last_error}" if last_error else ""), file=sys.stderr)
-    return 1
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

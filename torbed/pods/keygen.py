@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import constants, keys, torrc
 from . import env, load_scenario, log, plan
-from ..errors import RunFailed
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RunFailed
 from .api import Api
 
 GENERATED_LABEL = "torbed.io/generated"
@@ -122,7 +122,7 @@ def create() -> int:
                               "metadata": {"name": f"{release}-identities", "labels": _labels()},
                               "data": identities})
     log(f"keygen: created secret {release}-keys and configmap {release}-identities")
-    return 0
+    return EXIT_OK
 
 
 def delete() -> int:
@@ -136,19 +136,19 @@ def delete() -> int:
     tests = f"app.kubernetes.io/instance={env('TORBED_INSTANCE')},app.kubernetes.io/component=test"
     api.delete_collection("pods", tests)
     log(f"cleanup: deleted pods matching {tests}")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv not in (["create"], ["delete"]):
         print("usage: python -m torbed.pods.keygen create|delete", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     try:
         return create() if argv[0] == "create" else delete()
     except RunFailed as e:   # ApiError, KeyGenerationError
         log(f"keygen: {e}")
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

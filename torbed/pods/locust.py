@@ -32,12 +32,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import stem
-import stem.control
-
 from .. import constants, load
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from . import Shipper, env, fingerprints, load_scenario, log, plan, repetition, service_host, variant, write_hardware
-from .client import _connect, ready, wait_start
+from .bringup import connect_control, wait_network, wait_start
 
 MASTER_PORT = 5557
 WEB_PORT = 8089
@@ -73,52 +71,33 @@ def worker() -> int:
     me = node()
     p = plan(s)
     deadline = time.time() + s.measure.ready_timeout.seconds
-    ctl = _connect(deadline)
+    ctl = connect_control(deadline)
     fprs = fingerprints()
     path_nodes = [r.name for g in (s.load.path or []) for r in p.group_nodes(g)]
-    why, last_hup = "?", 0.0
-    while (why := ready(ctl, p, fprs, path_nodes)) is not None:
-        if why.startswith("no microdescriptor") and time.time() - last_hup > 5:
-            ctl.signal(stem.Signal.RELOAD)   # reset tor's directory back-off (see torbed.pods.client)
-            last_hup = time.time()
-        if time.time() > deadline:
-            log(f"load node {me}: network not ready after {s.measure.ready_timeout}: {why}")
-            return 1
-        time.sleep(0.5)
+    why = wait_network(ctl, p, fprs, path_nodes, deadline)
+    if why is not None:
+        log(f"load node {me}: network not ready after {s.measure.ready_timeout}: {why}")
+        return EXIT_FAILED
     opts = load.path_options(s, p, fprs)
     if opts:
         ctl.set_options(list(opts.items()))
         log(f"load node {me}: circuits only through {', '.join(s.load.path)}")
     ctl.close()
     write_config(s, RESULTS / "load.jsonl")   # a worker writes no statistics
-    t_work = wait_start(env("TORBED_RESULTS_URL"), me, deadline)
+    t_work = wait_start(env("TORBED_RESULTS_URL"), node=me, deadline=deadline)
     if t_work is None:
         log(f"load node {me}: not every client was ready within {s.measure.ready_timeout}")
-        return 1
+        return EXIT_FAILED
     log(f"load node {me}: ready; Locust worker connecting to the master")
     argv = locust_argv() + ["--worker", "--master-host", service_host("locust"), "--master-port", str(MASTER_PORT)]
     os.execvpe(argv[0], argv, {**os.environ, "TORBED_LOAD_CONFIG": str(CONFIG), "TORBED_LOAD_NODE": me})
-    return 1   # not reached
+    return EXIT_FAILED   # not reached
 
 
 def _web(path: str, form: dict | None = None, timeout: float = 10) -> dict:
     data = urllib.parse.urlencode(form).encode() if form is not None else None
     with urllib.request.urlopen(f"http://127.0.0.1:{WEB_PORT}{path}", data=data, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def _wait_barrier(url: str, proc: subprocess.Popen) -> float | None:
-    """t_workload once the start barrier opens (the master is not a client: it does not
-    report ready); None if Locust ends first."""
-    while proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/start", timeout=5) as r:
-                if r.status == 200:
-                    return float(json.loads(r.read())["t_workload"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    return None
 
 
 def _workers() -> int:
@@ -145,9 +124,9 @@ def master() -> int:
     stopping = []
     # Pod deletion: Locust writes its last statistics on SIGTERM; ship them, then leave.
     signal.signal(signal.SIGTERM, lambda *_: (stopping.append(1), proc.terminate()))
-    rc = 0
+    rc = EXIT_OK
     try:
-        t_work = _wait_barrier(url, proc)
+        t_work = wait_start(url, alive=lambda: proc.poll() is None, interval=0.5)
         if t_work is not None:
             t_start, t_stop = t_work + ld.start.seconds, t_work + (ld.stop or s.measure.duration).seconds
             while proc.poll() is None and time.time() < t_start:
@@ -166,16 +145,16 @@ def master() -> int:
         rc = proc.wait()
         if not stopping:
             log(f"locust master: Locust exited ({rc})")
-            rc = rc or 1
+            rc = rc or EXIT_FAILED
         else:
-            rc = 0
+            rc = EXIT_OK
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=20)
         if not shipper.stop():
             log("locust master: some statistics could not be delivered to the results service")
-            rc = 1
+            rc = EXIT_FAILED
     return rc
 
 
@@ -186,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["master"]:
         return master()
     print("usage: python -m torbed.pods.locust master|worker", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

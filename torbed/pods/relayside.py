@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from .. import collectors, constants
-from .client import _connect
+from ..errors import EXIT_FAILED, EXIT_OK
 from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
                variant, write_hardware, TOR_MACHINE_FILE)
+from .bringup import connect_control
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     bringup.start_relay_nudge(
         plan(s), fingerprints(), node, env("TORBED_RESULTS_URL"), env("POD_NAME"),
         [f"http://{service_host(f'auth-{i}')}:{constants.DIR_PORT}" for i in range(s.network.authorities)],
-        lambda: _connect(time.time() + s.measure.ready_timeout.seconds), s.measure.ready_timeout.seconds, stop)
+        lambda: connect_control(time.time() + s.measure.ready_timeout.seconds), s.measure.ready_timeout.seconds, stop)
     try:
         errors = collectors.run(cfg, stop)
     finally:
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"collector: {e}")
     if not shipped:
         log("collector: some records could not be delivered to the results service")
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

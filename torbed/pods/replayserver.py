@@ -15,8 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-from ..workloads import trace_name
+from ..errors import EXIT_OK
 from ..replay.server import ReplayServer
+from ..workloads import trace_name
 from . import Shipper, env, load_scenario, log
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         srv.writer.close()
         if not shipper.stop():
             log(f"replay server {args.group}: some records could not be delivered to the results service")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -43,130 +43,150 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..errors import EXIT_OK
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 START_LEAD_S = 2.0
 
 
 def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
-    lock = threading.Lock()
-    ready: dict[str, float] = {}
-    shaped: dict[str, float] = {}
-    start: dict[str, float] = {}
-    peers: dict[str, dict[str, str]] = {}
-    caches: dict[str, float] = {}
-    registry = CollectorRegistry()
-    appended_bytes = Counter("torbed_results_appended_bytes", "Bytes of records appended", ["file"], registry=registry)
-    appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"], registry=registry)
-    Gauge("torbed_results_clients_ready", "Clients that reported ready", registry=registry).set_function(
-        lambda: len(ready))
-    Gauge("torbed_results_shapers_reported", "Shapers that reported", registry=registry).set_function(
-        lambda: len(shaped))
-    Gauge("torbed_results_workload_started", "1 once the start barrier opened", registry=registry).set_function(
-        lambda: float("t_workload" in start))
+    """The request handler class of a results service over ``directory`` whose start barrier
+    waits for ``clients`` clients and ``shapers`` shapers."""
+    return type("Handler", (_Handler,), {"state": _State(directory, clients, shapers)})
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, fmt, *args):
-            pass
 
-        def _reply(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
+class _State:
+    """What one service holds across requests (under ``lock``), and its Prometheus metrics."""
+
+    def __init__(self, directory: Path, clients: int, shapers: int):
+        self.directory, self.clients, self.shapers = directory, clients, shapers
+        self.lock = threading.Lock()
+        self.ready: dict[str, float] = {}
+        self.shaped: dict[str, float] = {}
+        self.start: dict[str, float] = {}
+        self.peers: dict[str, dict[str, str]] = {}
+        self.caches: dict[str, float] = {}
+        self.registry = registry = CollectorRegistry()
+        self.appended_bytes = Counter("torbed_results_appended_bytes", "Bytes of records appended", ["file"],
+                                      registry=registry)
+        self.appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"],
+                                      registry=registry)
+        Gauge("torbed_results_clients_ready", "Clients that reported ready", registry=registry).set_function(
+            lambda: len(self.ready))
+        Gauge("torbed_results_shapers_reported", "Shapers that reported", registry=registry).set_function(
+            lambda: len(self.shaped))
+        Gauge("torbed_results_workload_started", "1 once the start barrier opened", registry=registry).set_function(
+            lambda: float("t_workload" in self.start))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    state: _State   # set by make_handler
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _send(self, code: int, content_type: str, data: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, code: int, body: dict) -> None:
+        self._send(code, "application/json", json.dumps(body).encode())
+
+    def do_GET(self):
+        st = self.state
+        if self.path == "/healthz":
+            return self._reply(200, {"ok": True})
+        if self.path == "/metrics":
+            return self._send(200, CONTENT_TYPE_LATEST, generate_latest(st.registry))
+        if self.path == "/files":
+            return self._reply(200, {p.name: p.stat().st_size for p in sorted(st.directory.iterdir()) if p.is_file()})
+        if self.path.startswith("/files/"):
+            return self._file(self.path[len("/files/"):])
+        if self.path == "/caches":
+            with st.lock:
+                return self._reply(200, {"caches": sorted(st.caches)})
+        if self.path == "/peers":
+            with st.lock:
+                return self._reply(200, {"pods": dict(st.peers)})
+        if self.path == "/start":
+            with st.lock:
+                if "t_workload" in st.start:
+                    return self._reply(200, {**st.start, "clients": sorted(st.ready)})
+            self.send_response(204)
             self.end_headers()
-            self.wfile.write(data)
+            return
+        self._reply(404, {"error": "not found"})
 
-        def _announce(self, pod: str) -> None:
-            if not NAME_RE.match(pod):
-                return self._reply(400, {"error": f"bad name {pod!r}"})
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                group, ip = str(body["group"]), str(ipaddress.IPv4Address(body["ip"]))
-            except (ValueError, KeyError, TypeError) as e:
-                return self._reply(400, {"error": f"want {{\"group\": ..., \"ip\": IPv4}}: {e}"})
-            if not NAME_RE.match(group):
-                return self._reply(400, {"error": f"bad group {group!r}"})
-            with lock:
-                peers[pod] = {"group": group, "ip": ip}
-                return self._reply(200, {"peers": len(peers)})
+    def _file(self, name: str) -> None:
+        st = self.state
+        if not NAME_RE.match(name) or not (st.directory / name).is_file():
+            return self._reply(404, {"error": f"no file {name!r}"})
+        with st.lock:
+            data = (st.directory / name).read_bytes()
+        self._send(200, "application/octet-stream", data)
 
-        def do_GET(self):
-            if self.path == "/healthz":
-                return self._reply(200, {"ok": True})
-            if self.path == "/metrics":
-                data = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-            if self.path == "/files":
-                return self._reply(200, {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()})
-            if self.path.startswith("/files/"):
-                name = self.path[len("/files/"):]
-                if not NAME_RE.match(name) or not (directory / name).is_file():
-                    return self._reply(404, {"error": f"no file {name!r}"})
-                with lock:
-                    data = (directory / name).read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-            if self.path == "/caches":
-                with lock:
-                    return self._reply(200, {"caches": sorted(caches)})
-            if self.path == "/peers":
-                with lock:
-                    return self._reply(200, {"pods": dict(peers)})
-            if self.path == "/start":
-                with lock:
-                    if "t_workload" in start:
-                        return self._reply(200, {**start, "clients": sorted(ready)})
-                self.send_response(204)
-                self.end_headers()
-                return
-            self._reply(404, {"error": "not found"})
+    def do_POST(self):
+        if self.path.startswith("/peer/"):
+            return self._announce(self.path[len("/peer/"):])
+        if self.path.startswith("/cache/"):
+            return self._cache(self.path[len("/cache/"):])
+        for prefix, seen in (("/ready/", self.state.ready), ("/shaped/", self.state.shaped)):
+            if self.path.startswith(prefix):
+                return self._report(self.path[len(prefix):], seen)
+        prefix = "/append/"
+        return self._append(self.path[len(prefix):] if self.path.startswith(prefix) else "")
 
-        def do_POST(self):
-            if self.path.startswith("/peer/"):
-                return self._announce(self.path[len("/peer/"):])
-            if self.path.startswith("/cache/"):
-                pod = self.path[len("/cache/"):]
-                if not NAME_RE.match(pod):
-                    return self._reply(400, {"error": f"bad name {pod!r}"})
-                with lock:
-                    caches.setdefault(pod, time.time())
-                    return self._reply(200, {"caches": len(caches)})
-            for prefix, seen in (("/ready/", ready), ("/shaped/", shaped)):
-                if not self.path.startswith(prefix):
-                    continue
-                name = self.path[len(prefix):]
-                if not NAME_RE.match(name):
-                    return self._reply(400, {"error": f"bad name {name!r}"})
-                with lock:
-                    seen.setdefault(name, time.time())
-                    if len(ready) >= clients and len(shaped) >= shapers and "t_workload" not in start:
-                        start.update(t_workload=time.time() + START_LEAD_S, t_all_ready=time.time())
-                    return self._reply(200, {"ready": len(ready), "of": clients, "shaped": len(shaped),
-                                             "shapers": shapers, **start})
-            prefix = "/append/"
-            name = self.path[len(prefix):] if self.path.startswith(prefix) else ""
-            if not NAME_RE.match(name):
-                return self._reply(400, {"error": f"bad file name {name!r}"})
-            length = int(self.headers.get("Content-Length") or 0)
-            data = self.rfile.read(length)
-            if data and not data.endswith(b"\n"):
-                return self._reply(400, {"error": "append whole lines only"})
-            with lock, open(directory / name, "ab") as f:
-                f.write(data)
-            appended_bytes.labels(name).inc(len(data))
-            appended_lines.labels(name).inc(data.count(b"\n"))
-            self._reply(200, {"appended": len(data)})
+    def _announce(self, pod: str) -> None:
+        st = self.state
+        if not NAME_RE.match(pod):
+            return self._reply(400, {"error": f"bad name {pod!r}"})
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            group, ip = str(body["group"]), str(ipaddress.IPv4Address(body["ip"]))
+        except (ValueError, KeyError, TypeError) as e:
+            return self._reply(400, {"error": f"want {{\"group\": ..., \"ip\": IPv4}}: {e}"})
+        if not NAME_RE.match(group):
+            return self._reply(400, {"error": f"bad group {group!r}"})
+        with st.lock:
+            st.peers[pod] = {"group": group, "ip": ip}
+            return self._reply(200, {"peers": len(st.peers)})
 
-    return Handler
+    def _cache(self, pod: str) -> None:
+        st = self.state
+        if not NAME_RE.match(pod):
+            return self._reply(400, {"error": f"bad name {pod!r}"})
+        with st.lock:
+            st.caches.setdefault(pod, time.time())
+            return self._reply(200, {"caches": len(st.caches)})
+
+    def _report(self, name: str, seen: dict[str, float]) -> None:
+        """A client ready or a shaper done; the barrier opens with the last one expected."""
+        st = self.state
+        if not NAME_RE.match(name):
+            return self._reply(400, {"error": f"bad name {name!r}"})
+        with st.lock:
+            seen.setdefault(name, time.time())
+            if len(st.ready) >= st.clients and len(st.shaped) >= st.shapers and "t_workload" not in st.start:
+                st.start.update(t_workload=time.time() + START_LEAD_S, t_all_ready=time.time())
+            return self._reply(200, {"ready": len(st.ready), "of": st.clients, "shaped": len(st.shaped),
+                                     "shapers": st.shapers, **st.start})
+
+    def _append(self, name: str) -> None:
+        st = self.state
+        if not NAME_RE.match(name):
+            return self._reply(400, {"error": f"bad file name {name!r}"})
+        length = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(length)
+        if data and not data.endswith(b"\n"):
+            return self._reply(400, {"error": "append whole lines only"})
+        with st.lock, open(st.directory / name, "ab") as f:
+            f.write(data)
+        st.appended_bytes.labels(name).inc(len(data))
+        st.appended_lines.labels(name).inc(data.count(b"\n"))
+        self._reply(200, {"appended": len(data)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.5)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

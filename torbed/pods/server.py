@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import fileserver
+from ..errors import EXIT_OK
 from . import load_scenario, log
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = fileserver.generate_files(args.dir, files, s.seed)
     log(f"server {args.group}: {len(manifest)} files generated; serving on :{args.port}")
     fileserver.serve(args.dir, "0.0.0.0", args.port)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

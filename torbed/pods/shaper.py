@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from .. import shaping
+from ..errors import EXIT_FAILED, EXIT_OK
 from ..network import LinkSpec
 from . import load_scenario, log, plan
 
@@ -109,7 +110,7 @@ def _exit_now(*_) -> None:
     at the end of the loop's round, whose DNS look-ups and calls to the results service
     (being deleted too) held every shaped pod until its grace period ran out (30 s for a
     client pod deleted mid-run, 10 s for a relay)."""
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 def resolve(name: str) -> set[str]:
@@ -425,20 +426,20 @@ def fault_command(argv: list[str]) -> int:
         entry = (ack.get("faults") or {}).get(str(args.id))
         if args.action == "undo" and ack and entry is None:
             print(REPLY + json.dumps({"id": args.id, "undone": True, "took_s": round(time.time() - t0, 3)}))
-            return 0
+            return EXIT_OK
         if args.action == "apply" and entry and entry["nonce"] == nonce:
             err = entry["error"] or ack.get("filter_error")
             if err:
                 req_file.unlink(missing_ok=True)
                 print(f"fault {args.id}: {err}", file=sys.stderr)
-                return 1
+                return EXIT_FAILED
             print(REPLY + json.dumps({"id": args.id, "classes": entry["classes"], "addresses": entry["addresses"],
                                       "took_s": round(time.time() - t0, 3)}))
-            return 0
+            return EXIT_OK
         if time.time() - t0 > args.timeout:
             print(f"fault {args.id}: the shaper did not acknowledge the {args.action} within {args.timeout:g} s "
                   f"({args.state_dir / 'applied.json'})", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         time.sleep(0.05)
 
 
@@ -446,29 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fault"]:
         return fault_command(argv[1:])
-    ap = argparse.ArgumentParser(description="torbed link shaper (a pod's native sidecar)")
-    ap.add_argument("--scenario", type=Path, required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--release", required=True)
-    ap.add_argument("--namespace", required=True)
-    ap.add_argument("--cluster-domain", default="cluster.local")
-    ap.add_argument("--ready-file", type=Path, required=True)
-    ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--allow", action="append", default=None, metavar="CIDR",
-                    help=f"egress allowed to this IPv4 range (repeatable; default {' '.join(DEFAULT_ALLOW)})")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     s = load_scenario(args.scenario)
     p = plan(s)
-    me = p.group_nodes(args.group)[0] if args.group != "authority" else p.by_role("authority")[0]
-    specs: dict[str, LinkSpec] = {}
-    # The load nodes too (links.pairs may name `load`): their headless Service lists them.
-    for g in ["authority", *s.network.relays, *s.servers, *s.clients, *(["load"] if s.load else [])]:
-        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
-        if peer is me:  # a one-node group: no link to itself
-            continue
-        spec = p.link(me, peer)
-        if spec != LinkSpec():
-            specs[g] = spec
+    specs = _link_specs(s, p, args.group)
     dev = default_dev()
     cmds, ids = classes(dev, specs)
     allow = list(args.allow or DEFAULT_ALLOW)
@@ -486,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = (" (this node's kernel lacks sch_netem: links with delay, jitter or loss need it)"
                 if "netem" in str(e).lower() or any(sp.needs_delay_emulation for sp in specs.values()) else "")
         log(f"shaper: cannot install the htb tree on {dev}: {e}{hint}")
-        return 1
+        return EXIT_FAILED
     for g, cid in sorted(ids.items()):
         log(f"shaper: {args.group} -> {g}: class {cid}, {specs[g].describe()}")
     own = set()
@@ -498,12 +480,65 @@ def main(argv: list[str] | None = None) -> int:
     args.ready_file.write_text("htb and isolation installed\n")
     log(f"shaper: egress outside {', '.join(allow)} is dropped")
     signal.signal(signal.SIGTERM, _exit_now)
-    # `fault apply|undo` wakes the loop with SIGUSR1: its write end of the pipe tells select.
+    wake_r = _wake_pipe()
+    _shape(args, s, p, dev, specs, ids, own, wake_r)
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="torbed link shaper (a pod's native sidecar)")
+    ap.add_argument("--scenario", type=Path, required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--release", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--cluster-domain", default="cluster.local")
+    ap.add_argument("--ready-file", type=Path, required=True)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--allow", action="append", default=None, metavar="CIDR",
+                    help=f"egress allowed to this IPv4 range (repeatable; default {' '.join(DEFAULT_ALLOW)})")
+    return ap
+
+
+def _link_specs(s, p, group: str) -> dict[str, LinkSpec]:
+    """Peer group -> the link from this pod's group to it, for every link that is shaped."""
+    me = p.group_nodes(group)[0] if group != "authority" else p.by_role("authority")[0]
+    specs: dict[str, LinkSpec] = {}
+    # The load nodes too (links.pairs may name `load`): their headless Service lists them.
+    for g in ["authority", *s.network.relays, *s.servers, *s.clients, *(["load"] if s.load else [])]:
+        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
+        if peer is me:  # a one-node group: no link to itself
+            continue
+        spec = p.link(me, peer)
+        if spec != LinkSpec():
+            specs[g] = spec
+    return specs
+
+
+def _wake_pipe() -> int:
+    """`fault apply|undo` wakes the loop with SIGUSR1: its write end of the pipe tells select.
+    Returns the read end."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGUSR1, lambda *_: None)
+    return wake_r
+
+
+def _sleep(wake_r: int, interval: float) -> None:
+    """``interval`` seconds, or less when a signal arrives (the pipe drained then)."""
+    if select.select([wake_r], [], [], interval)[0]:
+        while True:
+            try:
+                if not os.read(wake_r, 64):
+                    break
+            except BlockingIOError:
+                break
+
+
+def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec], ids: dict[str, str],
+           own: set[str], wake_r: int) -> None:
+    """Forever: keep the peer filters on the peers' current addresses, apply and undo faults."""
     state = args.ready_file.parent
     url, pod = os.environ.get("TORBED_RESULTS_URL"), os.environ.get("POD_NAME", "")
 
@@ -540,30 +575,28 @@ def main(argv: list[str] | None = None) -> int:
         others = announced(url) if url and set(ids) - settled else {}
         want, complete = peer_table(ids, dns, others, expected, settled, own)
         if want != current:
-            try:
-                tc_batch(filters(dev, want, current))
-                added = sorted(set(want) - set(current))
-                gone = sorted(set(current) - set(want))
-                log(f"shaper: filters for {len(want)} peer address(es)"
-                    + (f"; new {', '.join(added)}" if added else "") + (f"; gone {', '.join(gone)}" if gone else ""))
-                current = want
-            except TcError as e:
-                log(f"shaper: updating filters failed: {e}")
+            current = _update_filters(dev, want, current)
         # Requests of a previous shaper in this pod are put back at once (its tree was flushed).
         faults.step(own)
         if complete and want == current and not reported:
             reported = report_complete(url, pod)
             if reported:
                 log(f"shaper: every shaped peer classified ({len(current)} addresses); reported")
-        if select.select([wake_r], [], [], args.interval)[0]:
-            while True:
-                try:
-                    if not os.read(wake_r, 64):
-                        break
-                except BlockingIOError:
-                    break
-    return 0
+        _sleep(wake_r, args.interval)
 
+
+def _update_filters(dev: str, want: dict[str, str], current: dict[str, str]) -> dict[str, str]:
+    """The filters moved from ``current`` to ``want``; returns what is installed afterwards."""
+    try:
+        tc_batch(filters(dev, want, current))
+    except TcError as e:
+        log(f"shaper: updating filters failed: {e}")
+        return current
+    added = sorted(set(want) - set(current))
+    gone = sorted(set(current) - set(want))
+    log(f"shaper: filters for {len(want)} peer address(es)"
+        + (f"; new {', '.join(added)}" if added else "") + (f"; gone {', '.join(gone)}" if gone else ""))
+    return want
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,165 +1,177 @@
-"""`make reproduce`'s runner (analysis/reproduce.py) without running tor: a finished run
-directory in the runs folder is reused (resumability), reported, and turned into
-docs/reproduction.md rows with the paper's number, ours with intervals and the verdicts."""
+"""The reproduction's verdict rules (analysis/prereg.py) on constructed data, and the
+pre-registration file itself. The campaign's records and rendering: test_reproduce_campaign.py."""
 
-import json
 import math
-import shutil
-from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
-from torbed.analysis import reproduce
-from torbed.analysis.report import analyse
+from torbed.analysis import prereg as P
 
-from .conftest import GOLDEN_RUN
-
-
-def finished_copy(dest, status="ok"):
-    shutil.copytree(GOLDEN_RUN, dest, ignore=shutil.ignore_patterns("report"))
-    info = json.loads((dest / "run.json").read_text())
-    info["status"] = status
-    (dest / "run.json").write_text(json.dumps(info))
-    return dest
+PREREG = P.load()
 
 
-def test_evaluate_against_the_papers_numbers():
-    _, _, s = analyse(GOLDEN_RUN)
-    exp1 = next(r for r in reproduce.ROWS if r.experiment == "tang-goldberg-2010-exp1")
-    ev = reproduce.evaluate(exp1, s)
-    inf = s["metrics"]["ttlb_s/web:small"]["variants"]["ewma-66"]["vs_baseline"]["inference"]
-    assert ev["change_pct"] == inf["change_pct"] < 0
-    assert ev["direction"] == "agrees"                        # golden: a clear decrease
-    # Rough size: the 90% interval of log(ours / paper's) within +-log 2.
-    lo90, hi90 = inf["equivalence"]["ci90"]
-    inside = all(abs(math.log((1 + x / 100) / (1 - 0.327))) <= math.log(2) for x in (lo90, hi90))
-    assert inside == ev["size"].startswith("agrees within a factor 2")
-    assert "vanilla" in ev["ours"] and "[" in ev["ours"] and "reps" in ev["ours"]
-    # A paper saying "no real change" disagrees with a clear decrease.
-    small = next(r for r in reproduce.ROWS if r.variant == "ewma-3")
-    ev = reproduce.evaluate(reproduce.Row(**{**small.__dict__, "experiment": "x", "variant": "ewma-66"}), s)
-    assert ev["direction"].startswith("disagrees") and not ev["ok"]
-    # Too few repetitions: said so, no verdict.
-    thr = reproduce.Row("p", "r", "v", "x", "relay_throughput_Bps/middle0", variant="ewma-66", paper_change_pct=300)
-    ev = reproduce.evaluate(thr, s)
-    assert ev["direction"] == "not tested" and "not enough repetitions" in ev["ours"]
+def comp(expect="decrease", pct=-32.7, primary=False):
+    return P.Comparison("c", "paper", "result", "value", "x.txt:1", "tang-goldberg-2010-exp1", ("m",),
+                        "vanilla", "ewma-66", expect, pct, primary)
 
 
-def test_quick_run_reuses_a_finished_run_and_writes_the_document(tmp_path, capsys):
-    runs = tmp_path / "runs"
-    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run")
-    doc = tmp_path / "reproduction.md"
-    rc = reproduce.main(["--quick", "--runs", str(runs), "--doc", str(doc), "--duration", "90s"])
-    assert rc == 0
-    assert "reusing finished run" in capsys.readouterr().out
-    text = doc.read_text()
-    assert "**Shortened run**" in text
-    lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Tang") or
-             line.startswith("| Gopal") or line.startswith("| Engler") or line.startswith("| IPSJ")}
-    queue = next(v for k, v in lines.items() if k.startswith("Exp. 3"))
-    assert "653 ms -> 115 ms" in queue and "Δ -8" in queue and "| agrees |" in queue
-    assert "not part of this shortened run" in next(v for k, v in lines.items() if k.startswith("Exp. 1"))
-    # Torchestra's and the multi-threaded relay's experiments are wired in but not part of this run.
-    gopal = [v for v in lines.values() if v.startswith("| Gopal")]
-    assert len(gopal) == 10 and all("not part of this shortened run" in v for v in gopal), gopal
-    engler = [v for v in text.splitlines() if v.startswith("| Engler")]
-    assert len(engler) == 3 and all("not part of this shortened run" in v for v in engler), engler
-    # The circuit-switching experiment (Fig. 4 a-d) is wired in too, and not part of this run.
-    ipsj = [v for v in text.splitlines() if v.startswith("| IPSJ")]
-    assert len(ipsj) == 7 and all("not part of this shortened run" in v for v in ipsj), ipsj
-    assert any("about 90% lower" in v and "vs ewma-66" in v for v in ipsj)
-    assert (runs / "tang-goldberg-2010-exp3" / "golden-run" / "report" / "summary.json").is_file()
-    assert json.loads((runs / "reproduction.json").read_text())["settings"]["quick"] is True
+def blocks(ratio, sd, n, seed=0, base=2.0):
+    """n blocks: baseline lognormal around ``base``, variant = baseline x ratio x noise(sd)."""
+    rng = np.random.default_rng(seed)
+    y = base * np.exp(rng.normal(0, 0.3, n))
+    return list(y * ratio * np.exp(rng.normal(0, sd, n))), list(y)
 
 
-def test_an_unfinished_run_is_not_reused(tmp_path, capsys):
-    runs = tmp_path / "runs"
-    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run", status="interrupted")
-    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "90s", "--dry-run"]) == 0
-    assert "tang-goldberg-2010-exp3: to run" in capsys.readouterr().out
-    finished_copy(runs / "tang-goldberg-2010-exp3" / "golden-run-2")
-    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "90s", "--dry-run"]) == 0
-    assert "finished, reused" in capsys.readouterr().out
-    # ... but only with the same duration.
-    assert reproduce.main(["--quick", "--runs", str(runs), "--duration", "120s", "--dry-run"]) == 0
-    assert "to run" in capsys.readouterr().out
+def test_the_committed_preregistration_has_one_primary_per_paper_with_its_number_and_source():
+    papers = [c.paper.split(" 20")[0] for c in PREREG.primaries]
+    assert sorted(set(papers)) == ["Engler & Goldberg", "Gopal & Heninger", "IPSJ", "Tang & Goldberg"]
+    want = {"tg-exp1": -32.7, "gh-exp2-vs-ewma": -23.4, "gh-exp2-vs-vanilla": -28.5, "ipsj-ttfb": -90.0,
+            "eg-3-threads": 210.0}
+    assert {c.id: c.paper_change_pct for c in PREREG.primaries} == want
+    for c in PREREG.comparisons:
+        name, line = c.source.rsplit(":", 1)
+        assert name.endswith(".txt") and int(line) > 0, c.id
+    assert not set(c.id for c in PREREG.primaries) & set(c.id for c in PREREG.secondaries)
 
 
-@pytest.mark.parametrize("argv", [["--only", "nope"], ["--reps", "0"]])
-def test_bad_arguments_exit_2(argv, tmp_path, capsys):
-    assert reproduce.main(argv + ["--runs", str(tmp_path), "--dry-run"]) == 2
-    assert "reproduce:" in capsys.readouterr().err
+@pytest.mark.parametrize("field,value,msg", [
+    ("variant", "ewma-3", "not a variant"),
+    ("paper_change_pct", 32.7, "does not match expect"),
+    ("expect", "smaller", "is not one of"),
+])
+def test_a_malformed_preregistration_is_refused_naming_the_field(tmp_path, field, value, msg):
+    raw = yaml.safe_load(P.PATH.read_text())
+    raw["primaries"][0][field] = value
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    with pytest.raises(P.PreregError, match=msg) as e:
+        P.load(f)
+    assert "primaries[0]" in str(e.value)
 
 
-def test_a_row_against_another_baseline_is_compared_with_that_baseline(tmp_path):
-    """A report's vs_baseline inference is against the run's baseline (vanilla); a row whose
-    baseline is another variant must get its numbers from that comparison, not vanilla's."""
-    from torbed.analysis import reproduce as r
-    from torbed.analysis.report import analyse
-    from torbed.analysis import summary as summary_mod
-    run = Path(__file__).resolve().parents[2] / "data" / "golden-run"
-    summ = summary_mod.round_floats(analyse(run)[2])
-    metric = next(m for m, e in summ["metrics"].items()
-                  if ((e["variants"].get("ewma-66") or {}).get("vs_baseline") or {}).get("inference", {}).get("status") == "tested")
-    fwd = r.Row("p", "x", "y", "golden", metric, baseline="vanilla", variant="ewma-66")
-    back = r.Row("p", "x", "y", "golden", metric, baseline="ewma-66", variant="vanilla")
-    cache: dict = {}
-    e_fwd = r.evaluate(fwd, r.summary_for(fwd, {"golden": summ}, {"golden": run}, cache))
-    e_back = r.evaluate(back, r.summary_for(back, {"golden": summ}, {"golden": run}, cache))
-    assert ("golden", "ewma-66") in cache and ("golden", "vanilla") not in cache
-    # The reverse comparison's change is the inverse ratio: (1 + a)(1 + b) = 1.
-    a, b = e_fwd["change_pct"] / 100, e_back["change_pct"] / 100
-    assert abs((1 + a) * (1 + b) - 1) < 0.02, (a, b)
+def test_a_vs_a_exactly_balanced_gives_no_changed_verdict():
+    y = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    x = [y[0] * 1.2, y[1] / 1.2, y[2] * 1.1, y[3] / 1.1, y[4] * 1.3, y[5] / 1.3]   # log ratios sum to 0
+    for c in (comp(), comp("increase", 210.0), comp("none", None)):
+        v = P.judge(x, y, c, PREREG)
+        assert v["test"]["pvalue"] == pytest.approx(1.0)
+        assert v["verdict"] != "agrees" or c.expect == "none"
+        assert "changed" not in v["direction_text"]
 
 
-def test_throughput_is_shown_in_megabytes_per_second():
-    assert reproduce._fmt(2465000.0, "B/s") == "2.46 MB/s"
-    assert reproduce._fmt(0.374, "s") == "0.374 s" and reproduce._fmt(None, "B/s") == "–"
+def test_a_vs_a_changed_verdicts_stay_at_or_below_alpha():
+    """2000 A/A data sets of 6 blocks: the share judged "changed" (either sign) is the test's
+    false-positive rate; it must not exceed 5% beyond Monte Carlo error (3 SE = 1.5 points)."""
+    changed = 0
+    for s in range(2000):
+        x, y = blocks(1.0, 0.2, 6, seed=s)
+        v = P.judge(x, y, comp(), PREREG)
+        changed += "changed" in v["direction_text"]
+    assert changed / 2000 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 2000)
 
 
-def _fake_summary(change_pct, ci95, equivalence, test="paired", n=3):
-    inf = {"status": "tested", "test": test, "n": n, "n_baseline": n, "change_pct": change_pct,
-           "change_ci95": ci95, "pvalue": 0.5, "equivalence": equivalence}
-    return {"metrics": {"m": {"variants": {"vanilla": {"rep_summary": {"estimate": 1.0}},
-                                           "x": {"rep_summary": {"estimate": 1.0},
-                                                 "vs_baseline": {"inference": inf}}}}}}
+def test_holm_over_the_primaries_keeps_the_family_wise_rate():
+    """A/A in all five primaries: at most 5% of families have any "changed" primary."""
+    any_changed = 0
+    for s in range(400):
+        data = {name: {} for name in PREREG.experiments}
+        for k in range(6):
+            for name, e in PREREG.experiments.items():
+                rng = np.random.default_rng([s, k, hash(name) % 1000])
+                base = float(np.exp(rng.normal()))
+                data[name][k] = {v: {m: base * float(np.exp(rng.normal(0, 0.2))) for c in PREREG.comparisons
+                                     for m in c.metrics} for v in e.variants}
+        res = P.judge_all(PREREG, lambda exp: data[exp])
+        any_changed += any("changed" in res[c.id]["direction_text"] for c in PREREG.primaries)
+    assert any_changed / 400 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 400)
 
 
-def test_no_change_needs_the_equivalence_test_not_a_wide_interval():
-    """A paper's 'no real change' row agrees only when TOST puts ours within the margin; an
-    interval that merely holds 0 (low power) is inconclusive, whatever its point estimate."""
-    row = reproduce.Row("p", "r", "v", "x", "m", variant="x", expect="small")
-    wide = _fake_summary(+2.0, [-40.0, +70.0], {"margin_pct": 10.0, "pvalue": 0.6, "equivalent": False,
-                                                "ci90": [-33.0, +55.0]})
-    ev = reproduce.evaluate(row, wide)
-    assert ev["direction"].startswith("inconclusive") and not ev["ok"]
-    tight = _fake_summary(+2.0, [-3.0, +7.0], {"margin_pct": 10.0, "pvalue": 0.001, "equivalent": True,
-                                               "ci90": [-2.0, +6.0]})
-    ev = reproduce.evaluate(row, tight)
-    assert ev["direction"].startswith("agrees: equivalent within ±10%") and ev["ok"]
-    assert "paired, 3 blocks" in ev["ours"]
+def test_a_clear_effect_of_the_papers_size_agrees_in_direction_and_size():
+    x, y = blocks(1 - 0.327, 0.05, 8)
+    v = P.judge(x, y, comp(), PREREG)
+    assert (v["direction"], v["size"], v["verdict"]) == ("agrees", "agrees", "agrees")
 
 
-def test_rough_size_needs_the_ratio_interval_within_a_factor_two():
-    row = reproduce.Row("p", "r", "v", "x", "m", variant="x", paper_change_pct=-50.0)
-    eq = {"margin_pct": 10.0, "pvalue": 0.9, "equivalent": False}
-    # Point estimate right on the paper's, interval from -90% to -5%: holds anything -> inconclusive.
-    ev = reproduce.evaluate(row, _fake_summary(-50.0, [-92.0, -2.0], {**eq, "ci90": [-90.0, -5.0]}))
-    assert ev["size"].startswith("inconclusive") and not ev["ok"]
-    # -40% [-45%, -35%] vs -50%: ours / paper's in [1.1, 1.3] -> within a factor 2.
-    ev = reproduce.evaluate(row, _fake_summary(-40.0, [-46.0, -33.0], {**eq, "ci90": [-45.0, -35.0]}))
-    assert ev["size"].startswith("agrees within a factor 2") and ev["ok"]
-    # +5% [+3%, +7%] (90%) vs -50%: ours / paper's from 2.06 to 2.14, all beyond 2 -> differs.
-    ev = reproduce.evaluate(row, _fake_summary(+5.0, [+2.0, +8.0], {**eq, "ci90": [+3.0, +7.0]}))
-    assert ev["size"].startswith("differs") and not ev["ok"]
+def test_a_clear_effect_far_from_the_papers_size_differs():
+    x, y = blocks(0.1, 0.05, 8)                       # -90% against the paper's -32.7%
+    v = P.judge(x, y, comp(), PREREG)
+    assert v["direction"] == "agrees" and v["size"] == "differs" and v["verdict"] == "disagrees"
 
 
-def test_runs_are_never_niced(tmp_path, monkeypatch):
-    """A niced run measures whatever else the machine does: neither the runner nor the Makefile nices."""
-    calls = []
-    monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
-    reproduce._run(reproduce.EXPERIMENTS[0], tmp_path / "exp", 3, "90s")
-    assert calls and calls[0][0] == reproduce.sys.executable and "nice" not in calls[0]
-    make = (Path(reproduce.REPO) / "Makefile").read_text()
-    recipe = make[make.index("\nreproduce:"):].split("\n\n")[0]
-    assert "nice" not in recipe
+def test_a_clear_effect_of_the_other_sign_disagrees():
+    x, y = blocks(1.5, 0.05, 8)
+    v = P.judge(x, y, comp(), PREREG)
+    assert v["direction"] == "disagrees" and v["verdict"] == "disagrees"
+
+
+@pytest.mark.parametrize("center", [-0.5, math.log(1 - 0.327), 0.0, 0.3])
+@pytest.mark.parametrize("spread,n", [(0.8, 3), (1.0, 4), (1.5, 6)])
+def test_a_wide_interval_never_gives_rough_size_or_no_change(center, spread, n):
+    """Block log ratios spread symmetrically around a centre (the paper's own -32.7% among
+    them): the interval is wide (checked), so neither size agreement nor "no change" may come
+    out, however close the point estimate is to the paper's or to 0."""
+    d = center + spread * np.linspace(-1, 1, n)
+    y = [2.0] * n
+    x = list(2.0 * np.exp(d))
+    for c in (comp(), comp("none", None)):
+        v = P.judge(x, y, c, PREREG)
+        lo, hi = v["test"]["equivalence"]["ci90"]
+        assert math.log1p(hi / 100) - math.log1p(lo / 100) > 2 * math.log(2)       # wide, by construction
+        assert v["size"] != "agrees"
+        assert "no change" not in v["direction_text"]
+        assert v["verdict"] != "agrees" or c.expect != "none"
+
+
+def test_no_change_needs_the_equivalence_test():
+    y = list(np.linspace(1.0, 3.0, 8))
+    x = [b * math.exp(e) for b, e in zip(y, 0.02 * np.array([1, -1, 1, -1, 1, -1, 1, -1]))]
+    v = P.judge(x, y, comp("none", None), PREREG)
+    assert v["direction"] == "agrees" and "TOST" in v["direction_text"] and v["verdict"] == "agrees"
+    # A paper claiming a decrease, ours shown equivalent to no change: disagrees.
+    v = P.judge(x, y, comp(), PREREG)
+    assert v["direction"] == "disagrees" and "no change" in v["direction_text"]
+
+
+@pytest.mark.parametrize("pct,expect", [(-32.7, "decrease"), (-23.4, "decrease"), (210.0, "increase")])
+def test_no_change_at_all_is_never_the_papers_rough_size(pct, expect):
+    """A tight interval around 0 is not "within a factor 2" of a -23% or a 3.1x change (as a
+    ratio of ratios it would be: 1.0 / 0.766 = 1.3)."""
+    y = list(np.linspace(1.0, 3.0, 8))
+    x = [b * math.exp(e) for b, e in zip(y, 0.02 * np.array([1, -1, 1, -1, 1, -1, 1, -1]))]
+    assert P.judge(x, y, comp(expect, pct), PREREG)["size"] == "differs"
+
+
+def test_rough_size_is_a_factor_on_the_effect():
+    p = math.log(1 - 0.327)
+    assert P.effect_within_factor((p * 1.9, p * 0.6), -32.7, 2.0) == "inside"
+    assert P.effect_within_factor((p * 2.5, p * 2.1), -32.7, 2.0) == "outside"
+    assert P.effect_within_factor((p * 0.45, p * 0.3), -32.7, 2.0) == "outside"
+    assert P.effect_within_factor((p * 1.5, p * 0.3), -32.7, 2.0) == "overlaps"
+    q = math.log(3.1)
+    assert P.effect_within_factor((q * 0.6, q * 1.8), 210.0, 2.0) == "inside"
+    assert P.effect_within_factor((-0.1, 0.1), 210.0, 2.0) == "outside"
+
+
+def test_too_few_blocks_is_inconclusive_not_a_verdict():
+    x, y = blocks(0.5, 0.01, 2)
+    v = P.judge(x, y, comp(), PREREG)
+    assert v["verdict"] == "inconclusive" and "not enough" in v["direction_text"]
+
+
+def test_a_primary_uses_the_holm_adjusted_p_value():
+    x, y = blocks(0.9, 0.1, 6, seed=3)
+    raw = P.judge(x, y, comp(), PREREG)
+    adj = P.judge(x, y, comp(primary=True), PREREG, holm_p=min(1.0, 5 * raw["test"]["pvalue"]))
+    assert adj["p"] == pytest.approx(min(1.0, 5 * raw["p"]))
+    if raw["direction"] == "agrees" and adj["p"] >= 0.05:
+        assert adj["direction"] == "inconclusive"
+
+
+def test_blocks_planned_grows_with_the_spread_and_stops_at_the_maximum():
+    c = [comp()]
+    n_small, n_large = P.blocks_planned(0.05, c, PREREG, 40), P.blocks_planned(0.4, c, PREREG, 40)
+    assert 3 <= n_small < n_large <= 40
+    assert P.blocks_planned(5.0, c, PREREG, 12) == 12
+    assert P.blocks_planned(None, c, PREREG, 12) == 12

@@ -239,14 +239,14 @@ def _image_problem(pod) -> str | None:
         node = pod.spec.node_name or "?"
         if w.reason == "ErrImageNeverPull" or "not present" in (w.message or ""):
             todo = ("the node does not have it and may not pull it: build and load it (`make images`, then "
-                    "`hack/cluster.sh load-image IMAGE` for the local cluster, or `ctr -n k8s.io images import` on the "
+                    "`hack/cluster/cluster.sh load-image IMAGE` for the local cluster, or `ctr -n k8s.io images import` on the "
                     "node), or push it to a registry and pass --set images.registry=REGISTRY")
         elif w.reason == "InvalidImageName":
             todo = "the image reference is malformed: check images.registry, images.tag and the repositories"
         else:
             todo = ("the node could not pull it: check that the registry (images.registry) has this tag, that "
                     "the node reaches the registry, and pull secrets if it is private (charts/torbed/README.md); "
-                    "without a registry, load the image into the node (`make images`, `hack/cluster.sh load-image IMAGE`)")
+                    "without a registry, load the image into the node (`make images`, `hack/cluster/cluster.sh load-image IMAGE`)")
         return (f"image {st.image} is not available on node {node} (pod {pod.metadata.name}, container "
                 f"{st.name}: {w.reason}): {todo}")
     return None

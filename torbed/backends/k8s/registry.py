@@ -10,7 +10,7 @@ pulls the same tag and gets its own image. With ``--chart`` it also packages cha
 and pushes it as an OCI artifact to ``oci://REGISTRY/charts`` (``helm install torbed
 oci://REGISTRY/charts/torbed --version V --set images.registry=REGISTRY``).
 
-The local registry of hack/registry.sh (127.0.0.1:5000, plain HTTP) is the default; any
+The local registry of hack/images/registry.sh (127.0.0.1:5000, plain HTTP) is the default; any
 registry the Docker client is logged in to works (``--insecure`` only for plain HTTP).
 
 Public API: ``publish_images(registry, kinds, families, insecure) -> list[Published]``,

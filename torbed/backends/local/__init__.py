@@ -51,7 +51,7 @@ def create(options: Options, console, scenario_path: Path | None = None):
 def plan_lines(plan) -> list[str]:
     """What ``torbed plan`` prints for this backend: the shaper it would use here."""
     from .emulator import describe_binary
-    from ...shaping import ShapingError, _tc_limitation, choose_shaper, probe_kernel
+    from ...shaping import ShapingError, choose_shaper, linkemu_reason, probe_kernel
     caps = probe_kernel()
     try:
         shaper = choose_shaper(plan, caps)
@@ -60,10 +60,7 @@ def plan_lines(plan) -> list[str]:
     kernel = f"kernel: htb {'yes' if caps.htb else 'no'}, netem {'yes' if caps.netem else 'no'}"
     line = f"{shaper} ({plan.shaped_pair_count()} shaped node pairs; {kernel})"
     if shaper == "linkemu":
-        why = ("requested by links.emulator" if plan.scenario.links.emulator == "linkemu"
-               else "link faults change links at run time" if any(f.kind == "link" for f in plan.scenario.faults)
-               else _tc_limitation(plan, caps))
-        line += f"\n  userspace link emulator: {why}; {describe_binary()}"
+        line += f"\n  userspace link emulator: {linkemu_reason(plan, caps)}; {describe_binary()}"
     mech = plan.scenario.measure.mechanism
     gates = (f"mechanism gates: {mech.kind}" + (f" (target {mech.target} must be CPU-saturated)" if mech.target else "")
              + "; shaper backlog, relays' kernel send queues and CPU sampled every second")

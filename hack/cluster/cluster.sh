@@ -3,24 +3,24 @@
 # request a second one that stands for a Raspberry Pi.
 #
 # Usage (as root):
-#   hack/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
-#   hack/cluster.sh up                  build if needed, start the cluster, wait until the node is
+#   hack/cluster/cluster.sh build               build/cache the binaries and images (hack/cluster/build.sh)
+#   hack/cluster/cluster.sh up                  build if needed, start the cluster, wait until the node is
 #                                       Ready and cluster DNS answers from a pod
-#   hack/cluster.sh down [--purge]      stop everything `up` started and remove its leftovers
+#   hack/cluster/cluster.sh down [--purge]      stop everything `up` started and remove its leftovers
 #                                       (--purge: also the certificates and the image store)
-#   hack/cluster.sh status              what runs, API/node/DNS health, resident memory
-#   hack/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
+#   hack/cluster/cluster.sh status              what runs, API/node/DNS health, resident memory
+#   hack/cluster/cluster.sh load-image IMG...   copy Docker images (or `docker save` tarballs) into the
 #                                       cluster's containerd
-#   hack/cluster.sh add-pi              add a second node, an emulated Raspberry Pi: arm64
+#   hack/cluster/cluster.sh add-pi              add a second node, an emulated Raspberry Pi: arm64
 #                                       images under qemu-user, labelled and tainted like a
 #                                       Pi, its own namespace, containerd, kubelet, kube-proxy
 #                                       and pod CIDR (hack/cluster/pi.sh); `down` removes it
-#   hack/cluster.sh remove-pi           remove that node and everything it made
-#   hack/cluster.sh load-image --node pi IMG...
+#   hack/cluster/cluster.sh remove-pi           remove that node and everything it made
+#   hack/cluster/cluster.sh load-image --node pi IMG...
 #                                       the same into the Pi's containerd; an -arm64 tag is
 #                                       also stored under its plain tag (the chart's)
-#   hack/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
-#   hack/cluster.sh env                 print `export KUBECONFIG=...`
+#   hack/cluster/cluster.sh smoke               pod -> Service name -> ClusterIP -> pod check
+#   hack/cluster/cluster.sh env                 print `export KUBECONFIG=...`
 #
 # The cluster is upstream Kubernetes built from source (kind, k3s and friends are not
 # obtainable here): etcd, a containerd of its own with CRI, kube-apiserver,
@@ -38,7 +38,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
-. "$HERE/cluster/common.sh"
+. "$HERE/common.sh"
 
 STATE=${TORBED_K8S_STATE:-/var/lib/torbed-k8s}
 RUN=/run/torbed-k8s
@@ -66,15 +66,14 @@ ETCD_PEER=127.0.0.1:23800
 COMPONENTS="etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
 APT_PACKAGES="etcd-server containerd runc containernetworking-plugins iptables conntrack socat ebtables openssl curl"
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
-die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=cluster
 
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
 kc() { "${KUBECTL[@]}" "$@"; }
 ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
 
 # shellcheck source=hack/cluster/pi.sh
-. "$HERE/cluster/pi.sh"
+. "$HERE/pi.sh"
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts a kubelet, containerd and changes iptables)"; }
 
@@ -83,7 +82,7 @@ lock() {
   [ -z "${LOCKED:-}" ] || return 0   # `up` runs `down` while holding it
   LOCKED=1
   exec 8>/run/lock/torbed-k8s.lock
-  flock -w 300 8 || die "another hack/cluster.sh up/down still runs after 300 s (/run/lock/torbed-k8s.lock)"
+  flock -w 300 8 || die "another hack/cluster/cluster.sh up/down still runs after 300 s (/run/lock/torbed-k8s.lock)"
 }
 
 # ---------------------------------------------------------------- host preparation
@@ -178,24 +177,9 @@ mkcert() {
 
 # kubeconfig FILE CERTNAME [SERVER]: a kubeconfig authenticating with PKI/CERTNAME.{crt,key}.
 kubeconfig() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: torbed-k8s
-    cluster:
-      server: ${3:-https://127.0.0.1:$API_PORT}
-      certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
-users:
-  - name: $2
-    user:
-      client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
-      client-key-data: $(base64 -w0 "$PKI/$2.key")
-contexts:
-  - name: torbed-k8s
-    context: {cluster: torbed-k8s, user: $2}
-current-context: torbed-k8s
-EOF
+  render kubeconfig.yaml SERVER="${3:-https://127.0.0.1:$API_PORT}" USER="$2" \
+    CA_DATA="$(base64 -w0 "$PKI/ca.crt")" CERT_DATA="$(base64 -w0 "$PKI/$2.crt")" \
+    KEY_DATA="$(base64 -w0 "$PKI/$2.key")" >"$1"
   chmod 600 "$1"
 }
 
@@ -244,51 +228,11 @@ make_pki() {
 write_configs() {
   local node=$1 ip=$2
   mkdir -p "$CONF" "$STATE/cni/net.d" "$STATE/containerd/root"
-  cat >"$CONF/containerd.toml" <<EOF
-# The cluster's own containerd: separate root, state and socket from Docker's.
-version = 2
-root = "$STATE/containerd/root"
-state = "$RUN/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = "$CTRD_SOCK"
-[ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$STATE/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  # No CAP_SYS_RESOURCE here: containers may not lower their oom_score_adj below ours.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        # cgroup v1 without a systemd manager: the kubelet uses cgroupfs too.
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$STATE/cni/net.d"
-  # Registries by host (hosts.toml): the local one of hack/registry.sh speaks plain HTTP.
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$CONF/certs.d"
-EOF
+  render containerd.toml STATE="$STATE" RUN="$RUN" CTRD_SOCK="$CTRD_SOCK" PAUSE_IMAGE="$PAUSE_IMAGE" \
+    CONF="$CONF" >"$CONF/containerd.toml"
   local reg=${TORBED_REGISTRY_ADDR:-127.0.0.1:5000}
   mkdir -p "$CONF/certs.d/$reg"
-  cat >"$CONF/certs.d/$reg/hosts.toml" <<EOF
-server = "http://$reg"
-[host."http://$reg"]
-  capabilities = ["pull", "resolve"]
-  skip_verify = true
-EOF
+  render registry-hosts.toml REGISTRY="$reg" >"$CONF/certs.d/$reg/hosts.toml"
 
   # bridge: pods on cni0 (masqueraded only toward addresses outside the cluster's pod
   # network: masquerade in hack/cluster/pi.sh). firewall: Docker sets the FORWARD policy to
@@ -299,49 +243,9 @@ EOF
   # stray lookup fails at once (the machine has no upstream DNS).
   echo "nameserver 127.0.0.1" >"$CONF/resolv.conf"
 
-  cat >"$CONF/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: "$PKI/ca.crt"}
-authorization: {mode: Webhook}
-tlsCertFile: "$PKI/kubelet-serving.crt"
-tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
-containerRuntimeEndpoint: "unix://$CTRD_SOCK"
-# cgroup v1 host without systemd as cgroup manager.
-cgroupDriver: cgroupfs
-failCgroupV1: false
-clusterDomain: cluster.local
-clusterDNS: ["$DNS_IP"]
-resolvConf: "$CONF/resolv.conf"
-failSwapOn: false
-# A shared build machine's disk is often fairly full: do not let disk pressure taint the node
-# or garbage-collect the pause/CoreDNS images (they cannot be pulled back).
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-registerNode: true
-maxPods: 250
-EOF
+  render kubelet.yaml PKI="$PKI" CTRD_SOCK="$CTRD_SOCK" DNS_IP="$DNS_IP" CONF="$CONF" >"$CONF/kubelet.yaml"
 
-  cat >"$CONF/kube-proxy.yaml" <<EOF
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$STATE/kubeconfigs/kube-proxy"}
-mode: iptables
-clusterCIDR: "$CLUSTER_CIDR"
-hostnameOverride: "$node"
-healthzBindAddress: "127.0.0.1:10256"
-metricsBindAddress: "127.0.0.1:10249"
-# Leave the host's conntrack sysctls alone (not writable here, and not ours to change).
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-# NodePorts on the node IP only; on 127.0.0.1 they would need route_localnet=1 on the host.
-nodePortAddresses: [primary]
-iptables: {localhostNodePorts: false}
-EOF
+  render kube-proxy.yaml STATE="$STATE" CLUSTER_CIDR="$CLUSTER_CIDR" NODE="$node" >"$CONF/kube-proxy.yaml"
 }
 
 # ---------------------------------------------------------------- processes
@@ -448,7 +352,7 @@ import_image() {
 
 # ---------------------------------------------------------------- commands
 
-cmd_build() { "$HERE/cluster/build.sh" all; }
+cmd_build() { "$HERE/build.sh" all; }
 
 cmd_up() {
   need_root
@@ -461,7 +365,7 @@ cmd_up() {
   fi
   mkdir -p "$STATE" "$LOGS"
   install_packages
-  "$HERE/cluster/build.sh" all
+  "$HERE/build.sh" all
   t0=$(now)  # bring-up time excludes the (cached) build
   # Anything half-started or left by a killed run goes first.
   cmd_down --quiet
@@ -541,7 +445,7 @@ cmd_up() {
 
   wait_for "node $node Ready" "$LOGS/kubelet.log" kubelet node_ready "$node"
   wait_for "default service account" "$LOGS/kube-controller-manager.log" kube-controller-manager sa_ready
-  sed -e "s#__COREDNS_IMAGE__#$COREDNS_IMAGE#" -e "s#__DNS_IP__#$DNS_IP#" "$HERE/cluster/coredns.yaml" \
+  render coredns.yaml COREDNS_IMAGE="$COREDNS_IMAGE" DNS_IP="$DNS_IP" \
     | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "deploying CoreDNS failed; see $LOGS/kubectl.log"
   wait_for "CoreDNS ready" "$LOGS/kubelet.log" kubelet coredns_ready
   dns_check
@@ -594,7 +498,7 @@ spec:
 }
 
 up_failed() {
-  [ "$1" = 0 ] || log "bring-up failed: components may still run (hack/cluster.sh status); logs in $LOGS; hack/cluster.sh down removes it all"
+  [ "$1" = 0 ] || log "bring-up failed: components may still run (hack/cluster/cluster.sh status); logs in $LOGS; hack/cluster/cluster.sh down removes it all"
 }
 
 # A pod resolves the API server's Service by its short name (the pod's search list) through
@@ -606,20 +510,8 @@ up_failed() {
 dns_check() {
   local pod=${1:-torbed-dns-check} kubelet=${2:-kubelet} placement=${3:-} where=${4:-}
   kc -n kube-system delete pod "$pod" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  kc apply -f - >>"$LOGS/kubectl.log" 2>&1 <<EOF || die "creating the DNS check pod $pod failed; see $LOGS/kubectl.log"
-apiVersion: v1
-kind: Pod
-metadata: {name: $pod, namespace: kube-system}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 0
-$placement
-  containers:
-    - name: check
-      image: $TOOLBOX_IMAGE
-      imagePullPolicy: Never
-      command: [netcheck, resolve, kubernetes.default, "30"]
-EOF
+  render dns-check.yaml POD="$pod" PLACEMENT="$placement" TOOLBOX_IMAGE="$TOOLBOX_IMAGE" \
+    | kc apply -f - >>"$LOGS/kubectl.log" 2>&1 || die "creating the DNS check pod $pod failed; see $LOGS/kubectl.log"
   DNS_CHECK_FAILED=0
   wait_for "DNS check pod${where:+ $where} finished" "$LOGS/$kubelet.log" "$kubelet" pod_done kube-system "$pod"
   if [ "$DNS_CHECK_FAILED" = 1 ]; then
@@ -821,14 +713,14 @@ cmd_env() { echo "export KUBECONFIG=$KUBECONFIG_PATH"; }
 cmd_load_image() {
   need_root
   if [ "${1:-}" = --node ]; then
-    [ "${2:-}" = pi ] || die "load-image: --node takes 'pi' (the node of hack/cluster.sh add-pi)"
+    [ "${2:-}" = pi ] || die "load-image: --node takes 'pi' (the node of hack/cluster/cluster.sh add-pi)"
     shift 2
     [ $# -gt 0 ] || die "load-image: name at least one image"
     load_image_pi "$@"
     return
   fi
   [ $# -gt 0 ] || die "load-image: name at least one image (or docker-save tarball)"
-  pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster.sh up)"
+  pid_of containerd >/dev/null || die "the cluster is not running (hack/cluster/cluster.sh up)"
   local refs=() a t0
   t0=$(now)
   for a in "$@"; do
@@ -840,8 +732,8 @@ cmd_load_image() {
     fi
   done
   if [ ${#refs[@]} -gt 0 ]; then
-    command -v docker >/dev/null || die "load-image: docker is not installed (hack/docker.sh)"
-    timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/docker.sh)"
+    command -v docker >/dev/null || die "load-image: docker is not installed (hack/images/docker.sh)"
+    timeout 15 docker info >/dev/null 2>&1 || die "load-image: the Docker daemon is not reachable (hack/images/docker.sh)"
     local todo=() skipped=() id have
     have=$(ctr_ images ls -q 2>/dev/null)
     mkdir -p "$STATE/loaded"
@@ -867,7 +759,7 @@ cmd_load_image() {
   fi
 }
 
-cmd_smoke() { "$HERE/cluster/smoke.sh"; }
+cmd_smoke() { "$HERE/smoke.sh"; }
 
 # In a function so bash has read the whole file before anything runs (safe to edit meanwhile).
 main() {

@@ -2,9 +2,9 @@
 # docker.sh - make a working Docker engine available (idempotent, quick when it already is).
 #
 # Usage:
-#   hack/docker.sh            ensure a reachable daemon (install Debian's docker.io and start
+#   hack/images/docker.sh            ensure a reachable daemon (install Debian's docker.io and start
 #                             dockerd in the background when needed)
-#   hack/docker.sh --client   the same, then print the path of a docker client that can run
+#   hack/images/docker.sh --client   the same, then print the path of a docker client that can run
 #                             BuildKit builds against it (see "Clients" below)
 #
 # Environment:
@@ -27,8 +27,9 @@ LOG=${TORBED_DOCKERD_LOG:-/var/log/torbed-dockerd.log}
 TIMEOUT=${TORBED_DOCKERD_TIMEOUT:-90}
 LOCK=/run/lock/torbed-docker.lock
 
-log() { printf '[docker] %s\n' "$*" >&2; }
-die() { printf '[docker] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=docker
 
 PRINT_CLIENT=0
 case "${1:-}" in
@@ -103,7 +104,7 @@ if [ -z "$pid" ]; then
   log "starting dockerd (log: $LOG)"
   # setsid: the daemon outlives this script and the make that ran it, and a Ctrl-C in the
   # caller's terminal does not reach it.
-  printf '\n--- %s hack/docker.sh starts dockerd\n' "$(date -u +%FT%TZ)" >>"$LOG"
+  printf '\n--- %s hack/images/docker.sh starts dockerd\n' "$(date -u +%FT%TZ)" >>"$LOG"
   (cd / && exec setsid dockerd --host="unix://$SOCK" >>"$LOG" 2>&1 </dev/null) &
   pid=$!
 else

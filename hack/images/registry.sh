@@ -2,13 +2,13 @@
 # registry.sh - a local OCI registry for torbed's images and chart (Debian's docker-registry).
 #
 # Usage:
-#   hack/registry.sh up       install docker-registry if missing and serve on $ADDR (idempotent)
-#   hack/registry.sh down     stop it (the stored images stay in $STATE/data)
-#   hack/registry.sh status   print whether it answers, exit 0 if so
-#   hack/registry.sh purge    stop it and delete everything stored
+#   hack/images/registry.sh up       install docker-registry if missing and serve on $ADDR (idempotent)
+#   hack/images/registry.sh down     stop it (the stored images stay in $STATE/data)
+#   hack/images/registry.sh status   print whether it answers, exit 0 if so
+#   hack/images/registry.sh purge    stop it and delete everything stored
 #
 # It listens on loopback only and speaks plain HTTP: the Docker daemon and the local
-# cluster's containerd (hack/cluster.sh) treat 127.0.0.1:5000 as an HTTP registry. Push with
+# cluster's containerd (hack/cluster/cluster.sh) treat 127.0.0.1:5000 as an HTTP registry. Push with
 # `make images-push` (multi-arch tags + the chart as an OCI artifact).
 #
 # Environment:
@@ -23,8 +23,9 @@ STATE=${TORBED_REGISTRY_STATE:-/var/lib/torbed-registry}
 PID=$STATE/registry.pid
 LOG=$STATE/registry.log
 
-log() { printf '[registry] %s\n' "$*" >&2; }
-die() { printf '[registry] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=registry
 
 answers() { curl -fsS --max-time 3 "http://$ADDR/v2/" >/dev/null 2>&1; }
 

@@ -3,7 +3,7 @@
 # architecture, so the Dockerfiles keep the standard `FROM debian:bookworm-slim`.
 #
 # Usage:
-#   hack/base-image.sh [--arch amd64|arm64]
+#   hack/images/base-image.sh [--arch amd64|arm64]
 #
 #   --arch A   architecture of the image (default: the host's). For a foreign architecture
 #              qemu-user-static + binfmt_misc are set up too: debootstrap's second stage and
@@ -34,8 +34,9 @@ CACHE_ROOT=${TORBED_CACHE:-${HOME:-/root}/.cache/torbed}
 MIRROR=${TORBED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${TORBED_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 
-log() { printf '[base-image] %s\n' "$*" >&2; }
-die() { printf '[base-image] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=hack/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+LOG_TAG=base-image
 
 HOST_ARCH=$(dpkg --print-architecture)
 ARCH=$HOST_ARCH
@@ -210,7 +211,7 @@ log "docker import $TARBALL as $KEEP"
 "$DOCKER" import \
   -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   -c 'CMD ["bash"]' \
-  -m "debootstrap --variant=minbase bookworm ($ARCH), made by torbed hack/base-image.sh" \
+  -m "debootstrap --variant=minbase bookworm ($ARCH), made by torbed hack/images/base-image.sh" \
   "$TARBALL" "$KEEP" >/dev/null
 if [ "$(image_arch "$KEEP")" != "$ARCH" ]; then fix_arch "$KEEP"; fi
 [ "$(image_arch "$KEEP")" = "$ARCH" ] || die "$KEEP has architecture $(image_arch "$KEEP"), expected $ARCH"

@@ -4,19 +4,19 @@
 # Only registries are reachable, so everything comes from the Go module proxy. Idempotent: a
 # finished step leaves <dir>/.done and is skipped next time. Prints how long each step took.
 #
-#   hack/k8s-tools.sh          build what is missing
-#   hack/k8s-tools.sh --env    print the environment for using them (PATH, HELM_PLUGINS, ...)
+#   hack/chart/k8s-tools.sh          build what is missing
+#   hack/chart/k8s-tools.sh --env    print the environment for using them (PATH, HELM_PLUGINS, ...)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO=$PWD
 
-HELM_VERSION=v3.22.0
-UNITTEST_VERSION=v1.1.2
-KUBECONFORM_VERSION=v0.8.0
-K8S_SCHEMA_VERSION=v1.33.13          # kubernetes module whose swagger.json becomes the schemas
+# The pins (HELM_VERSION, UNITTEST_VERSION, KUBECONFORM_VERSION, K8S_SCHEMA_VERSION,
+# PROM_OPERATOR_VERSION, CHAOS_MESH_VERSION) and now/elapsed.
+# shellcheck source=hack/versions.env
+. hack/versions.env
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
 KUBE_MAJOR=1 KUBE_MINOR=33           # what helm reports as .Capabilities.KubeVersion (v1.33.0)
-PROM_OPERATOR_VERSION=v0.85.0        # PodMonitor / ServiceMonitor CRDs
-CHAOS_MESH_VERSION=v0.9.1-0.20260902003049-47411975a8cb   # @latest: the proxy lists no tagged version
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
 TOOLS=$CACHE/tools
@@ -26,7 +26,7 @@ HELM_DIR=$TOOLS/helm-$HELM_VERSION
 UNITTEST_DIR=$TOOLS/helm-unittest-$UNITTEST_VERSION
 KUBECONFORM_DIR=$TOOLS/kubeconform-$KUBECONFORM_VERSION
 # Generated schemas are keyed by the converter's content too: a change to it regenerates them.
-CONVERTER=$(sha256sum hack/openapi2jsonschema.py | cut -c1-10)
+CONVERTER=$(sha256sum hack/chart/openapi2jsonschema.py | cut -c1-10)
 K8S_SCHEMAS=$TOOLS/k8s-schemas-$K8S_SCHEMA_VERSION-$CONVERTER
 CRD_SCHEMAS=$TOOLS/crd-schemas-prom$PROM_OPERATOR_VERSION-chaos${CHAOS_MESH_VERSION##*-}-$CONVERTER
 
@@ -60,8 +60,6 @@ export CGO_ENABLED=0
 GOARCH_HOST=$(go env GOARCH)
 GOOS_HOST=$(go env GOOS)
 
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # step NAME DIR FUNCTION: run FUNCTION to fill DIR.tmp, then move it to DIR (so an
 # interrupted build never looks finished).
@@ -215,7 +213,7 @@ import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst)
 EOF
-  "$PYTHON" "$REPO/hack/openapi2jsonschema.py" k8s "$out/swagger.json" \
+  "$PYTHON" "$REPO/hack/chart/openapi2jsonschema.py" k8s "$out/swagger.json" \
     --out "$out" --version "$K8S_SCHEMA_VERSION"
 }
 
@@ -223,7 +221,7 @@ build_crd_schemas() {
   local out=$1 prom chaos
   prom=$(moddir "github.com/prometheus-operator/prometheus-operator@$PROM_OPERATOR_VERSION")
   chaos=$(moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
-  "$PYTHON" "$REPO/hack/openapi2jsonschema.py" crd --out "$out" \
+  "$PYTHON" "$REPO/hack/chart/openapi2jsonschema.py" crd --out "$out" \
     "$prom/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" \
     "$prom/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
     "$chaos"/helm/chaos-mesh/crds/*.yaml
@@ -239,4 +237,4 @@ step "kubeconform $KUBECONFORM_VERSION" "$KUBECONFORM_DIR" build_kubeconform
 link "$KUBECONFORM_DIR/kubeconform"
 step "kubernetes $K8S_SCHEMA_VERSION schemas" "$K8S_SCHEMAS" build_k8s_schemas
 step "CRD schemas" "$CRD_SCHEMAS" build_crd_schemas
-echo "k8s-tools: all present after $(elapsed "$T0") s; environment: hack/k8s-tools.sh --env"
+echo "k8s-tools: all present after $(elapsed "$T0") s; environment: hack/chart/k8s-tools.sh --env"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Chaos Mesh's controller-manager, built from its Go module, for the local e2e cluster.
 #
-#   hack/chaos-mesh.sh build        build (once) the binary and an image FROM scratch into
+#   hack/cluster/chaos-mesh.sh build        build (once) the binary and an image FROM scratch into
 #                                   $CACHE/k8s/chaos-mesh-<version>/; prints the image tarball
-#   hack/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run the controller-manager in
+#   hack/cluster/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run the controller-manager in
 #                                   namespace chaos-mesh (KUBECONFIG must point at the cluster;
-#                                   on the local cluster, `hack/cluster.sh load-image TARBALL` first)
-#   hack/chaos-mesh.sh down         remove what `up` created (the CRDs too)
-#   hack/chaos-mesh.sh image        print the image name
+#                                   on the local cluster, `hack/cluster/cluster.sh load-image TARBALL` first)
+#   hack/cluster/chaos-mesh.sh down         remove what `up` created (the CRDs too)
+#   hack/cluster/chaos-mesh.sh image        print the image name
 #
 # Only the controller runs: it carries out PodChaos pod-kill (and pod-failure) through the
 # API server. chaos-daemon, which container-kill and every network/stress/IO fault need, is
@@ -18,15 +18,9 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
-. "$HERE/cluster/common.sh"
+. "$HERE/common.sh"
 
-# Same pin as hack/k8s-tools.sh (whose CRDs validate our chart's chaos objects).
-CHAOS_MESH_VERSION=$(sed -n 's/^CHAOS_MESH_VERSION=\([^ ]*\).*/\1/p' "$HERE/k8s-tools.sh")
-# The module's go.mod replaces github.com/chaos-mesh/chaos-mesh/api with ./api, but a nested
-# module is not part of the parent's module zip, and the proxy refuses the api module at the
-# same commit (403 "not available"). The nearest version it serves (its @latest when this was
-# written, 4 days newer) is pinned instead.
-CHAOS_MESH_API_VERSION=v0.0.0-20260906172039-d70b66ad97ac
+# CHAOS_MESH_VERSION and CHAOS_MESH_API_VERSION: hack/versions.env (via common.sh).
 SHORT=${CHAOS_MESH_VERSION##*-}
 # IMAGE_REV: bump when the image's layout (not the versions) changes.
 IMAGE_REV=1
@@ -34,8 +28,7 @@ DIR=$CACHE/k8s/chaos-mesh-$SHORT-api-${CHAOS_MESH_API_VERSION##*-}-r$IMAGE_REV
 IMAGE=localhost/torbed/chaos-controller-manager:$SHORT
 NS=chaos-mesh
 
-log() { printf '[chaos-mesh] %s\n' "$*" >&2; }
-die() { printf '[chaos-mesh] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=chaos-mesh
 
 moddir() {
   local info
@@ -78,7 +71,7 @@ cmd_build() {
     die "go build ./cmd/chaos-controller-manager failed; see $CACHE/k8s/logs/build-chaos-mesh.log: $(tail -5 "$out/build.log")"
   fi
   rm -rf "$src"
-  "$HERE/cluster/mkimage.sh" "$out/chaos-controller-manager.tar" "$IMAGE" "$out/rootfs" /chaos-controller-manager
+  "$HERE/mkimage.sh" "$out/chaos-controller-manager.tar" "$IMAGE" "$out/rootfs" /chaos-controller-manager
   rm -rf "$DIR"
   mv "$out" "$DIR"
   touch "$DIR/.done"
@@ -93,86 +86,7 @@ kc() {
 }
 
 manifests() {
-  cat <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $NS}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: chaos-controller-manager, namespace: $NS}
----
-# What the controller reads and acts on: pods (pod-kill deletes them), events it records, and
-# its own chaos-mesh.org objects in every namespace (cluster-scoped mode).
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: torbed-chaos-controller-manager}
-rules:
-  - apiGroups: [""]
-    resources: [pods, configmaps, secrets]
-    verbs: [get, list, watch, delete, update, patch, create]
-  - apiGroups: [""]
-    resources: [pods/log]
-    verbs: [get]
-  - apiGroups: [""]
-    resources: [events]
-    verbs: [create, patch, get, list, watch]
-  - apiGroups: [""]
-    resources: [nodes, namespaces, services, endpoints, persistentvolumes, persistentvolumeclaims]
-    verbs: [get, list, watch]
-  - apiGroups: [discovery.k8s.io]
-    resources: [endpointslices]
-    verbs: [get, list, watch]
-  - apiGroups: [authorization.k8s.io]
-    resources: [subjectaccessreviews]
-    verbs: [create]
-  - apiGroups: [chaos-mesh.org]
-    resources: ["*"]
-    verbs: ["*"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: torbed-chaos-controller-manager}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: torbed-chaos-controller-manager}
-subjects: [{kind: ServiceAccount, name: chaos-controller-manager, namespace: $NS}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: chaos-controller-manager, namespace: $NS}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app.kubernetes.io/component: chaos-controller-manager}}
-  template:
-    metadata: {labels: {app.kubernetes.io/component: chaos-controller-manager}}
-    spec:
-      serviceAccountName: chaos-controller-manager
-      # Nothing to hand over (one replica, no leader election): \`down\` waited the default
-      # 30 s for a controller that does not exit on SIGTERM at once.
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: controller-manager
-          image: $IMAGE
-          imagePullPolicy: Never
-          env:
-            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-            - {name: TEMPLATE_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-            - {name: CLUSTER_SCOPED, value: "true"}
-            # One replica: no leader election (and no Lease RBAC).
-            - {name: ENABLE_LEADER_ELECTION, value: "false"}
-            # No admission webhooks are registered; a name matching none keeps them all off.
-            - {name: ENABLED_WEBHOOKS, value: "none"}
-            - {name: SECURITY_MODE, value: "false"}
-            - {name: CHAOSD_SECURITY_MODE, value: "false"}
-            - {name: CHAOS_DNS_SERVICE_NAME, value: "chaos-mesh-dns-server"}
-            - {name: CHAOS_DNS_SERVICE_PORT, value: "9288"}
-            - {name: WEBHOOK_PORT, value: "10250"}
-            - {name: METRICS_PORT, value: "10080"}
-          volumeMounts:
-            - {name: webhook-certs, mountPath: /etc/webhook/certs, readOnly: true}
-      volumes:
-        - name: webhook-certs
-          secret: {secretName: chaos-mesh-webhook-certs}
-EOF
+  render chaos-mesh.yaml NS="$NS" IMAGE="$IMAGE"
 }
 
 cmd_up() {
