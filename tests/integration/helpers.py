@@ -93,6 +93,13 @@ def run_ids(run_dir: Path) -> list[str]:
     return [i for m in Path(run_dir).glob("*/rep-*/meta.json") if (i := json.loads(m.read_text()).get("run_id"))]
 
 
+def run_processes(run_dir: Path) -> list[str]:
+    """Processes of this run: those naming its run directory (drivers, collectors, servers)
+    and its scratch directories (tor reads its torrc there)."""
+    return processes_mentioning(str(run_dir)) + [p for i in run_ids(run_dir)
+                                                 for p in processes_mentioning(f"/tmp/torbed-{i}/")]
+
+
 def states_under(out: Path) -> list[dict]:
     """torbed's state files (live or leftover runs) whose run directory is under ``out``."""
     from torbed import constants
@@ -114,7 +121,7 @@ def leftovers(run_dir: Path) -> list[str]:
     ids = run_ids(run_dir)
     assert ids, f"no run ids in {run_dir}"
     left = [f"namespace {n}" for n in namespaces(run_dir)]
-    left += [f"process {p}" for p in processes_mentioning(str(run_dir))]
+    left += [f"process {p}" for p in run_processes(run_dir)]
     for i in ids:
         left += [f"process {p}" for p in processes_mentioning(str(constants.STATE_DIR / f"{i}.json"))]
         left += [f"state file {f}" for f in [constants.STATE_DIR / f"{i}.json"] if f.exists()]

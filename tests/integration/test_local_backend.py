@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import require_root
 from tests.integration.helpers import (leftovers, namespaces, only_run_dir, processes_mentioning, records, run_ids,
-                                       run_torbed, small_scenario, start_torbed, states_under, wait_for,
-                                       write_scenario)
+                                       run_processes, run_torbed, small_scenario, start_torbed, states_under,
+                                       wait_for, write_scenario)
 from torbed import network, scenario, shaping
 from torbed.backends.local import netns, toruser
 
@@ -268,10 +268,10 @@ def test_clean_leaves_a_live_run_alone_and_cleans_a_killed_one(tmp_path):
         killed.kill()
         killed.wait(10)
         # Its tors went with it (parent-death signal); its namespaces, scratch and state stay.
-        wait_for(lambda: not processes_mentioning(str(run_k)), 10, "the killed run's processes to stop")
+        wait_for(lambda: not run_processes(run_k), 10, "the killed run's processes to stop")
         assert namespaces(run_k) and states_under(run_k)
-        live_ns, live_tors = namespaces(run_l), processes_mentioning(str(run_l))
-        assert live_ns and live_tors
+        live_ns, live_procs = namespaces(run_l), run_processes(run_l)
+        assert live_ns and len([p for p in live_procs if "/torrc/" in p]) == 7, live_procs
         p = run_torbed(["clean"])
         assert p.returncode == 0, p.stderr
         assert "cleaned" in p.stderr and "left" in p.stderr, p.stderr
@@ -282,7 +282,7 @@ def test_clean_leaves_a_live_run_alone_and_cleans_a_killed_one(tmp_path):
         assert records(run_k / "kist" / "rep-0" / "transfers.jsonl"), "records must be kept"
         # The live run: untouched, and it measures on to a normal end.
         assert namespaces(run_l) == live_ns
-        assert processes_mentioning(str(run_l)) == live_tors
+        assert run_processes(run_l) == live_procs
         assert live.wait(300) == 0, (out_l.parent / "torbed.log").read_text()[-3000:]
         assert json.loads((run_l / "run.json").read_text())["status"] == "ok"
         assert not leftovers(run_l), leftovers(run_l)
@@ -311,7 +311,7 @@ def test_a_sigkilled_run_stops_and_cleans_itself(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(lambda: not processes_mentioning(str(run)), 10, "tor and the drivers to stop")
+    wait_for(lambda: not run_processes(run), 10, "tor and the drivers to stop")
     stopped_s = time.time() - t_kill
     wait_for(lambda: not leftovers(run), 30, "the watchdog to clean up")
     print(f"processes stopped {stopped_s:.1f} s after the SIGKILL, the rest cleaned {time.time() - t_kill:.1f} s after")
@@ -378,7 +378,7 @@ def test_node_that_fails_to_start_gives_clear_error(tmp_path):
     meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "failed" and "middle0" in meta["error"]
     assert not namespaces(only_run_dir(out))
-    assert not processes_mentioning(str(out))
+    assert not processes_mentioning(str(out)) and not run_processes(only_run_dir(out))
 
 
 def test_delay_without_netem_is_refused_before_start(tmp_path):
@@ -419,4 +419,4 @@ def test_user_namespace_mode(tmp_path):
     assert len(ok) == 3
     # This run's ids only: other runs on the machine may come and go meanwhile.
     assert namespaces(run) == [], "a user-namespace run must not create host namespaces"
-    assert not processes_mentioning(str(run))
+    assert not run_processes(run)
