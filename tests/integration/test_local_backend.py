@@ -365,6 +365,16 @@ def test_tor_as_its_own_user_cannot_write_outside_the_run(tmp_path, line):
             target.unlink()
 
 
+def test_a_tor_uid_that_is_an_account_is_refused_before_start(tmp_path):
+    path = write_scenario(tmp_path, small_scenario("it-toruid"))
+    p = run_torbed(["run", str(path), "--out", str(tmp_path / "runs"), "--system-tor"], timeout=60,
+                   env_extra={"TORBED_TOR_UID": "1"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "TORBED_TOR_UID=1 is the account 'daemon'" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not states_under(tmp_path)
+
+
 def test_node_that_fails_to_start_gives_clear_error(tmp_path):
     # An allowed option with a value tor refuses: validation passes, the node fails at start.
     data = small_scenario("it-badnode", **{"network.relays.middle": {"torrc": "Schedulers NoSuchScheduler"}})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from torbed.backends.local import toruser
-from torbed.errors import RunFailed
+from torbed.errors import InputError
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_root_on_request_and_in_a_user_namespace(as_root, monkeypatch):
                                             ("1", "is the account 'daemon'")])
 def test_a_bad_or_taken_uid_is_refused(as_root, monkeypatch, value, message):
     monkeypatch.setenv("TORBED_TOR_UID", value)
-    with pytest.raises(RunFailed, match=message):
+    with pytest.raises(InputError, match=message):
         toruser.choose()
 
 

@@ -166,6 +166,7 @@ class LocalBackend:
         self.system_tor = system_tor
         self.shaper = "none"
         self.manifest: dict = {}
+        self.tor_user: tuple = (None, "not chosen yet")     # toruser.choose(), in preflight
 
     @classmethod
     def from_options(cls, options, console) -> "LocalBackend":
@@ -179,6 +180,7 @@ class LocalBackend:
 
     def preflight(self, scenario: Scenario) -> dict:
         self.shaper = preflight(scenario)
+        self.tor_user = toruser.choose()      # a bad TORBED_TOR_UID: refused before anything starts
         if self.shaper == "linkemu":
             emulator.ensure_binary(self.console)
         stock = builds.ensure(None, self.console, self.system_tor)
@@ -203,11 +205,13 @@ class LocalBackend:
         st.topo = topo = netns.Topology(run_id, plan, switch="linkemu" if self.shaper == "linkemu" else "bridge")
         try:
             st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
-                                         "scratch": str(scratch), "run_dir": str(rep.dir)}, lock=lock)
+                                         "scratch": str(scratch),
+                                         # absolute: `torbed clean` may run from elsewhere
+                                         "run_dir": str(rep.dir.absolute())}, lock=lock)
         except BaseException:
             lock.release()
             raise
-        st.tor_user, why_root = toruser.choose()
+        st.tor_user, why_root = self.tor_user
         if st.tor_user is not None:
             os.chmod(scratch, 0o711)          # tor's uid passes through to its own directories
         meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={},

@@ -35,7 +35,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import RunFailed
+from ...errors import InputError, RunFailed
 
 DEFAULT_UID = 64123     # unlikely to be anybody's: Debian leaves 60000-64999 unassigned
 
@@ -56,7 +56,8 @@ class TorUser:
 
 
 def choose() -> tuple[TorUser | None, str | None]:
-    """The user tor runs as, or (None, why tor runs as the caller)."""
+    """The user tor runs as, or (None, why tor runs as the caller). Raises InputError for a
+    TORBED_TOR_UID that is no uid or an account's, RunFailed without setpriv."""
     if os.environ.get("TORBED_IN_USERNS"):
         return None, "user namespace: only the invoking user is mapped, and tor runs as that user outside it"
     if os.geteuid() != 0:
@@ -65,17 +66,17 @@ def choose() -> tuple[TorUser | None, str | None]:
     try:
         uid = int(raw)
     except ValueError:
-        raise RunFailed(f"TORBED_TOR_UID={raw!r}: a whole number, the uid tor runs as (0: root)") from None
+        raise InputError(f"TORBED_TOR_UID={raw!r}: a whole number, the uid tor runs as (0: root)") from None
     if uid == 0:
         return None, "TORBED_TOR_UID=0"
     if not 0 < uid < 2**32 - 1:
-        raise RunFailed(f"TORBED_TOR_UID={uid}: not a uid")
+        raise InputError(f"TORBED_TOR_UID={uid}: not a uid")
     try:
         account = pwd.getpwuid(uid)
     except KeyError:
         account = None
     if account is not None:
-        raise RunFailed(f"TORBED_TOR_UID={uid} is the account '{account.pw_name}': tor needs a uid that owns "
+        raise InputError(f"TORBED_TOR_UID={uid} is the account '{account.pw_name}': tor needs a uid that owns "
                         "nothing on this machine; set TORBED_TOR_UID to an unused one")
     if not shutil.which("setpriv"):
         raise RunFailed("'setpriv' (util-linux) not found: it drops tor's privileges; install util-linux, "
