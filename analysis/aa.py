@@ -125,51 +125,61 @@ def aa_analyse(run_dir: str | Path, variant: str | None = None) -> dict:
     splits = _splits(reps, rng)
     per_split = [_test_split(ex, variant, a, b, rng) for a, b in splits]
 
-    tested = [row for rows in per_split for row in rows if row["inference"]["status"] == "tested"]
-    ks = [row["ks_pvalue"] for rows in per_split for row in rows if row["ks_pvalue"] is not None]
-    mw = [row["mwu_pvalue"] for rows in per_split for row in rows if row["mwu_pvalue"] is not None]
-    fam_splits = [rows for rows in per_split if any(r["inference"]["in_family"] and
-                                                    r["inference"]["status"] == "tested" for r in rows)]
-
-    def rate(xs):
-        return (sum(xs) / len(xs)) if xs else None
-
-    a = stats.ALPHA
     primary = per_split[0]
     return {
         "schema": 1, "run": run.name, "path": str(run.path), "scenario": run.scenario_name, "variant": variant,
-        "repetitions": reps, "alpha": a, "splits": len(splits),
+        "repetitions": reps, "alpha": stats.ALPHA, "splits": len(splits),
         "primary_split": {"A": splits[0][0], "B": splits[0][1]},
-        "rates": {
-            # Per test: how often a single comparison's unadjusted p < alpha (nominal: alpha).
-            "per_test": rate([row["inference"]["pvalue"] < a for row in tested]),
-            "per_test_n": len(tested),
-            "per_test_paired": rate([row["inference"]["pvalue"] < a for row in tested
-                                     if row["inference"]["test"] == "paired"]),
-            "per_test_paired_n": sum(1 for row in tested if row["inference"]["test"] == "paired"),
-            # The unpaired Welch test on the same splits (what the report used before blocks were paired).
-            "per_test_welch": rate([row["welch_pvalue"] < a for rows in per_split for row in rows
-                                    if row["welch_pvalue"] is not None]),
-            "per_test_welch_n": sum(1 for rows in per_split for row in rows if row["welch_pvalue"] is not None),
-            # Per report: how often the headline (Holm) shows anything (nominal: <= alpha).
-            "family": rate([any(r["inference"]["significant"] for r in rows) for rows in fam_splits]),
-            "family_n": len(fam_splits),
-            "pooled_ks": rate([p < a for p in ks]), "pooled_mwu": rate([p < a for p in mw]),
-            "pooled_n": len(mw),
-        },
-        "primary": [{"metric": row["id"], "title": row["title"], "status": row["inference"]["status"],
-                     "statistic": row["inference"]["statistic"], "in_family": row["inference"]["in_family"],
-                     "test": row["inference"]["test"], "welch_pvalue": row["welch_pvalue"],
-                     "n_a": row["inference"]["n_baseline"], "n_b": row["inference"]["n"],
-                     "change_pct": row["inference"].get("change_pct"), "pvalue": row["inference"].get("pvalue"),
-                     "pvalue_holm": row["inference"].get("pvalue_holm"),
-                     "significant": row["inference"]["significant"],
-                     "ks_pvalue": row["ks_pvalue"], "mwu_pvalue": row["mwu_pvalue"]} for row in primary],
+        "rates": _rates(per_split, stats.ALPHA),
+        "primary": [_primary_row(row) for row in primary],
         "false_alarms": [row["id"] for row in primary if row["inference"]["significant"]],
         "pooled_false_alarms": [row["id"] for row in primary
-                                if min(p for p in (row["ks_pvalue"], row["mwu_pvalue"], 1.0) if p is not None) < a],
+                                if min(p for p in (row["ks_pvalue"], row["mwu_pvalue"], 1.0) if p is not None)
+                                < stats.ALPHA],
         "enough_repetitions": len(reps) >= 2 * stats.MIN_REPS,
     }
+
+
+def _rate(xs) -> float | None:
+    return (sum(xs) / len(xs)) if xs else None
+
+
+def _rates(per_split: list[list[dict]], a: float) -> dict:
+    """The false-alarm rates over every split's rows (aa_analyse's ``rates``)."""
+    rows_all = [row for rows in per_split for row in rows]
+    tested = [row for row in rows_all if row["inference"]["status"] == "tested"]
+    ks = [row["ks_pvalue"] for row in rows_all if row["ks_pvalue"] is not None]
+    mw = [row["mwu_pvalue"] for row in rows_all if row["mwu_pvalue"] is not None]
+    fam_splits = [rows for rows in per_split if any(r["inference"]["in_family"] and
+                                                    r["inference"]["status"] == "tested" for r in rows)]
+    paired = [row for row in tested if row["inference"]["test"] == "paired"]
+    welch = [row["welch_pvalue"] for row in rows_all if row["welch_pvalue"] is not None]
+    return {
+        # Per test: how often a single comparison's unadjusted p < alpha (nominal: alpha).
+        "per_test": _rate([row["inference"]["pvalue"] < a for row in tested]),
+        "per_test_n": len(tested),
+        "per_test_paired": _rate([row["inference"]["pvalue"] < a for row in paired]),
+        "per_test_paired_n": len(paired),
+        # The unpaired Welch test on the same splits (what the report used before blocks were paired).
+        "per_test_welch": _rate([p < a for p in welch]),
+        "per_test_welch_n": len(welch),
+        # Per report: how often the headline (Holm) shows anything (nominal: <= alpha).
+        "family": _rate([any(r["inference"]["significant"] for r in rows) for rows in fam_splits]),
+        "family_n": len(fam_splits),
+        "pooled_ks": _rate([p < a for p in ks]), "pooled_mwu": _rate([p < a for p in mw]),
+        "pooled_n": len(mw),
+    }
+
+
+def _primary_row(row: dict) -> dict:
+    inf = row["inference"]
+    return {"metric": row["id"], "title": row["title"], "status": inf["status"],
+            "statistic": inf["statistic"], "in_family": inf["in_family"],
+            "test": inf["test"], "welch_pvalue": row["welch_pvalue"],
+            "n_a": inf["n_baseline"], "n_b": inf["n"],
+            "change_pct": inf.get("change_pct"), "pvalue": inf.get("pvalue"),
+            "pvalue_holm": inf.get("pvalue_holm"), "significant": inf["significant"],
+            "ks_pvalue": row["ks_pvalue"], "mwu_pvalue": row["mwu_pvalue"]}
 
 
 def markdown(r: dict) -> str:

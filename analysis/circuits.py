@@ -267,52 +267,20 @@ def attribute(cellstats, client_circuits, transfers=(), names: dict[str, str] | 
     relay_hops = _relay_hops(cellstats)
     client_hops, info = _client_hops(client_circuits)
     relay_groups = relay_groups or {str(r.get("relay")): r.get("group") for r in cellstats}
-    all_hops = list(relay_hops.values()) + list(client_hops.values())
-    pairs, ambiguous = _pair_channels(all_hops)
+    pairs, ambiguous = _pair_channels(list(relay_hops.values()) + list(client_hops.values()))
     entering: dict[tuple, list[_Hop]] = defaultdict(list)   # (channel end, queue) -> hops
     for h in relay_hops.values():
         if h.inbound is not None:
             entering[((h.node, h.session, h.inbound[0]), h.inbound[1])].append(h)
 
     att = Attribution(pairs=pairs, ambiguous=ambiguous, hops=len(relay_hops))
-    for t in transfers:
-        c = t.get("circuit")
-        if isinstance(c, dict) and _s(c.get("id")) is not None:
-            att.workload.add((str(t.get("client")), str(c["id"])))
-    for rec in client_circuits:
-        if rec.get("event") == "stream" and _s(rec.get("id")) is not None:
-            att.workload.add((str(rec.get("client")), str(rec["id"])))
+    _workload_circuits(att, transfers, client_circuits)
 
     def chain(origin: _Hop) -> list[_Hop]:
-        out, h, seen = [], origin, set()
-        while h.outbound is not None:
-            end = pairs.get((h.node, h.session, h.outbound[0]))
-            if end is None:
-                break
-            nxt = [g for g in entering.get((end, h.outbound[1]), ()) if g.key not in seen and origin.overlaps(g)]
-            if len(nxt) != 1:
-                break
-            h = nxt[0]
-            seen.add(h.key)
-            out.append(h)
-        return out
+        return _chain(origin, pairs, entering)
 
     for key, o in client_hops.items():
-        i = info.get(key, {})
-        path = i.get("path")
-        hops = chain(o)
-        n = len(path) if path else None
-        if n:
-            att.paths[(o.node, o.origin_id)] = [(names or {}).get(fp.lstrip("$").upper(), fp) for fp in path]
-        group = i.get("group") or (client_groups or {}).get(o.node)
-        if names and path:
-            # A chain must run through the relays the client's tor said it built through.
-            want = [names.get(fp.lstrip("$").upper()) for fp in path]
-            if [h.node for h in hops] != want[:len(hops)]:
-                att.mismatched.add(key)
-                continue
-        for k, h in enumerate(hops):
-            att.labels[h.key] = Label("client", o.node, group, o.origin_id, k, position_name(k, n), h.node)
+        _label_client(att, key, o, info.get(key, {}), chain(o), names, client_groups)
     for o in relay_hops.values():
         if o.origin_id is None:
             continue
@@ -321,3 +289,49 @@ def attribute(cellstats, client_circuits, transfers=(), names: dict[str, str] | 
         for k, h in enumerate(chain(o)):
             att.labels.setdefault(h.key, Label("relay", o.node, grp, o.origin_id, k, f"hop{k}", h.node))
     return att
+
+
+def _workload_circuits(att: Attribution, transfers, client_circuits) -> None:
+    """The (client, circuit id) pairs that carried the workload: named by transfers.jsonl
+    (fixed paths) or by circuits.jsonl's stream events (tor's own paths)."""
+    for t in transfers:
+        c = t.get("circuit")
+        if isinstance(c, dict) and _s(c.get("id")) is not None:
+            att.workload.add((str(t.get("client")), str(c["id"])))
+    for rec in client_circuits:
+        if rec.get("event") == "stream" and _s(rec.get("id")) is not None:
+            att.workload.add((str(rec.get("client")), str(rec["id"])))
+
+
+def _chain(origin: _Hop, pairs: dict, entering: dict) -> list[_Hop]:
+    """The relay hops after ``origin``: each hop's outbound (channel, queue) followed to the
+    one hop entering the paired channel end with that queue while ``origin`` lived."""
+    out, h, seen = [], origin, set()
+    while h.outbound is not None:
+        end = pairs.get((h.node, h.session, h.outbound[0]))
+        if end is None:
+            break
+        nxt = [g for g in entering.get((end, h.outbound[1]), ()) if g.key not in seen and origin.overlaps(g)]
+        if len(nxt) != 1:
+            break
+        h = nxt[0]
+        seen.add(h.key)
+        out.append(h)
+    return out
+
+
+def _label_client(att: Attribution, key, o: _Hop, i: dict, hops: list[_Hop], names, client_groups) -> None:
+    """Label the relay hops of the client circuit ``o`` (``i``: its circuits.jsonl facts),
+    unless the chain does not run through the relays the client's tor built it through."""
+    path = i.get("path")
+    n = len(path) if path else None
+    if n:
+        att.paths[(o.node, o.origin_id)] = [(names or {}).get(fp.lstrip("$").upper(), fp) for fp in path]
+    group = i.get("group") or (client_groups or {}).get(o.node)
+    if names and path:
+        want = [names.get(fp.lstrip("$").upper()) for fp in path]
+        if [h.node for h in hops] != want[:len(hops)]:
+            att.mismatched.add(key)
+            return
+    for k, h in enumerate(hops):
+        att.labels[h.key] = Label("client", o.node, group, o.origin_id, k, position_name(k, n), h.node)

@@ -270,36 +270,21 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
     records = read_records(rep_dir / "cpu.jsonl")
     if not records:
         return {"status": "not measured", "text": "CPU not measured (no cpu.jsonl)", "reasons": [], "flags": []}
-    samples = sum(1 for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1])
+    inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
     edges = _edges(records, window)
-    if edges is None or samples < th["min_samples"]:
+    if edges is None or len(inside) < th["min_samples"]:
         return {"status": "not measured", "reasons": [], "flags": [],
-                "text": f"CPU: {samples} samples in the window (fewer than {th['min_samples']})"}
+                "text": f"CPU: {len(inside)} samples in the window (fewer than {th['min_samples']})"}
     a, b = edges
-    dt = b["t"] - a["t"]
     hz = b.get("hz") or 100
+    target = mechanism.get("target") if mechanism.get("kind") == "cpu-bound" else None
+    procs, ours = _cpu_processes(a, b, hz)
     ha, hb = a["host"], b["host"]
     d_total = max(1, hb["total"] - ha["total"])
-    target = mechanism.get("target") if mechanism.get("kind") == "cpu-bound" else None
-    procs, ours = {}, 0
-    for name, pb in b["procs"].items():
-        pa = a["procs"].get(name)
-        if not pa:
-            continue
-        ticks = pb["ticks"] - pa["ticks"]
-        ours += ticks
-        p = {"role": pb.get("role"), "group": pb.get("group"), "cpu_cores": ticks / hz / dt,
-             "wait_fraction": (pb["wait_ns"] - pa["wait_ns"]) / 1e9 / dt}
-        slices = pb["slices"] - pa["slices"]
-        p["wait_per_slice_ms"] = (pb["wait_ns"] - pa["wait_ns"]) / 1e6 / slices if slices > 0 else 0.0
-        ta, tb = (a.get("threads") or {}).get(name), (b.get("threads") or {}).get(name)
-        if ta and tb:
-            p["busiest_thread_cores"] = max((tb[t] - ta.get(t, 0)) / hz / dt for t in tb)
-        procs[name] = p
     host = {"cpus": hb["cpus"], "steal_fraction": (hb["steal"] - ha["steal"]) / d_total,
             "busy_fraction": (hb["busy"] - ha["busy"]) / d_total,
             "others_busy_fraction": max(0.0, (hb["busy"] - ha["busy"] - ours) / d_total),
-            "load1_end": hb.get("load1"), "window_s": dt, "samples": samples}
+            "load1_end": hb.get("load1"), "window_s": b["t"] - a["t"], "samples": len(inside)}
     reasons, flags = [], []
     starved = sorted((n for n, p in procs.items() if p["role"] in GATED_ROLES
                       and not (target and p["role"] == "relay" and p.get("group") == target)
@@ -317,22 +302,49 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
                      f"(flag at {100 * th['max_others_busy_fraction']:.0f}%)")
     out = {"host": host, "processes": procs, "starved": starved}
     if target:
-        inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
-        tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
-        sat = {n: _best_window_busy(inside, n, hz, SATURATION_WINDOW_S) or 0.0 for n in tgt}
-        out["target"] = {"group": target, "saturation": sat, "saturation_window_s": SATURATION_WINDOW_S}
-        low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
-        if not tgt:
-            reasons.append(f"CPU-bound target group {target!r}: no process sampled")
-        elif low:
-            reasons.append("CPU-bound target not saturated: " + ", ".join(
-                f"{n} busiest thread/cores at {100 * sat[n]:.0f}%" for n in low)
-                + f" (needs {100 * th['cpu_bound_min_busy']:.0f}%)")
+        out["target"] = _cpu_target(inside, procs, target, hz, th, reasons)
     top = sorted(procs.items(), key=lambda kv: -kv[1]["wait_fraction"])[:1]
     summary = (f"busiest wait: {top[0][0]} {100 * top[0][1]['wait_fraction']:.1f}% of the window; " if top else "") + \
         f"steal {100 * host['steal_fraction']:.1f}%, others {100 * host['others_busy_fraction']:.0f}%"
     return {**out, "status": INVALID if reasons else ("flag" if flags else "ok"), "reasons": reasons,
             "flags": flags, "text": "; ".join(reasons + flags) or summary}
+
+
+def _cpu_processes(a: dict, b: dict, hz: float) -> tuple[dict, int]:
+    """Each process sampled at both window edges: its CPU (cores), run-queue wait (fraction
+    of the window, and per time slice) and busiest thread; and the ticks of all of them."""
+    dt = b["t"] - a["t"]
+    procs, ours = {}, 0
+    for name, pb in b["procs"].items():
+        pa = a["procs"].get(name)
+        if not pa:
+            continue
+        ticks = pb["ticks"] - pa["ticks"]
+        ours += ticks
+        p = {"role": pb.get("role"), "group": pb.get("group"), "cpu_cores": ticks / hz / dt,
+             "wait_fraction": (pb["wait_ns"] - pa["wait_ns"]) / 1e9 / dt}
+        slices = pb["slices"] - pa["slices"]
+        p["wait_per_slice_ms"] = (pb["wait_ns"] - pa["wait_ns"]) / 1e6 / slices if slices > 0 else 0.0
+        ta, tb = (a.get("threads") or {}).get(name), (b.get("threads") or {}).get(name)
+        if ta and tb:
+            p["busiest_thread_cores"] = max((tb[t] - ta.get(t, 0)) / hz / dt for t in tb)
+        procs[name] = p
+    return procs, ours
+
+
+def _cpu_target(inside: list[dict], procs: dict, target: str, hz: float, th: dict, reasons: list) -> dict:
+    """The reverse check of a CPU-bound experiment: the target group's relays must have been
+    saturated (appends to ``reasons`` when not)."""
+    tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
+    sat = {n: _best_window_busy(inside, n, hz, SATURATION_WINDOW_S) or 0.0 for n in tgt}
+    low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
+    if not tgt:
+        reasons.append(f"CPU-bound target group {target!r}: no process sampled")
+    elif low:
+        reasons.append("CPU-bound target not saturated: " + ", ".join(
+            f"{n} busiest thread/cores at {100 * sat[n]:.0f}%" for n in low)
+            + f" (needs {100 * th['cpu_bound_min_busy']:.0f}%)")
+    return {"group": target, "saturation": sat, "saturation_window_s": SATURATION_WINDOW_S}
 
 
 # ---------------------------------------------------------------------------------------

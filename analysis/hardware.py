@@ -13,8 +13,13 @@ a set of hardware kinds; client groups fetching the same file whose paths ran on
 sets are the arms (scenarios/hardware-comparison.yaml: web and bulk clients through a middle
 on amd64, the same through a middle on the Pi). The arm whose path ran on the fewest kinds
 (the all-server path) is the baseline; each other arm is compared with it per variant on the
-per-repetition medians of TTFB and TTLB, with repetitions as the unit (``stats.compare_reps``,
-as variants are compared), so one repetition gives estimates and no test.
+per-repetition medians of TTFB and TTLB, with repetitions as the unit. Both arms ran in the
+same repetitions, so repetition k is a block (what it shared: the machine's load, the network
+state): with intact blocks the test is paired on the per-block log ratios
+(``stats.compare_paired``, as inference.py pairs variants), and where blocks are broken (a
+repetition with a value in one arm only, or one that did not finish ok) Welch across
+repetitions (``stats.compare_reps``); ``test_reason`` says which and why. One repetition gives
+estimates and no test.
 Relay throughput: each relay's per-repetition value, grouped by the kind it ran on.
 
 Descriptive beside the variant family: these tests are not in the Holm family or the
@@ -83,26 +88,53 @@ def _arm_label(kinds: set[str]) -> str:
     return " + ".join(sorted(kinds))
 
 
-def by_hardware(run: Run, extracted: Extracted) -> dict | None:
-    kinds, relay_kind, group_kinds = _placements(run)
-    if len(kinds) < 2:
-        return None
-    paths = _client_paths(run)
-    # The hardware a client group's path ran on; unknown (no fixed path, or a group never
-    # placed) leaves the group out.
+def _path_kinds(run: Run, group_kinds: dict[str, set]) -> dict[str, set]:
+    """The hardware kinds each client group's path ran on; unknown (no fixed path, or a
+    relay group never placed) leaves the group out."""
     path_kinds: dict[str, set] = {}
-    for g, path in paths.items():
-        ks = set()
+    for g, path in _client_paths(run).items():
+        ks: set = set()
         for rg in path:
             if rg not in group_kinds:
                 break
             ks |= group_kinds[rg]
         else:
             path_kinds[g] = ks
+    return path_kinds
+
+
+def _invalid(run: Run, variant: str) -> dict[int, str]:
+    """{rep: why} for ``variant``'s repetitions that did not finish ok: not paired."""
+    return {r.index: f"{r.status} in {variant}" for r in run.reps_of(variant) if r.status != "ok"}
+
+
+def _arm(ms: list, variant: str) -> tuple[dict, dict[int, float]]:
+    """One arm (its metric samples, the groups whose paths ran on the same kinds) of one
+    variant: its summary entry and {rep: median of the pooled transfers}."""
+    reps = sorted({k for m in ms for k in m.values.get(variant, {})})
+    pooled_by_rep = {k: np.concatenate([m.values[variant][k] for m in ms if k in m.values.get(variant, {})])
+                     for k in reps}
+    by_rep = {k: float(np.median(x)) for k, x in sorted(pooled_by_rep.items()) if x.size}
+    pooled = np.concatenate(list(pooled_by_rep.values())) if pooled_by_rep else np.array([])
+    return ({"groups": sorted(m.params["group"] for m in ms), "n": int(pooled.size),
+             "median": float(np.median(pooled)) if pooled.size else None,
+             "per_rep_medians": list(by_rep.values()), "reps": list(by_rep)}, by_rep)
+
+
+def vs_baseline(new: dict[int, float], base: dict[int, float], invalid: dict[int, str], rng) -> dict:
+    """An arm's per-repetition medians against the baseline arm's: paired on the blocks when
+    they are intact (inference.block_check), else Welch across repetitions."""
+    paired, why = inference.block_check(new, base, True, invalid)
+    res = inference.test_arms(new, base, paired, None, rng, None)
+    res["test_reason"] = why
+    return res
+
+
+def _comparisons(run: Run, extracted: Extracted, path_kinds: dict[str, set]) -> list[dict]:
     comparisons = []
     for metric in COMPARED:
         by_file: dict[str, dict[str, list]] = {}
-        for mid, m in extracted.metrics.items():
+        for m in extracted.metrics.values():
             if m.metric != metric or m.params.get("group") not in path_kinds:
                 continue
             label = _arm_label(path_kinds[m.params["group"]])
@@ -113,26 +145,22 @@ def by_hardware(run: Run, extracted: Extracted) -> dict | None:
             base_label = min(arms, key=lambda a: (a.count(" + "), "(emulated)" in a, a))
             for v in run.variants:
                 entry = {"metric": metric, "file": file, "variant": v, "baseline_arm": base_label, "arms": {}}
-                per_rep: dict[str, list[float]] = {}
+                by_rep = {}
                 for label, ms in sorted(arms.items()):
-                    reps = sorted({k for m in ms for k in m.values.get(v, {})})
-                    pooled_by_rep = {k: np.concatenate([m.values[v][k] for m in ms if k in m.values.get(v, {})])
-                                     for k in reps}
-                    medians = [float(np.median(x)) for k, x in sorted(pooled_by_rep.items()) if x.size]
-                    pooled = np.concatenate(list(pooled_by_rep.values())) if pooled_by_rep else np.array([])
-                    per_rep[label] = medians
-                    entry["arms"][label] = {"groups": sorted(m.params["group"] for m in ms),
-                                            "n": int(pooled.size),
-                                            "median": float(np.median(pooled)) if pooled.size else None,
-                                            "per_rep_medians": medians}
+                    entry["arms"][label], by_rep[label] = _arm(ms, v)
                 for label in entry["arms"]:
                     if label != base_label:
-                        entry["arms"][label]["vs_baseline"] = stats.compare_reps(
-                            per_rep[label], per_rep[base_label],
-                            rng=stats.rng_for(run.seed, "hardware", metric, file, v, label))
+                        entry["arms"][label]["vs_baseline"] = vs_baseline(
+                            by_rep[label], by_rep[base_label], _invalid(run, v),
+                            stats.rng_for(run.seed, "hardware", metric, file, v, label))
                 comparisons.append(entry)
+    return comparisons
+
+
+def _throughput(extracted: Extracted, relay_kind: dict) -> dict:
+    """Relay throughput by the hardware kind each relay ran on (per-repetition values)."""
     throughput: dict[str, dict] = {}
-    for mid, m in extracted.metrics.items():
+    for m in extracted.metrics.values():
         if m.metric != "relay_throughput_Bps":
             continue
         relay = m.params.get("relay")
@@ -147,9 +175,20 @@ def by_hardware(run: Run, extracted: Extracted) -> dict | None:
     for t in throughput.values():
         t["median"] = float(np.median(t.pop("values")))
         t["relays"] = {r: float(np.median(x)) for r, x in sorted(t["relays"].items())}
+    return dict(sorted(throughput.items()))
+
+
+def by_hardware(run: Run, extracted: Extracted) -> dict | None:
+    kinds, relay_kind, group_kinds = _placements(run)
+    if len(kinds) < 2:
+        return None
+    path_kinds = _path_kinds(run, group_kinds)
     return {"hardware": {k: {"nodes": sorted(e["nodes"]), "relays": sorted(e["relays"]), "emulated": e["emulated"]}
                          for k, e in sorted(kinds.items())},
             "client_groups": {g: _arm_label(k) for g, k in sorted(path_kinds.items())},
-            "comparisons": comparisons, "relay_throughput_Bps": dict(sorted(throughput.items())),
-            "note": "descriptive: not in the Holm family or the headline; per-repetition medians compared "
-                    f"with Welch's t as variants are ({inference.primary_stat('ttlb_s')} per repetition)"}
+            "comparisons": _comparisons(run, extracted, path_kinds),
+            "relay_throughput_Bps": _throughput(extracted, relay_kind),
+            "note": "descriptive: not in the Holm family or the headline; per-repetition medians "
+                    f"({inference.primary_stat('ttlb_s')} per repetition) compared paired on the per-block log "
+                    "ratios where every repetition has both arms, else with Welch's t (each comparison's "
+                    "test_reason says which)"}

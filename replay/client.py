@@ -94,111 +94,145 @@ def _clock(driver) -> "clock.Recorder | None":
     return wl["_clock"]
 
 
-def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:
-    from python_socks import ProxyError, ProxyTimeoutError
-    from python_socks.sync import Proxy
+# How long after the end of the window a flow still running is cut off and recorded as
+# censored (the driver's WINDOW_GRACE_S for its other workloads).
+WINDOW_GRACE_S = 5.0
 
+
+def replay_flow(driver, flow: Flow, iteration: int, stop: threading.Event, cells: RecordWriter) -> dict:
+    """Replay one iteration of ``flow`` on its circuit; returns (and writes) its transfer
+    record. A flow the end of the window cut off is censored (``status: cancelled``, cause
+    ``run_ended``, ``t_censor``), not failed: the analysis keeps it as a time longer than
+    ``t_censor - t_request``, as for bulk and fetch transfers."""
     TransferError = _transfer_error(driver)
     cfg, wl = driver.cfg, driver.cfg["workload"]
-    down_bytes = flow.bytes(DOWN)
     rec = {"type": "transfer", "variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"],
            "group": cfg["group"], "workload": "replay", "slot": 0, "seq": iteration, "server": wl["server"],
-           "file": wl["trace_name"], "flow": flow.id, "iteration": iteration, "size": down_bytes,
+           "file": wl["trace_name"], "flow": flow.id, "iteration": iteration, "size": flow.bytes(DOWN),
            "circuit": None, "t_start": time.time(), "t_socks": None, "t_request": None, "t_first_byte": None,
            "t_last_byte": None, "bytes": 0, "chunks_down": 0, "chunks_up": 0, "status": "ok", "error": None,
            "open_errors": []}
-    expected_down = sum(len(wire.chunk_sizes(p.size)) for p in flow.packets if p.direction == DOWN)
-    duration = flow.end - flow.start
-    hard_end = min(cfg["t_end"] + 5.0, rec["t_start"] + duration + wl["slack_s"])
-    sock = None
-    port = None
-    key = _key(flow)
+    own_end = rec["t_start"] + (flow.end - flow.start) + wl["slack_s"]
+    hard_end = min(cfg["t_end"] + WINDOW_GRACE_S, own_end)
+    opened: dict = {}
     driver.metrics.transfer_started()
-    retry_until = min(cfg["t_end"], rec["t_start"] + wl.get("open_retry_s", OPEN_RETRY_S))
-    backoff = OPEN_BACKOFF_S
     try:
-        while True:
-            try:
-                circ = driver.get_circuit(key)
-            except TransferError as e:
-                err = e
-            else:
-                if circ.id is not None:
-                    rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s, "key": key}
-                port, ev, state = driver._reserve_port(circ.id)
-                proxy = Proxy.from_url(driver.socks_url(key))
-                try:
-                    sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, hard_end - time.time()),
-                                         local_addr=("127.0.0.1", port))
-                    break
-                except ProxyTimeoutError as e:
-                    raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
-                except (ProxyError, OSError) as e:
-                    err = TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
-                with driver.lock:
-                    driver.pending.pop(port, None)
-                port = None
-            # The stream never opened, so nothing of the flow was sent: opening it again
-            # loses no data and shifts the whole flow by the wait, which t_start keeps.
-            if stop.is_set() or time.time() + backoff >= retry_until:
-                raise err
-            rec["open_errors"].append({"t": time.time(), "cause": err.cause, "detail": err.detail})
-            stop.wait(backoff)
-            backoff = min(2 * backoff, OPEN_BACKOFF_MAX_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rec["t_socks"] = time.time()
-        hello = {"trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "client": cfg["client"],
-                 "group": cfg["group"], "variant": cfg["variant"], "rep": cfg["rep"],
-                 "circuit": circ.id, "t_measure": cfg["t_measure"], "slack_s": wl["slack_s"]}
-        sock.sendall(json.dumps(hello).encode() + b"\n")
-        epoch = rec["t_request"] = time.time()
-        base = {"variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"], "group": cfg["group"],
-                "trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "circuit": circ.id,
-                "direction": DOWN}
-        recorder = engine.CellRecorder(cells, base, cfg["t_measure"])
-        up = [p for p in flow.packets if p.direction == UP]
-        up_result: dict = {}
-
-        def upstream() -> None:
-            try:
-                up_result["sent"] = engine.send_packets(sock, up, epoch, flow.start, stop)
-            except OSError as e:
-                up_result["error"] = str(e)
-
-        sender = threading.Thread(target=upstream, daemon=True)
-        sender.start()
-        n, first, last, eof = engine.receive_chunks(sock, recorder, hard_end, expected_down, stop)
-        sender.join(max(0.0, hard_end - time.time()))
-        rec["chunks_down"] = n
-        rec["chunks_up"] = (up_result.get("sent") or (0, 0))[0]
-        rec["bytes"] = min(down_bytes, n * wire.CHUNK) if n < expected_down else down_bytes
-        rec["t_first_byte"], rec["t_last_byte"] = first, last
-        if n < expected_down:
-            if state.get("error"):
-                raise TransferError(*state["error"])
-            if time.time() >= cfg["t_end"] or stop.is_set():
-                raise TransferError("run_ended", f"{n} of {expected_down} chunks when the run ended")
-            cause = "connection_error" if eof else "timeout"
-            raise TransferError(cause, f"received {n} of {expected_down} downstream chunks")
-        if "error" in up_result:
-            raise TransferError("connection_error", f"upstream: {up_result['error']}")
+        sock, circ, state = _open(driver, flow, rec, hard_end, stop, opened)
+        _exchange(driver, flow, iteration, sock, circ, state, rec, hard_end, stop, cells)
     except (TransferError, wire.WireError) as e:
         if isinstance(e, wire.WireError):
             e = TransferError("connection_error", f"replay stream: {e}")
         rec["status"] = "cancelled" if e.cause == "run_ended" else "timeout" if e.cause == "timeout" else "error"
         rec["error"] = {"cause": e.cause, "detail": e.detail}
+        if e.cause == "run_ended":
+            rec["t_censor"] = time.time()
     finally:
-        if sock is not None:
-            sock.close()
-        if port is not None:
+        if opened.get("sock") is not None:
+            opened["sock"].close()
+        if opened.get("port") is not None:
+            with driver.lock:
+                driver.pending.pop(opened["port"], None)
+    return _finish(driver, rec)
+
+
+def _open(driver, flow: Flow, rec: dict, hard_end: float, stop: threading.Event, opened: dict):
+    """Open the flow's stream on its circuit, again with backoff after a refusal (each kept
+    in ``rec["open_errors"]``) until OPEN_RETRY_S after its start. Returns (sock, circuit,
+    event state); ``opened`` holds the socket and reserved port for the caller to release."""
+    from python_socks import ProxyError, ProxyTimeoutError
+    from python_socks.sync import Proxy
+
+    TransferError = _transfer_error(driver)
+    cfg, wl = driver.cfg, driver.cfg["workload"]
+    key = _key(flow)
+    retry_until = min(cfg["t_end"], rec["t_start"] + wl.get("open_retry_s", OPEN_RETRY_S))
+    backoff = OPEN_BACKOFF_S
+    while True:
+        try:
+            circ = driver.get_circuit(key)
+        except TransferError as e:
+            err = e
+        else:
+            if circ.id is not None:
+                rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s, "key": key}
+            port, ev, state = driver._reserve_port(circ.id)
+            opened["port"] = port
+            proxy = Proxy.from_url(driver.socks_url(key))
+            try:
+                opened["sock"] = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, hard_end - time.time()),
+                                               local_addr=("127.0.0.1", port))
+                return opened["sock"], circ, state
+            except ProxyTimeoutError as e:
+                raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
+            except (ProxyError, OSError) as e:
+                err = TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
             with driver.lock:
                 driver.pending.pop(port, None)
-    r = rec
+            opened["port"] = None
+        # The stream never opened, so nothing of the flow was sent: opening it again
+        # loses no data and shifts the whole flow by the wait, which t_start keeps.
+        if stop.is_set() or time.time() + backoff >= retry_until:
+            raise err
+        rec["open_errors"].append({"t": time.time(), "cause": err.cause, "detail": err.detail})
+        stop.wait(backoff)
+        backoff = min(2 * backoff, OPEN_BACKOFF_MAX_S)
+
+
+def _exchange(driver, flow: Flow, iteration: int, sock, circ, state: dict, rec: dict, hard_end: float,
+              stop: threading.Event, cells: RecordWriter) -> None:
+    """The hello, the upstream packets at their times and the downstream chunks until
+    ``hard_end``, into ``rec``. Raises TransferError: ``run_ended`` when the flow was still
+    running at the window's end (or a stop), else a timeout or connection error."""
+    TransferError = _transfer_error(driver)
+    cfg, wl = driver.cfg, driver.cfg["workload"]
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rec["t_socks"] = time.time()
+    hello = {"trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "client": cfg["client"],
+             "group": cfg["group"], "variant": cfg["variant"], "rep": cfg["rep"],
+             "circuit": circ.id, "t_measure": cfg["t_measure"], "slack_s": wl["slack_s"]}
+    sock.sendall(json.dumps(hello).encode() + b"\n")
+    epoch = rec["t_request"] = time.time()
+    base = {"variant": cfg["variant"], "rep": cfg["rep"], "client": cfg["client"], "group": cfg["group"],
+            "trace": wl["trace_name"], "flow": flow.id, "iteration": iteration, "circuit": circ.id,
+            "direction": DOWN}
+    recorder = engine.CellRecorder(cells, base, cfg["t_measure"])
+    up = [p for p in flow.packets if p.direction == UP]
+    up_result: dict = {}
+
+    def upstream() -> None:
+        try:
+            up_result["sent"] = engine.send_packets(sock, up, epoch, flow.start, stop)
+        except OSError as e:
+            up_result["error"] = str(e)
+
+    sender = threading.Thread(target=upstream, daemon=True)
+    sender.start()
+    expected_down = sum(len(wire.chunk_sizes(p.size)) for p in flow.packets if p.direction == DOWN)
+    n, first, last, eof = engine.receive_chunks(sock, recorder, hard_end, expected_down, stop)
+    sender.join(max(0.0, hard_end - time.time()))
+    rec["chunks_down"] = n
+    rec["chunks_up"] = (up_result.get("sent") or (0, 0))[0]
+    rec["bytes"] = min(rec["size"], n * wire.CHUNK) if n < expected_down else rec["size"]
+    rec["t_first_byte"], rec["t_last_byte"] = first, last
+    if n < expected_down:
+        if state.get("error"):
+            raise TransferError(*state["error"])
+        if time.time() >= cfg["t_end"] or stop.is_set():
+            raise TransferError("run_ended", f"{n} of {expected_down} chunks when the run ended")
+        cause = "connection_error" if eof else "timeout"
+        raise TransferError(cause, f"received {n} of {expected_down} downstream chunks")
+    if "error" in up_result:
+        raise TransferError("connection_error", f"upstream: {up_result['error']}")
+
+
+def _finish(driver, r: dict) -> dict:
+    """The derived times and the warm-up flag of a flow's record; writes it."""
+    ok = r["status"] == "ok"
     r["ttfb_s"] = r["t_first_byte"] - r["t_request"] if r["t_first_byte"] and r["t_request"] else None
-    r["ttlb_s"] = r["t_last_byte"] - r["t_request"] if r["t_last_byte"] and r["t_request"] and r["status"] == "ok" else None
+    r["ttlb_s"] = r["t_last_byte"] - r["t_request"] if r["t_last_byte"] and r["t_request"] and ok else None
     r["ttfb_stream_s"] = r["t_first_byte"] - r["t_start"] if r["t_first_byte"] else None
-    r["ttlb_stream_s"] = r["t_last_byte"] - r["t_start"] if r["t_last_byte"] and r["status"] == "ok" else None
-    r["warmup"] = r["t_start"] < cfg["t_measure"]
+    r["ttlb_stream_s"] = r["t_last_byte"] - r["t_start"] if r["t_last_byte"] and ok else None
+    r["warmup"] = r["t_start"] < driver.cfg["t_measure"]
     driver.writer.write(r)
     return r
 

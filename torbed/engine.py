@@ -49,6 +49,7 @@ from .errors import Interrupted, TorbedError
 from .provenance import host_info, python_dependencies, utc_now
 from .network import LOAD_GROUP
 from .scenario import Scenario, group_sizes
+from .variants import describe
 
 # A feature a backend lacks: {feature: why}; features are named as in ``features_used``.
 Capabilities = dict[str, str]
@@ -121,8 +122,12 @@ def features_used(s: Scenario) -> list[str]:
         used.add("placement")
     if s.load is not None:
         used.add("load")
-    if any(g.cpu != "native" for g in s.network.relays.values()):
+    if any(g.cpu != "native" or g.cpu_per_thread is not None for g in s.network.relays.values()):
         used.add("cpu")
+    if any(g.weights for g in s.network.relays.values()):
+        used.add("weights")
+    if s.samples:
+        used.add("samples")
     return sorted(used)
 
 
@@ -177,10 +182,16 @@ class Repetition:
     dir: Path
     meta: dict
     state: Any = field(default_factory=dict)    # the backend's per-repetition state (its own type)
+    _block: Scenario | None = field(default=None, repr=False)
 
     @property
     def scenario(self) -> Scenario:
-        return self.run.scenario
+        # With a sampled network per block (scenario.samples), block k runs its own network.
+        if not self.run.scenario.samples:
+            return self.run.scenario
+        if self._block is None:
+            self._block = self.run.scenario.for_block(self.index)
+        return self._block
 
     @property
     def console(self):
@@ -270,6 +281,7 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             "seed": scenario.seed, "variants": variants,
             "baseline": scenario.baseline_variant if scenario.baseline_variant in variants else variants[0],
             "repetitions": scenario.repetitions, "backend": backend.name,
+            "network_design": scenario.network_design,
             "torbed_version": __version__, "python_dependencies": python_dependencies(),
             "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
             **({"source": str(source)} if source else {}),
@@ -399,6 +411,11 @@ def run_order(variants: list[str], repetitions: int, seed: int) -> list[tuple[st
     return order
 
 
+def _variant_specs(s: Scenario, variant: str) -> dict:
+    names = [variant] + [rg.variant for rg in s.network.relays.values() if rg.variant]
+    return {n: describe(n) for n in dict.fromkeys(names)}
+
+
 def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[dict] | None = None,
                 session: int = 1) -> dict:
     s = r.scenario
@@ -408,6 +425,11 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
             "t_end": None, "warmup_s": s.measure.warmup.seconds, "duration_s": s.measure.duration.seconds,
             "faults": [], "session": session,
+            # Every variant this repetition runs, with each parameter's value (a name such as
+            # torchestra-exp1 stands for several), so the record does not depend on variant.yaml.
+            "variant_specs": _variant_specs(s, variant),
+            # The seed of the network this block ran (scenario.samples); null: the scenario's network.
+            "network_sample_seed": s.samples[k % len(s.samples)].seed if s.samples else None,
             # Earlier attempts of this repetition discarded by a resume (torbed/resume.py).
             "history": list(history or [])}
     rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)

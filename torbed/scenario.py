@@ -91,12 +91,25 @@ class RelayGroup(Strict):
     exit: bool = Field(False, description="Exit relays (policy accept *:*; isolation comes from the network)")
     guard: bool = Field(False, description="Authorities vote the Guard flag for these relays")
     bandwidth: Rate | None = Field(None, description="tor BandwidthRate/BandwidthBurst of each relay, e.g. '1MB/s'")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] | None = Field(
+        None, description="Consensus weights the authorities vote for this group's relays, one per relay in node "
+                          "order (units of a consensus' 'w Bandwidth=', as measured bandwidths in the authorities' "
+                          "V3BandwidthsFile); set on every relay group or none, with 3 or more authorities. "
+                          "Default: none (the authorities vote each relay's self-advertised bandwidth). Local "
+                          "backend only (docs/generate.md)")
     torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
                                        "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(
         "native", description="qemu: run this group's tor under qemu-user emulation (qemu-x86_64, no AES "
                               "instructions): every thread much slower, a slow CPU like a Raspberry Pi's, so the "
                               "relay's CPU binds before the rest of the network does; local backend only")
+    cpu_per_thread: Percent | None = Field(
+        None, description="A CPU cap on each thread of this group's tor, in percent of one core, e.g. '20%': a "
+                          "multi-core CPU whose every core is that much slower (Engler & Goldberg's Raspberry "
+                          "Pi inside a fast machine). Each thread gets a CFS quota of its own (cgroup v1 cpu, or "
+                          "v2 in threaded mode) from the start of the workload; threads started later are capped "
+                          "within 1 s. The caps are upper bounds: threads x cap must fit the host's idle cores. "
+                          "Combines with cpu: qemu; local backend only")
 
 
 # The testbed's address range: inside one of RFC 1918's, /24 or larger. torbed's check below
@@ -441,6 +454,25 @@ class Generated(Strict):
         default_factory=dict, description="The generator's inputs and the budget it fitted to")
 
 
+class SampledGroup(Strict):
+    """One relay group as one block's sampled network has it (same name and count as in
+    ``network.relays``; its own rate and weights)."""
+    bandwidth: Rate = Field(..., description="BandwidthRate/BandwidthBurst of each relay in this block's network")
+    weights: list[Annotated[int, Field(ge=1, le=10**9)]] = Field(
+        ..., min_length=1, description="Consensus weights the authorities vote, one per relay in node order")
+
+
+class NetworkSample(Strict):
+    """One independently sampled network (torbed generate --networks): repetition k (block k)
+    runs sample k mod len(samples), with the relay groups' rates and weights and the links
+    of that sample (replacing links.pairs between the same groups); everything else is the
+    scenario's."""
+    seed: int = Field(..., ge=0, description="Seed this network was drawn with")
+    relays: dict[GroupName, SampledGroup] = Field(..., min_length=1,
+                                                   description="Every relay group of network.relays, by name")
+    pairs: list[LinkPair] = Field(default_factory=list, description="links.pairs of this block's network")
+
+
 # ---------------------------------------------------------------------------------------
 # Scenario
 
@@ -463,6 +495,10 @@ class Scenario(Strict):
     load: Load | None = Field(None, description="Background users (Locust) through their own tors")
     generated: Generated | None = Field(None, description="Provenance of a scenario made by torbed generate "
                                                           "(sources, seed, method); not used to run it")
+    samples: list[NetworkSample] = Field(
+        default_factory=list, description="An independently sampled network per block (torbed generate --networks; "
+                                          "Jansen, Tracey & Goldberg 2021): repetition k runs samples[k mod n]. "
+                                          "Empty: every repetition runs network as written")
     design: Design | None = Field(None, description="Sequential design: a pilot, then blocks until the primary "
                                                     "comparison's 95% interval is narrow enough or the maximum "
                                                     "is reached (repetitions = design.max_repetitions)")
@@ -495,6 +531,26 @@ class Scenario(Strict):
     def load_files(self) -> dict[str, units.Size]:
         """Files the background users fetch, added to their server's files: load-<mix name>."""
         return {} if self.load is None else {f"load-{n}": r.size for n, r in self.load.mix.items()}
+
+    @property
+    def network_design(self) -> str:
+        """'network-per-block' (samples) or 'one-network'."""
+        return "network-per-block" if self.samples else "one-network"
+
+    def for_block(self, k: int) -> "Scenario":
+        """The scenario repetition (block) ``k`` runs: with samples, sample k mod n's relay rates,
+        weights and relay links; otherwise this scenario itself."""
+        if not self.samples:
+            return self
+        smp = self.samples[k % len(self.samples)]
+        relays = {g: rg.model_copy(update={"bandwidth": smp.relays[g].bandwidth, "weights": list(smp.relays[g].weights)})
+                  for g, rg in self.network.relays.items()}
+        own = {frozenset(p.between) for p in smp.pairs}
+        pairs = [p for p in self.links.pairs if frozenset(p.between) not in own] + list(smp.pairs)
+        out = self.model_copy(update={"network": self.network.model_copy(update={"relays": relays}),
+                                      "links": self.links.model_copy(update={"pairs": pairs})})
+        out._warnings, out._base_dir = self._warnings, self._base_dir
+        return out
 
     def group_names(self) -> list[str]:
         return [*self.network.relays, *self.servers, *self.clients]
@@ -549,45 +605,110 @@ def _message(err: dict) -> str:
     return msg
 
 
+def _sample_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Each block's network has exactly the relay groups of network.relays, a weight per
+    relay, and links between relay groups only."""
+    problems = []
+    relays = s.network.relays
+    if s.samples and not all(rg.weights for rg in relays.values()):
+        problems.append(("samples", "a sampled network per block needs weights on every relay group of network.relays"))
+    for i, smp in enumerate(s.samples):
+        if set(smp.relays) != set(relays):
+            problems.append((f"samples[{i}].relays", f"groups {', '.join(sorted(smp.relays))}; every block must have "
+                                                     f"network.relays' groups: {', '.join(sorted(relays))}"))
+            continue
+        for g, sg in smp.relays.items():
+            if len(sg.weights) != relays[g].count:
+                problems.append((f"samples[{i}].relays.{g}.weights",
+                                 f"{len(sg.weights)} weights for {relays[g].count} relays; give one per relay"))
+        for j, p in enumerate(smp.pairs):
+            if not set(p.between) <= {*s.group_names(), "authority"}:
+                problems.append((f"samples[{i}].pairs[{j}].between", f"{p.between}: not groups of this scenario"))
+    return problems
+
+
+def _weight_problems(s: Scenario) -> list[tuple[str, str]]:
+    """Voted consensus weights: one per relay, on every group or none, and enough
+    authorities for tor to use them (a consensus takes measured bandwidths only when more
+    than two authorities vote them: dirvote.c, "num_mbws > 2")."""
+    relays = s.network.relays
+    with_w = [g for g, rg in relays.items() if rg.weights is not None]
+    problems = [(f"network.relays.{g}.weights", f"{len(rg.weights)} weights for {rg.count} relays; give one per relay")
+                for g, rg in relays.items() if rg.weights is not None and len(rg.weights) != rg.count]
+    if with_w and len(with_w) != len(relays):
+        missing = [g for g in relays if g not in with_w]
+        problems.append(("network.relays", f"weights are set on {', '.join(with_w)} but not on {', '.join(missing)}: "
+                                           "set them on every relay group or none (an unmeasured relay's weight is "
+                                           "capped at 20 when the others are measured)"))
+    if with_w and s.network.authorities < 3:
+        problems.append(("network.authorities", f"{s.network.authorities} authorities: relay weights need 3 or more "
+                                                "(tor uses voted measurements only when more than two authorities "
+                                                "vote them)"))
+    return problems
+
+
 def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """Cross-field checks. Returns (problems, warnings)."""
-    problems: list[tuple[str, str]] = []
-    warnings: list[str] = []
-    relays, servers, clients = s.network.relays, s.servers, s.clients
+    problems, seen = _group_name_problems(s)
+    problems += _variant_problems(s, variants_dir)
+    if s.design is not None:
+        problems += _design_problems(s)
+    problems += _mechanism_problems(s)
+    net_problems, warnings = _network_problems(s, variants_dir)
+    problems += net_problems
+    client_problems, client_warnings = _client_problems(s)
+    problems += client_problems
+    warnings += client_warnings
+    problems += _server_problems(s)
+    link_groups = set(seen) | {"authority"} | ({"load", "locust"} if s.load is not None else set())
+    problems += _link_problems(s, link_groups)
+    if s.load is not None:
+        problems += _load_problems(s)
+    problems += _measure_problems(s)
+    # Placement and faults name groups (faults may also name nodes like 'middle0').
+    for g in s.placement:
+        if g not in link_groups:
+            problems.append((f"placement.{g}", f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
+    problems += _fault_problems(s)
+    return problems, warnings
 
-    # Group names share one namespace (links, placement and faults name them).
+
+def _group_name_problems(s: Scenario) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """Group names share one namespace (links, placement and faults name them).
+    Returns (problems, {group: the section that defines it})."""
+    problems: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
-    for kind, groups in (("network.relays", relays), ("servers", servers), ("clients", clients)):
+    for kind, groups in (("network.relays", s.network.relays), ("servers", s.servers), ("clients", s.clients)):
         for g in groups:
             if g in RESERVED_GROUPS:
                 problems.append((f"{kind}.{g}", f"'{g}' is reserved (reserved: {', '.join(sorted(RESERVED_GROUPS))})"))
             if g in seen:
                 problems.append((f"{kind}.{g}", f"group name '{g}' is also used in {seen[g]}; names must be unique"))
             seen[g] = kind
+    return problems, seen
 
-    # Variants.
+
+def _variant_problems(s: Scenario, variants_dir: Path) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     if len(set(s.variants)) != len(s.variants):
         problems.append(("variants", "variants must be unique"))
-    for i, v in enumerate(s.variants):
+    named = [(f"variants[{i}]", v) for i, v in enumerate(s.variants)]
+    named += [(f"network.relays.{g}.variant", rg.variant) for g, rg in s.network.relays.items()
+              if rg.variant is not None]
+    for field, v in named:
         try:
             load_variant(v, variants_dir)
         except VariantError as e:
-            problems.append((f"variants[{i}]", str(e)))
+            problems.append((field, str(e)))
     if s.baseline is not None and s.baseline not in s.variants:
         problems.append(("baseline", f"'{s.baseline}' is not one of variants ({', '.join(s.variants)})"))
-    for g, rg in relays.items():
-        if rg.variant is not None:
-            try:
-                load_variant(rg.variant, variants_dir)
-            except VariantError as e:
-                problems.append((f"network.relays.{g}.variant", str(e)))
+    return problems
 
-    # Sequential design.
-    if s.design is not None:
-        problems += _design_problems(s)
 
-    # The mechanism the gates check.
-    mech = s.measure.mechanism
+def _mechanism_problems(s: Scenario) -> list[tuple[str, str]]:
+    """The mechanism the gates check."""
+    problems: list[tuple[str, str]] = []
+    mech, relays = s.measure.mechanism, s.network.relays
     if mech.kind == "cpu-bound" and mech.target is None:
         problems.append(("measure.mechanism.target", "cpu-bound needs the relay group whose CPU must be saturated"))
     elif mech.kind != "cpu-bound" and mech.target is not None:
@@ -595,23 +716,32 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
     if mech.target is not None and mech.target not in relays:
         problems.append(("measure.mechanism.target", f"'{mech.target}' is not a relay group of network.relays "
                                                      f"({', '.join(relays)})"))
+    return problems
 
-    # Network.
+
+def _subnet_problems(s: Scenario) -> list[tuple[str, str]]:
     try:
         if not re.fullmatch(r"[0-9.]+/(0|[1-9][0-9]?)", s.network.subnet):
             raise ValueError(f"'{s.network.subnet}': write it as ADDRESS/PREFIX, e.g. {constants.DEFAULT_SUBNET}")
         net = ipaddress.IPv4Network(s.network.subnet, strict=True)
-        if not any(net.subnet_of(ipaddress.IPv4Network(r)) for r in PRIVATE_RANGES) or net.prefixlen > SMALLEST_PREFIX:
-            problems.append(("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
-                             f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger"))
-        else:
-            # Nodes take consecutive addresses from .FIRST_NODE_HOST up (network.plan).
-            nodes, room = sum(group_sizes(s).values()), net.num_addresses - 1 - constants.FIRST_NODE_HOST
-            if nodes > room:
-                problems.append(("network.subnet", f"'{s.network.subnet}' has room for {room} nodes (addresses "
-                                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}: use a larger range"))
     except ValueError as e:
-        problems.append(("network.subnet", f"not an IPv4 network: {e}"))
+        return [("network.subnet", f"not an IPv4 network: {e}")]
+    if not any(net.subnet_of(ipaddress.IPv4Network(r)) for r in PRIVATE_RANGES) or net.prefixlen > SMALLEST_PREFIX:
+        return [("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
+                 f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger")]
+    # Nodes take consecutive addresses from .FIRST_NODE_HOST up (network.plan).
+    nodes, room = sum(group_sizes(s).values()), net.num_addresses - 1 - constants.FIRST_NODE_HOST
+    if nodes > room:
+        return [("network.subnet", f"'{s.network.subnet}' has room for {room} nodes (addresses "
+                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}: use a larger range")]
+    return []
+
+
+def _network_problems(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """Subnet, authorities, each relay group's torrc lines, and an exit. Returns (problems, warnings)."""
+    problems = _subnet_problems(s)
+    warnings: list[str] = []
+    relays = s.network.relays
     if s.network.authorities < 3:
         warnings.append(f"network.authorities: {s.network.authorities} authorities; 3 or more are recommended "
                         "(a consensus needs a majority; 1 gives no redundancy)")
@@ -622,7 +752,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
             try:
                 families.add(load_variant(name, variants_dir).family)
             except VariantError:
-                pass       # reported above
+                pass       # reported by _variant_problems
         extra = None
         for fam in families:
             opts = torrc_policy.variant_options(fam, variants_dir)
@@ -630,67 +760,95 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         problems += [(f"network.relays.{g}.torrc", msg)
                      for msg in torrc_policy.problems(rg.torrc, bandwidth_set=rg.bandwidth is not None,
                                                       variant_options=extra)]
-    exits = [g for g, rg in relays.items() if rg.exit]
-    if not exits:
+    for g, rg in relays.items():
+        if rg.cpu_per_thread is not None and not 0.01 <= rg.cpu_per_thread.fraction <= 1.0:
+            problems.append((f"network.relays.{g}.cpu_per_thread",
+                             f"{rg.cpu_per_thread} is outside 1%..100% of one core"))
+    problems += _weight_problems(s) + _sample_problems(s)
+    if not any(rg.exit for rg in relays.values()):
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))
+    return problems, warnings
 
-    # Clients.
-    for c, cg in clients.items():
+
+def _client_problems(s: Scenario) -> tuple[list[tuple[str, str]], list[str]]:
+    """Each client group's path and workload. Returns (problems, warnings)."""
+    problems: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    for c, cg in s.clients.items():
         if cg.path is not None:
-            for i, hop in enumerate(cg.path):
-                if hop not in relays:
-                    problems.append((f"clients.{c}.path[{i}]",
-                                     f"'{hop}' is not a relay group (relay groups: {', '.join(relays)})"))
-            last = cg.path[-1]
-            if last in relays and not relays[last].exit:
-                problems.append((f"clients.{c}.path[{len(cg.path) - 1}]",
-                                 f"a path must end at an exit group; '{last}' has no 'exit: true' "
-                                 f"(exit groups: {', '.join(exits) or 'none'})"))
-            if len(cg.path) < 2:
-                warnings.append(f"clients.{c}.path: a one-hop path; tor builds one-hop circuits only to exits")
-        wl = cg.workload
-        if not isinstance(wl, ReplayWorkload):
-            for name in ("timeout", "stallout"):
-                d = getattr(wl, name)
-                if d is not None and d.seconds <= 0:
-                    problems.append((f"clients.{c}.workload.{name}", "must be longer than 0s"))
-        server = wl.server
-        if server is None:
-            if len(servers) != 1:
-                problems.append((f"clients.{c}.workload.server",
-                                 f"required when there is more than one server group ({', '.join(servers)})"))
-                continue
-            server = next(iter(servers))
-        if server not in servers:
-            problems.append((f"clients.{c}.workload.server",
-                             f"'{server}' is not a server group (servers: {', '.join(servers)})"))
-            continue
-        if isinstance(wl, ReplayWorkload):
-            problems += _replay_problems(s, c, cg, wl, server)
-            continue
-        if not servers[server].files:
-            problems.append((f"clients.{c}.workload.server", f"server '{server}' has no files to download"))
-            continue
-        if wl.file not in servers[server].files:
-            problems.append((f"clients.{c}.workload.file",
-                             f"'{wl.file}' is not a file of server '{server}' (files: {', '.join(servers[server].files)})"))
-        if isinstance(wl, FetchWorkload):
-            if wl.think is not None and wl.pause != "0s":
-                problems.append((f"clients.{c}.workload.think", "set either 'pause' or 'think', not both"))
-            if wl.think is not None and wl.think.distribution == "uniform":
-                if wl.think.min is None or wl.think.max is None:
-                    problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
-                elif wl.think.min.seconds > wl.think.max.seconds:
-                    problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
+            p, w = _path_problems(s, c, cg.path)
+            problems += p
+            warnings += w
+        problems += _workload_problems(s, c, cg)
+    return problems, warnings
 
-    for g, sg in servers.items():
+
+def _path_problems(s: Scenario, c: str, path: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    relays = s.network.relays
+    problems: list[tuple[str, str]] = []
+    for i, hop in enumerate(path):
+        if hop not in relays:
+            problems.append((f"clients.{c}.path[{i}]",
+                             f"'{hop}' is not a relay group (relay groups: {', '.join(relays)})"))
+    last = path[-1]
+    if last in relays and not relays[last].exit:
+        exits = [g for g, rg in relays.items() if rg.exit]
+        problems.append((f"clients.{c}.path[{len(path) - 1}]",
+                         f"a path must end at an exit group; '{last}' has no 'exit: true' "
+                         f"(exit groups: {', '.join(exits) or 'none'})"))
+    warnings = [f"clients.{c}.path: a one-hop path; tor builds one-hop circuits only to exits"] if len(path) < 2 else []
+    return problems, warnings
+
+
+def _workload_problems(s: Scenario, c: str, cg: ClientGroup) -> list[tuple[str, str]]:
+    """The workload's server and file exist, and its times and think-time fit together."""
+    problems: list[tuple[str, str]] = []
+    servers, wl = s.servers, cg.workload
+    if not isinstance(wl, ReplayWorkload):
+        for name in ("timeout", "stallout"):
+            d = getattr(wl, name)
+            if d is not None and d.seconds <= 0:
+                problems.append((f"clients.{c}.workload.{name}", "must be longer than 0s"))
+    server = wl.server
+    if server is None:
+        if len(servers) != 1:
+            return problems + [(f"clients.{c}.workload.server",
+                                f"required when there is more than one server group ({', '.join(servers)})")]
+        server = next(iter(servers))
+    if server not in servers:
+        return problems + [(f"clients.{c}.workload.server",
+                            f"'{server}' is not a server group (servers: {', '.join(servers)})")]
+    if isinstance(wl, ReplayWorkload):
+        return problems + _replay_problems(s, c, cg, wl, server)
+    if not servers[server].files:
+        return problems + [(f"clients.{c}.workload.server", f"server '{server}' has no files to download")]
+    if wl.file not in servers[server].files:
+        problems.append((f"clients.{c}.workload.file",
+                         f"'{wl.file}' is not a file of server '{server}' (files: {', '.join(servers[server].files)})"))
+    if isinstance(wl, FetchWorkload):
+        if wl.think is not None and wl.pause != "0s":
+            problems.append((f"clients.{c}.workload.think", "set either 'pause' or 'think', not both"))
+        if wl.think is not None and wl.think.distribution == "uniform":
+            if wl.think.min is None or wl.think.max is None:
+                problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
+            elif wl.think.min.seconds > wl.think.max.seconds:
+                problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
+    return problems
+
+
+def _server_problems(s: Scenario) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for g, sg in s.servers.items():
         if not sg.files and sg.replay is None:
             problems.append((f"servers.{g}", "a server needs 'files' (HTTP) or 'replay' (replay server), or both"))
         if sg.replay is not None and sg.files and sg.replay.port == sg.port:
             problems.append((f"servers.{g}.replay.port", f"port {sg.port} is already the HTTP port"))
+    return problems
 
-    # Links.
-    link_groups = set(seen) | {"authority"} | ({"load", "locust"} if s.load is not None else set())
+
+def _link_problems(s: Scenario, link_groups: set[str]) -> list[tuple[str, str]]:
+    """Pairs name groups once each and set something; each link's fields fit together."""
+    problems: list[tuple[str, str]] = []
     pairs_seen: set[frozenset] = set()
     for i, pair in enumerate(s.links.pairs):
         for j, g in enumerate(pair.between):
@@ -705,25 +863,29 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
                                                       "loss_burst", "queue")):
             problems.append((f"links.pairs[{i}]", "an override sets none of rate, delay, jitter, loss, queue"))
     for path, link in [("links.default", s.links.default)] + [(f"links.pairs[{i}]", p) for i, p in enumerate(s.links.pairs)]:
-        if link.jitter is not None and link.delay is None:
-            problems.append((f"{path}.jitter", "jitter needs a delay"))
-        if link.jitter is not None and link.delay is not None and \
-                link.jitter.seconds > link.delay.seconds:
-            problems.append((f"{path}.jitter", "jitter larger than the delay would reorder packets"))
-        if link.rate is not None and link.rate.bps < 8000:
-            problems.append((f"{path}.rate", f"{link.rate} is below 8kbit; tor cannot work that slowly"))
-        if link.queue is not None and link.rate is None and s.links.default.rate is None:
-            problems.append((f"{path}.queue", "a queue bounds the backlog of a rate-limited link: set a rate"))
-        if link.loss_burst is not None and link.loss is None and s.links.default.loss is None:
-            problems.append((f"{path}.loss_burst", "loss_burst shapes losses: set a loss"))
-        if link.loss_burst is not None and (link.loss or s.links.default.loss or units.Percent("0%")).fraction >= 1.0:
-            problems.append((f"{path}.loss_burst", "bursts are meaningless with 100% loss"))
+        problems += _link_field_problems(s, path, link)
+    return problems
 
-    # Background load.
-    if s.load is not None:
-        problems += _load_problems(s)
 
-    # Measurement.
+def _link_field_problems(s: Scenario, path: str, link: Link) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if link.jitter is not None and link.delay is None:
+        problems.append((f"{path}.jitter", "jitter needs a delay"))
+    if link.jitter is not None and link.delay is not None and link.jitter.seconds > link.delay.seconds:
+        problems.append((f"{path}.jitter", "jitter larger than the delay would reorder packets"))
+    if link.rate is not None and link.rate.bps < 8000:
+        problems.append((f"{path}.rate", f"{link.rate} is below 8kbit; tor cannot work that slowly"))
+    if link.queue is not None and link.rate is None and s.links.default.rate is None:
+        problems.append((f"{path}.queue", "a queue bounds the backlog of a rate-limited link: set a rate"))
+    if link.loss_burst is not None and link.loss is None and s.links.default.loss is None:
+        problems.append((f"{path}.loss_burst", "loss_burst shapes losses: set a loss"))
+    if link.loss_burst is not None and (link.loss or s.links.default.loss or units.Percent("0%")).fraction >= 1.0:
+        problems.append((f"{path}.loss_burst", "bursts are meaningless with 100% loss"))
+    return problems
+
+
+def _measure_problems(s: Scenario) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     m = s.measure
     if m.duration.seconds <= 0:
         problems.append(("measure.duration", "must be longer than 0s"))
@@ -733,13 +895,7 @@ def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], 
         problems.append(("measure.bw_interval", "must be at least 100ms"))
     if len(set(m.collect)) != len(m.collect):
         problems.append(("measure.collect", "collectors must be unique"))
-
-    # Placement and faults name groups (faults may also name nodes like 'middle0').
-    for g in s.placement:
-        if g not in link_groups:
-            problems.append((f"placement.{g}", f"'{g}' is not a group (groups: {', '.join(sorted(link_groups))})"))
-    problems += _fault_problems(s)
-    return problems, warnings
+    return problems
 
 
 def group_sizes(s: Scenario) -> dict[str, int]:
@@ -771,93 +927,127 @@ def _fault_problems(s: Scenario) -> list[tuple[str, str]]:
     """Targets exist, fields fit the kind, times lie within the workload, and no two faults
     that overlap in time contradict each other on one node (or one link)."""
     problems: list[tuple[str, str]] = []
-    relays = s.network.relays
     run_s = s.measure.duration.seconds
     groups = group_sizes(s)
-    relay_groups = {g: n for g, n in groups.items() if g in relays}
     # Per valid fault: (start, end, kind, nodes, (side A, side B) of 'between' or None, index)
     spans: list[tuple] = []
     for i, f in enumerate(s.faults):
         where = f"faults[{i}]"
-        before = len(problems)
-        link = f.kind == "link"
-        for name in LINK_FAULT_FIELDS:
-            if not link and (getattr(f, name) not in (None, False)):
-                problems.append((f"{where}.{name}", f"'{name}' applies to link faults only (this fault is {f.kind})"))
-        if not link and f.between is not None:
-            problems.append((f"{where}.between", f"'between' applies to link faults only (this fault is {f.kind}); "
-                             "use 'target'"))
-        if f.kind != "cpu" and f.cpu is not None:
-            problems.append((f"{where}.cpu", f"'cpu' applies to cpu faults only (this fault is {f.kind})"))
-        if f.kind == "kill" and f.duration is not None:
-            problems.append((f"{where}.duration", "a killed node stays down; use kind 'restart' with a duration "
-                             "for a node that comes back"))
-        nodes: set[str] = set()
-        sides = None
-        if link:
-            if (f.target is None) == (f.between is None):
-                problems.append((where, "a link fault needs either 'target' (every link of a node or group) "
-                                 "or 'between' (two groups or nodes), not both"))
-            elif f.between is not None:
-                got = []
-                for j, name in enumerate(f.between):
-                    ns = fault_nodes(s, name, groups)
-                    if ns is None:
-                        problems.append((f"{where}.between[{j}]", _not_a_target(name, groups)))
-                    got.append(set(ns or ()))
-                if len(got) == 2 and got[0] & got[1]:
-                    problems.append((f"{where}.between", f"{f.between}: the two sides share node(s) "
-                                     f"{', '.join(sorted(got[0] & got[1]))}"))
-                sides = (got[0], got[1])
-                nodes = got[0] | got[1]
-            else:
-                ns = fault_nodes(s, f.target, groups)
-                if ns is None:
-                    problems.append((f"{where}.target", _not_a_target(f.target, groups)))
-                nodes = set(ns or ())
-            if not any(getattr(f, name) not in (None, False) for name in LINK_FAULT_FIELDS):
-                problems.append((where, "a link fault sets none of delay, jitter, loss, rate, partition"))
-            if f.partition and any(getattr(f, n) is not None for n in ("delay", "jitter", "loss", "rate")):
-                problems.append((f"{where}.partition", "a partition drops everything: set no delay, jitter, "
-                                 "loss or rate with it"))
-            if f.jitter is not None and f.delay is None:
-                problems.append((f"{where}.jitter", "jitter needs a delay in the same fault"))
-            elif f.jitter is not None and f.jitter.seconds > f.delay.seconds:
-                problems.append((f"{where}.jitter", "jitter larger than the delay would reorder packets"))
-            if f.rate is not None and f.rate.bps < 8000:
-                problems.append((f"{where}.rate", f"{f.rate} is below 8kbit; tor cannot work that slowly"))
+        found = _fault_field_problems(f, where)
+        if f.kind == "link":
+            targets, nodes, sides = _link_fault_targets(s, f, where, groups)
+            found += targets + _link_fault_value_problems(f, where)
         else:
-            if f.target is None:
-                problems.append((f"{where}.target", f"required for {f.kind} faults"))
-            else:
-                ns = fault_nodes(s, f.target, relay_groups)
-                if ns is None:
-                    problems.append((f"{where}.target", f"'{f.target}' is not a relay group or relay node "
-                                     f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0"
-                                     + (f"; group '{_base(f.target)}' has {relay_groups[_base(f.target)]} node(s))"
-                                        if _base(f.target) in relay_groups else ")")))
-                nodes = set(ns or ())
-        if f.kind == "cpu":
-            if f.cpu is None:
-                problems.append((f"{where}.cpu", "required for cpu faults: the quota, e.g. '20%' of one core"))
-            elif f.cpu.fraction < 0.01:
-                problems.append((f"{where}.cpu", f"{f.cpu} is below 1% of a core (the kernel's smallest useful quota)"))
-        if f.at.seconds >= run_s:
-            problems.append((f"{where}.at", f"{f.at} is after the end of the workload ({s.measure.duration})"))
-        elif f.duration is not None and f.kind != "kill":
-            if f.duration.seconds <= 0 and f.kind != "restart":
-                problems.append((f"{where}.duration", "must be longer than 0s"))
-            elif f.at.seconds + f.duration.seconds > run_s:
-                problems.append((f"{where}.duration", f"the fault would end at {f.at.seconds + f.duration.seconds:g} s, "
-                                 f"after the end of the workload ({s.measure.duration})"))
-        if len(problems) == before:
+            targets, nodes = _node_fault_target(s, f, where, groups)
+            found += targets
+            sides = None
+        found += _fault_time_problems(s, f, where)
+        if not found:
             # A restart's window is its downtime plus a moment to start again.
             end = f.end(run_s) + (1.0 if f.kind == "restart" else 0.0)
             spans.append((f.at.seconds, end, f.kind, nodes, sides, i))
-    # Overlapping faults that contradict each other. Process faults (kill, pause, restart)
-    # each decide whether the node's tor runs: two on one node at once contradict; a kill
-    # lasts to the end. Two CPU quotas on one node contradict, and a quota with a restart or
-    # kill (it holds the old process only); two link faults on one link.
+        problems += found
+    return problems + _fault_clashes(spans)
+
+
+def _fault_field_problems(f: Fault, where: str) -> list[tuple[str, str]]:
+    """Fields that apply to other kinds of fault only, and the cpu fault's quota."""
+    problems: list[tuple[str, str]] = []
+    link = f.kind == "link"
+    for name in LINK_FAULT_FIELDS:
+        if not link and (getattr(f, name) not in (None, False)):
+            problems.append((f"{where}.{name}", f"'{name}' applies to link faults only (this fault is {f.kind})"))
+    if not link and f.between is not None:
+        problems.append((f"{where}.between", f"'between' applies to link faults only (this fault is {f.kind}); "
+                         "use 'target'"))
+    if f.kind != "cpu" and f.cpu is not None:
+        problems.append((f"{where}.cpu", f"'cpu' applies to cpu faults only (this fault is {f.kind})"))
+    if f.kind == "kill" and f.duration is not None:
+        problems.append((f"{where}.duration", "a killed node stays down; use kind 'restart' with a duration "
+                         "for a node that comes back"))
+    if f.kind == "cpu":
+        if f.cpu is None:
+            problems.append((f"{where}.cpu", "required for cpu faults: the quota, e.g. '20%' of one core"))
+        elif f.cpu.fraction < 0.01:
+            problems.append((f"{where}.cpu", f"{f.cpu} is below 1% of a core (the kernel's smallest useful quota)"))
+    return problems
+
+
+def _link_fault_targets(s: Scenario, f: Fault, where: str, groups: dict[str, int]
+                        ) -> tuple[list[tuple[str, str]], set[str], tuple[set[str], set[str]] | None]:
+    """A link fault's nodes: every link of 'target', or those 'between' two sides.
+    Returns (problems, nodes, (side A, side B) or None)."""
+    if (f.target is None) == (f.between is None):
+        return [(where, "a link fault needs either 'target' (every link of a node or group) "
+                 "or 'between' (two groups or nodes), not both")], set(), None
+    if f.between is None:
+        ns = fault_nodes(s, f.target, groups)
+        return ([] if ns is not None else [(f"{where}.target", _not_a_target(f.target, groups))]), set(ns or ()), None
+    problems: list[tuple[str, str]] = []
+    got = []
+    for j, name in enumerate(f.between):
+        ns = fault_nodes(s, name, groups)
+        if ns is None:
+            problems.append((f"{where}.between[{j}]", _not_a_target(name, groups)))
+        got.append(set(ns or ()))
+    if len(got) == 2 and got[0] & got[1]:
+        problems.append((f"{where}.between", f"{f.between}: the two sides share node(s) "
+                         f"{', '.join(sorted(got[0] & got[1]))}"))
+    return problems, got[0] | got[1], (got[0], got[1])
+
+
+def _link_fault_value_problems(f: Fault, where: str) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if not any(getattr(f, name) not in (None, False) for name in LINK_FAULT_FIELDS):
+        problems.append((where, "a link fault sets none of delay, jitter, loss, rate, partition"))
+    if f.partition and any(getattr(f, n) is not None for n in ("delay", "jitter", "loss", "rate")):
+        problems.append((f"{where}.partition", "a partition drops everything: set no delay, jitter, "
+                         "loss or rate with it"))
+    if f.jitter is not None and f.delay is None:
+        problems.append((f"{where}.jitter", "jitter needs a delay in the same fault"))
+    elif f.jitter is not None and f.jitter.seconds > f.delay.seconds:
+        problems.append((f"{where}.jitter", "jitter larger than the delay would reorder packets"))
+    if f.rate is not None and f.rate.bps < 8000:
+        problems.append((f"{where}.rate", f"{f.rate} is below 8kbit; tor cannot work that slowly"))
+    return problems
+
+
+def _node_fault_target(s: Scenario, f: Fault, where: str, groups: dict[str, int]
+                       ) -> tuple[list[tuple[str, str]], set[str]]:
+    """A process or CPU fault's relay nodes. Returns (problems, nodes)."""
+    relays = s.network.relays
+    relay_groups = {g: n for g, n in groups.items() if g in relays}
+    if f.target is None:
+        return [(f"{where}.target", f"required for {f.kind} faults")], set()
+    ns = fault_nodes(s, f.target, relay_groups)
+    if ns is not None:
+        return [], set(ns)
+    base = _base(f.target)
+    return [(f"{where}.target", f"'{f.target}' is not a relay group or relay node "
+             f"(relay groups: {', '.join(relays)}; nodes are <group><index>, e.g. middle0"
+             + (f"; group '{base}' has {relay_groups[base]} node(s))" if base in relay_groups else ")"))], set()
+
+
+def _fault_time_problems(s: Scenario, f: Fault, where: str) -> list[tuple[str, str]]:
+    run_s = s.measure.duration.seconds
+    if f.at.seconds >= run_s:
+        return [(f"{where}.at", f"{f.at} is after the end of the workload ({s.measure.duration})")]
+    if f.duration is None or f.kind == "kill":
+        return []
+    if f.duration.seconds <= 0 and f.kind != "restart":
+        return [(f"{where}.duration", "must be longer than 0s")]
+    if f.at.seconds + f.duration.seconds > run_s:
+        return [(f"{where}.duration", f"the fault would end at {f.at.seconds + f.duration.seconds:g} s, "
+                 f"after the end of the workload ({s.measure.duration})")]
+    return []
+
+
+def _fault_clashes(spans: list[tuple]) -> list[tuple[str, str]]:
+    """Overlapping faults that contradict each other. Process faults (kill, pause, restart)
+    each decide whether the node's tor runs: two on one node at once contradict; a kill
+    lasts to the end. Two CPU quotas on one node contradict, and a quota with a restart or
+    kill (it holds the old process only); two link faults on one link."""
+    problems: list[tuple[str, str]] = []
     process = {"kill", "pause", "restart"}
     for a in range(len(spans)):
         for b in range(a + 1, len(spans)):

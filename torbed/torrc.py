@@ -15,6 +15,7 @@ Public API:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from . import constants, torrc_policy
@@ -213,9 +214,30 @@ def render_fragments(plan: Plan, ids: Identities, variants: dict[str, Variant], 
     exits = [ids.fingerprints[n.name] for n in plan.by_role("relay") if n.exit]
     lines["role-authority.torrc"] += authority_vote_lines(consensus_params(plan), guards, exits)
     out = {name: HEADER + "\n".join(body) + "\n" for name, body in lines.items()}
+    v3bw = bandwidth_file(plan, ids)
+    if v3bw is not None:
+        out[BANDWIDTH_FILE] = v3bw
     for name in plan.variants_in_use():
         out[f"variant-{name}.torrc"] = variant_fragment(variants[name])
     return out
+
+
+BANDWIDTH_FILE = "v3bw"
+
+
+def bandwidth_file(plan: Plan, ids: Identities, now: float | None = None) -> str | None:
+    """The authorities' V3BandwidthsFile (bandwidth-file format 1.0.0: a timestamp line, then
+    ``node_id=$FINGERPRINT bw=WEIGHT`` per relay) when the scenario's relay groups carry
+    ``weights``; None otherwise. tor reads it at every vote and votes the values as measured
+    bandwidths, so the consensus' ``w Bandwidth=`` are these weights (not the relays'
+    self-advertised bandwidths), as on the real network with its bandwidth authorities."""
+    groups = plan.scenario.network.relays
+    if not any(g.weights for g in groups.values()):
+        return None
+    lines = [str(int(time.time() if now is None else now))]
+    for n in plan.by_role("relay"):
+        lines.append(f"node_id=${ids.fingerprints[n.name]} bw={groups[n.group].weights[n.index]}")
+    return "\n".join(lines) + "\n"
 
 
 def fragments_for(node: Node) -> list[str]:
@@ -254,6 +276,9 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
         lines.append(f"ORPort {node.ports['or']}")
     if node.role == "authority":
         lines.append(f"DirPort {node.ports['dir']}")
+        if any(g.weights for g in plan.scenario.network.relays.values()):
+            lines.append("# The relays' consensus weights, from the scenario (torrc.bandwidth_file).")
+            lines.append(f"V3BandwidthsFile {fragments_dir}/{BANDWIDTH_FILE}")
     if node.role == "relay":
         lines.append(f"MetricsPort {node.address}:{node.ports['metrics']}")
         group = plan.scenario.network.relays[node.group]

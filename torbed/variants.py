@@ -1,13 +1,24 @@
 """Relay variants: scheduler designs, each a tor build (patches) plus a torrc fragment.
 
 A variant family lives in ``images/relay/variants/<family>/variant.yaml``; families with
-parameters are instantiated by name, e.g. ``ewma-66`` = family ``ewma`` with its first
-parameter (halflife) = 66.
+parameters are instantiated by name:
+
+- ``<family>``: every parameter at its default;
+- ``<family>-<number>``: the first parameter set, e.g. ``ewma-66`` = halflife 66;
+- ``<family>-<preset>``: a named set of several parameters from the family's ``presets:``,
+  e.g. ``torchestra-exp1`` = T_h 1.4 and B 0.18 (Gopal & Heninger's experiment 1). A preset
+  lives beside the parameters it sets, with the paper's line it comes from, so a scenario
+  names it in one token that is also a valid file, label and ConfigMap key.
+
+Whatever the name, ``Variant.parameters`` holds every parameter's value, and
+``describe(name)`` is the record a run keeps of it (meta.json ``variant_specs``).
 
 Public API:
 
 - ``load_variant(name, variants_dir=VARIANTS_DIR) -> Variant``  (raises ``VariantError``)
 - ``list_families(variants_dir) -> list[str]``
+- ``describe(name, variants_dir) -> dict`` name, family, preset and every parameter's value
+- ``presets(family, variants_dir) -> dict`` the family's presets, {preset: {parameter: value}}
 - ``Variant.build_key`` content hash of what the binary is built from; config-only variants
   share the key of the unpatched ("stock") build, so they differ from patched variants only
   by their patches, never by build flags.
@@ -45,13 +56,16 @@ class Variant:
     # Environment of this variant's relays over torenv.tor_env(): {variable: value}, an
     # empty value unsets the variable (e.g. mtrelay's MALLOC_ARENA_MAX).
     env: dict = field(default_factory=dict)
+    # The preset the name selected (``torchestra-exp1`` -> "exp1"), else None.
+    preset: str | None = None
 
     @property
     def build_key(self) -> str:
         return build_key(self.tor_version, self.patches)
 
 
-_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters", "env"}
+_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters", "presets", "env"}
+PRESET_NAME = r"[a-z][a-z0-9_]{0,31}"
 
 
 def build_key(tor_version: str, patches: tuple[Path, ...] | list[Path] = ()) -> str:
@@ -106,19 +120,21 @@ def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Vari
     data = _read_family(family, variants_dir)
     path = variants_dir / family / "variant.yaml"
     params_spec = data.get("parameters") or {}
-    values: dict[str, float | int] = {}
-    for i, (pname, spec) in enumerate(params_spec.items()):
-        values[pname] = spec.get("default")
-        if i == 0 and arg:
-            if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", arg):
-                raise VariantError(f"variant '{name}': '{arg}' is not a number for parameter '{pname}'")
-            v = float(arg)
-            lo, hi = spec.get("min"), spec.get("max")
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                raise VariantError(f"variant '{name}': {pname}={arg} outside [{lo}, {hi}]")
-            values[pname] = int(v) if v.is_integer() else v
+    presets = _presets(data, path)
+    values: dict[str, float | int] = {pname: spec.get("default") for pname, spec in params_spec.items()}
+    preset = None
     if arg and not params_spec:
         raise VariantError(f"variant '{family}' takes no parameter, got '{name}'")
+    if arg in presets:
+        preset = arg
+        values.update(presets[arg])
+    elif arg:
+        pname = next(iter(params_spec))
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", arg):
+            known = f"; presets: {', '.join(sorted(presets))}" if presets else ""
+            raise VariantError(f"variant '{name}': '{arg}' is not a number for parameter '{pname}' "
+                               f"and not a preset of '{family}'{known}")
+        values[pname] = _checked(f"variant '{name}'", pname, float(arg), params_spec[pname])
     try:
         torrc = data["torrc"].format(**values)
     except (KeyError, IndexError) as e:
@@ -138,4 +154,46 @@ def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Vari
     canonical = family if not arg else f"{family}-{arg}"
     return Variant(name=canonical, family=family, description=data["description"],
                    paper=data.get("paper", ""), tor_version=str(data["tor"]), patches=patches,
-                   torrc=torrc, parameters=values, directory=variants_dir / family, env=env)
+                   torrc=torrc, parameters=values, directory=variants_dir / family, env=env, preset=preset)
+
+
+def _checked(where: str, pname: str, v: float, spec: dict) -> float | int:
+    lo, hi = spec.get("min"), spec.get("max")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise VariantError(f"{where}: {pname}={v:g} outside [{lo}, {hi}]")
+    return int(v) if v.is_integer() else v
+
+
+def _presets(data: dict, path: Path) -> dict[str, dict[str, float | int]]:
+    """The family's ``presets:`` checked: {preset: {parameter: value}}, each value in its range."""
+    raw = data.get("presets") or {}
+    spec = data.get("parameters") or {}
+    if not isinstance(raw, dict):
+        raise VariantError(f"{path}: presets must map a preset name to {{parameter: value}}")
+    out = {}
+    for pname, values in raw.items():
+        where = f"{path}: presets.{pname}"
+        if not isinstance(pname, str) or not re.fullmatch(PRESET_NAME, pname):
+            raise VariantError(f"{where}: a preset name is lower case letters, digits and _ "
+                               f"({PRESET_NAME}), starting with a letter")
+        if not isinstance(values, dict) or not values:
+            raise VariantError(f"{where}: expected a non-empty mapping of parameter: value")
+        out[pname] = {}
+        for k, v in values.items():
+            if k not in spec:
+                raise VariantError(f"{where}.{k}: not a parameter of '{data['name']}' (parameters: {', '.join(spec)})")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise VariantError(f"{where}.{k}: {v!r} is not a number")
+            out[pname][k] = _checked(f"{where}", k, float(v), spec[k])
+    return out
+
+
+def presets(family: str, variants_dir: Path = constants.VARIANTS_DIR) -> dict[str, dict[str, float | int]]:
+    """The family's presets, checked: {preset: {parameter: value}} (raises VariantError)."""
+    return _presets(_read_family(family, variants_dir), variants_dir / family / "variant.yaml")
+
+
+def describe(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> dict:
+    """What a run records of a variant: its name, family, preset and every parameter's value."""
+    v = load_variant(name, variants_dir)
+    return {"name": v.name, "family": v.family, "preset": v.preset, "parameters": dict(v.parameters)}

@@ -26,9 +26,26 @@ K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
 
+# Features the chart refuses (only the local backend carries them out; _validate.tpl): the
+# scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
+# not rendered.
+LOCAL_ONLY = {"cpu", "weights", "samples"}
+
+
+def local_only(path: Path) -> set[str]:
+    from torbed import engine, scenario
+    return LOCAL_ONLY & set(engine.features_used(scenario.load(path)))
+
+
+# The shipped scenarios the chart deploys (the others are checked to be refused).
+K8S_SCENARIOS = [p for p in SCENARIOS if not local_only(p)]
+
+
 def scenario_variants():
     cases = []
     for path in SCENARIOS:
+        if local_only(path):
+            continue
         with open(path) as f:
             variants = (yaml.safe_load(f) or {}).get("variants") or []
         for v in variants:
@@ -361,3 +378,34 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
     needed = {("", "pods/exec", "create"), ("", "pods/resize", "patch"), ("", "pods", "list"), ("", "pods", "delete")}
     needed |= {("chaos-mesh.org", plural, v) for plural in CHAOS_PLURALS for v in ("list", "create", "delete")}
     assert needed <= held, sorted(needed - held)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"network.relays.middle.cpu": "qemu"}, "network.relays.middle.cpu: qemu emulates a slow CPU on the local backend only"),
+    ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
+      "network.relays.exit.weights": [300]}, "network.relays.exit.weights: the authorities vote these weights"),
+    ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
+      "network.relays.exit.weights": [300],
+      "samples": [{"seed": 2, "relays": {g: {"bandwidth": "2mbit", "weights": [w]}
+                                         for g, w in (("guard", 1), ("middle", 2), ("exit", 3))}}]},
+     "samples: a network sampled anew per block is built by the local backend only"),
+], ids=["cpu-qemu", "weights", "samples"])
+def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
+    """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
+    refuses them, naming the field, instead of deploying without them (torbed run --backend k8s
+    refuses the same: tests/unit/test_k8s_local_only.py)."""
+    from tests.unit.test_scenario import patched
+    from torbed import cli
+    values = tmp_path / "s.yaml"
+    values.write_text(yaml.safe_dump(patched(changes)))
+    assert cli.main(["validate", str(values)]) == 0
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(values), "--set", "variant=kist")
+    assert t.returncode != 0 and message in t.stderr, show(t)
+
+
+@pytest.mark.parametrize("path", [p for p in SCENARIOS if local_only(p)], ids=lambda p: p.stem)
+def test_shipped_local_only_scenarios_are_refused(tools, path):
+    """A shipped scenario that uses what only the local backend does (e.g. Engler & Goldberg's
+    emulated slow CPU) is refused by helm with the field, not deployed without it."""
+    t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(path), "--set", "variant=vanilla")
+    assert t.returncode != 0 and "local backend only" in t.stderr, show(t)

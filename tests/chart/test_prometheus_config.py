@@ -24,7 +24,7 @@ import urllib.request
 import pytest
 import yaml
 
-from test_chart import CHART, CRD_APIS, REPO, SCENARIOS, kubeconform_ok, run, show
+from test_chart import CHART, CRD_APIS, K8S_SCENARIOS, REPO, kubeconform_ok, run, show
 from torbed import constants
 
 NAMESPACE, RELEASE, DOMAIN = "lab", "rel", "cluster.local"
@@ -68,7 +68,7 @@ def pods(docs) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.stem for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", K8S_SCENARIOS, ids=[s.stem for s in K8S_SCENARIOS])
 def test_in_chart_prometheus_renders_validates_and_promtool_accepts_it(tools, scenario, tmp_path):
     kubeconform_ok(tools, scenario, ["--set", "prometheus.enabled=true"], [])
     docs = render(tools, scenario)

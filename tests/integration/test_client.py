@@ -85,6 +85,10 @@ def test_cellstats_bw_and_metrics_at_a_congested_middle(tmp_path):
         "clients.bulk": {"count": 2, "path": ["guard", "middle", "exit"],
                          "workload": {"kind": "bulk", "file": "bulk"}},
         "clients.web.workload": {"kind": "fetch", "file": "small", "repeat": 1000, "pause": "1s"},
+        # One 5 MiB fetch with a long timeout, sharing the 2 mbit link with three others: it
+        # cannot finish in the window, which must cut it (issue 36 item 3), not let it run on.
+        "clients.big": {"path": ["guard", "middle", "exit"],
+                        "workload": {"kind": "fetch", "file": "bulk", "repeat": 1, "timeout": "300s"}},
         "measure.duration": "30s",
         "measure.metrics_interval": "5s",
     })
@@ -120,6 +124,14 @@ def test_cellstats_bw_and_metrics_at_a_congested_middle(tmp_path):
     goodput = sum(t["bytes"] for t in transfers) * 8 / (t1 - t0)
     print(f"clients' aggregate goodput {goodput / 1e6:.2f} Mbit/s through the 2 mbit middle link")
     assert goodput <= 2e6 * 1.02
+    # The 5 MiB fetch: cut within the driver's 5 s grace after the window, censored there.
+    meta = json.loads((rep / "meta.json").read_text())
+    window_end = meta["t_workload_start"] + meta["duration_s"]
+    big = [t for t in transfers if t["group"] == "big"]
+    assert len(big) == 1 and big[0]["status"] == "cancelled", big
+    assert big[0]["error"]["cause"] == "run_ended" and 0 < big[0]["bytes"] < big[0]["size"], big
+    assert window_end <= big[0]["t_censor"] <= window_end + 5 + 2, (big[0]["t_censor"] - window_end)
+    assert meta["t_end"] < window_end + 5 + 15, "the run waited for the fetch beyond the window's grace"
     metrics = records(rep / "metrics.jsonl")
     assert {m["relay"] for m in metrics} == {"guard0", "middle0", "exit0"}
     assert any(k.startswith("tor_") for k in metrics[-1]["samples"])

@@ -1,7 +1,8 @@
 """torbed generate on real tor output, and a generated network brought up: one network for both.
 
 A scenario generated from stem-made CollecTor-style documents (tests/unit/generate/torstub.py)
-passes `torbed validate`, comes up, and carries traffic on paths tor chooses. While it runs, its
+passes `torbed validate`, comes up, and carries traffic on paths tor chooses; its consensus
+carries the sampled weights and flags, and its transfers the latency model's delays. While it runs, its
 authorities write a real consensus (cached-consensus) and the relays' server descriptors
 (cached-descriptors*): torbed generate parses those with stem and samples from them, flags as tor
 voted them. (One network, not two: each costs a bring-up and a window of the integration stage.)
@@ -109,6 +110,49 @@ def test_generate_reads_a_real_private_networks_consensus_and_descriptors(genera
           f"sampled {sorted((r.nickname, r.position) for r in res.sample.relays)}")
 
 
+def test_the_testbed_consensus_carries_the_sampled_weights_and_flags(generated_run):
+    """The authorities voted the sampled consensus weights (V3BandwidthsFile): every relay's
+    'w Bandwidth=' in the real consensus is its sampled weight, measured (no Unmeasured=1),
+    and its flags are the sample's: Guard and Exit by class, Fast and Stable."""
+    import stem.descriptor
+    data, docs = generated_run["data"], generated_run["docs"]
+    meta = json.loads((generated_run["run"] / "kist" / "rep-0" / "meta.json").read_text())
+    cons = next(stem.descriptor.parse_file(str(docs / "cached-consensus"),
+                                           descriptor_type="network-status-consensus-3 1.0",
+                                           document_handler=stem.descriptor.DocumentHandler.DOCUMENT, validate=False))
+    entries = {e.nickname: e for e in cons.routers.values()}
+    seen = {}
+    for node in meta["nodes"]:
+        if node["role"] != "relay":
+            continue
+        group = data["network"]["relays"][node["group"]]
+        e = entries[node["name"]]
+        seen[node["name"]] = (group["weights"][node["index"]], e.bandwidth)
+        assert e.bandwidth == group["weights"][node["index"]] and not e.is_unmeasured, (node["name"], e.bandwidth)
+        assert ("Guard" in e.flags) == bool(group.get("guard")) and ("Exit" in e.flags) == bool(group.get("exit"))
+        assert {"Fast", "Stable", "Running", "Valid"} <= set(e.flags), (node["name"], e.flags)
+    assert len(seen) == 9 and len({w for w, _ in seen.values()}) > 1, seen
+    print(f"sampled weight -> consensus w Bandwidth= per relay: {seen}")
+
+
+def _path_delay_bounds(data: dict) -> tuple[float, float]:
+    """(least, most) one-way delay in seconds of a client -> guard -> relay -> exit -> server path
+    through the scenario's group-pair delays (--latency): any path tor may build lies between."""
+    delay = {frozenset(p["between"]): int(p["delay"].removesuffix("ms")) / 1000 for p in data["links"]["pairs"]}
+    relays = data["network"]["relays"]
+    client = next(iter(data["clients"]))
+    totals = []
+    for g, gs in relays.items():
+        for m in relays:
+            for e, es in relays.items():
+                if not gs.get("guard") or not es.get("exit"):
+                    continue
+                hops = [frozenset((client, g)), frozenset((g, m)), frozenset((m, e)), frozenset((e, "www"))]
+                if all(h in delay for h in hops):
+                    totals.append(sum(delay[h] for h in hops))
+    return min(totals), max(totals)
+
+
 def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     run, data = generated_run["run"], generated_run["data"]
     rep = run / "kist" / "rep-0"
@@ -126,6 +170,13 @@ def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     exits = [n for n, flags in meta["consensus_flags"].items() if "Exit" in flags]
     assert exits and any(written.get(e, 0) > 0.5 for e in exits), (exits, written)
     assert namespaces(run) == []
+    # The shapers applied the latency model's delays: a request and its first byte cross the
+    # path twice, so no TTFB is under twice the least path delay (unshaped, a 50 KiB page's TTFB
+    # here is tens of ms), and the fastest is near twice a path's delay, not a multiple of it.
+    least, most = _path_delay_bounds(data)
+    fastest = min(t["ttfb_s"] for t in ok)
+    print(f"one-way path delay {least * 1000:.0f}-{most * 1000:.0f} ms; fastest TTFB {fastest * 1000:.0f} ms")
+    assert 2 * least * 0.98 <= fastest <= 2 * most + 0.15, (least, most, fastest)
 
 
 def carried(rep: Path) -> tuple[dict[str, int], dict[str, float]]:

@@ -56,3 +56,9 @@ def test_a_slower_night_is_flagged(tmp_path):
     nights = [r[0] for r in db.execute("SELECT night FROM runs ORDER BY night")]
     assert nights == ["2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"]
     assert len(list((hist / "runs").glob("nightly-2*"))) == 4
+    # Each run's run.json names its scenario file and the entry's overrides, as `torbed run`
+    # records its options (what `torbed run --resume` rebuilds the scenario from).
+    for run_json in (hist / "runs").glob("nightly-2*/run.json"):
+        info = json.loads(run_json.read_text())
+        assert info["overrides"] == {"repetitions": 1, "duration": "8s"}, info["overrides"]
+        assert info["source"] == str(tmp_path / "nightly.yaml"), info["source"]

@@ -38,6 +38,8 @@ def test_variants_json(capsys):
     assert {"vanilla", "ewma", "kist", "kistlite"} <= set(families)
     assert families["ewma"]["parameters"] == ["halflife"]
     assert families["vanilla"]["patches"] and isinstance(families["vanilla"]["built"], bool)
+    assert families["torchestra"]["presets"]["exp1"] == {"heavy_threshold": 1.4, "idle_multiplier": 0.18}
+    assert families["ewma"]["presets"] == {}
 
 
 def test_plan_json_says_what_a_backend_cannot_run(tmp_path, capsys, repo):

@@ -169,3 +169,40 @@ def test_without_a_stallout_only_the_timeout_ends_a_silent_stream(tmp_path, serv
     rec = d.transfer(0, 0, 1.5)
     assert (rec["status"], rec["error"]["cause"]) == ("timeout", "timeout"), rec
     assert "silent_s" not in rec["error"]
+
+
+# -- the end of the window cuts every transfer kind (issue 36 item 3) ----------------------
+
+@pytest.mark.parametrize("kind", ["fetch", "bulk"])
+def test_a_transfer_still_running_at_the_window_end_is_cut_and_censored(tmp_path, serve, monkeypatch, kind):
+    # Before, only bulk transfers were cut: a 5 MiB fetch with a 60 s timeout ran 118 s past
+    # a 35 s window. Here the body trickles (never silent long enough to stall), the window
+    # ends 0.3 s in and the grace is shortened to 0.5 s: the transfer must end about 1 s in
+    # (the driver's floor for a cut timeout), as censored, far before its 30 s timeout.
+    from torbed.client import driver as drv
+    monkeypatch.setattr(drv, "WINDOW_GRACE_S", 0.5)
+    chunks = [HEADER] + [BODY[i:i + 1000] for i in range(0, 20_000, 1000)]
+    srv = serve([step for c in chunks for step in (c, 0.2)], hang_up=True)
+    d = make_driver(tmp_path, srv.port, kind=kind, stallout_s=5.0)
+    d.cfg["t_end"] = time.time() + 0.3
+    timeout = drv._timeout(d)
+    assert timeout == pytest.approx(1.0), "cut to the window end (+ grace, at least 1 s), not the workload's 30 s"
+    rec = d.transfer(0, 0, timeout)
+    d.writer.close()
+    assert rec["status"] == "cancelled", rec
+    assert rec["error"]["cause"] == "run_ended"
+    assert 0 < rec["bytes"] < SIZE
+    assert rec["t_censor"] >= d.cfg["t_end"] and 0.9 <= rec["t_censor"] - rec["t_start"] < 3
+    assert rec["ttlb_s"] is None and rec["ttfb_s"] is not None
+    assert written(tmp_path) == [rec]
+
+
+def test_a_timeout_inside_the_window_is_a_timeout_not_a_censored_transfer(tmp_path, serve):
+    # The workload's own timeout ends the transfer well before the window: a failure.
+    from torbed.client import driver as drv
+    srv = serve([HEADER + BODY[:1000]])
+    d = make_driver(tmp_path, srv.port, timeout_s=1.0)
+    timeout = drv._timeout(d)
+    assert timeout == 1.0
+    rec = d.transfer(0, 0, timeout)
+    assert (rec["status"], rec["error"]["cause"]) == ("timeout", "timeout") and "t_censor" not in rec

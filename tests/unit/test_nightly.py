@@ -244,3 +244,40 @@ def test_report_shows_the_flagged_night(tmp_path):
     pngs = list((tmp_path / "out/figures").glob("trend-*.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 5000
     assert "data:image/png;base64," in (tmp_path / "out/nightly.html").read_text()
+
+
+# ------------------------------------------------------------------ the night's runner
+
+def test_a_night_passes_and_records_each_entrys_overrides(tmp_path):
+    # Before, the runner gave the backend neither the entry's repetitions/duration as
+    # overrides nor the scenario file as the source (it passed the nightly file): run.json
+    # said "no overrides", tonight's report did not say what ran, and `torbed run --resume`
+    # of a nightly run rebuilt a different scenario. The fake backend runs nothing: it
+    # copies the golden run directory and keeps what it was given.
+    from rich.console import Console
+
+    from torbed.nightly import runner
+
+    spec = _spec(tmp_path, matrix=[{"scenario": str(ROOT / "scenarios/quickstart.yaml"), "repetitions": 2,
+                                    "duration": "40s"},
+                                   {"scenario": str(ROOT / "scenarios/quickstart.yaml")}])
+    calls = []
+
+    def run_scenario(s, out, variants, source=None, overrides=None):
+        calls.append({"repetitions": s.repetitions, "duration": s.measure.duration.seconds,
+                      "source": source, "overrides": overrides})
+        dest = Path(out) / f"golden-{len(calls)}"
+        shutil.copytree(GOLDEN, dest)
+        return dest
+
+    code, report = runner.run_night(spec, tmp_path / "hist", run_scenario, Console(file=open("/dev/null", "w")),
+                                    night="2026-11-01")
+    src = str(ROOT / "scenarios/quickstart.yaml")
+    assert calls[0] == {"repetitions": 2, "duration": 40.0, "source": src,
+                        "overrides": {"repetitions": 2, "duration": "40s"}}
+    assert calls[1]["source"] == src and calls[1]["overrides"] == {}
+    assert [r["overrides"] for r in report["runs"]] == [{"repetitions": 2, "duration": "40s"}, {}]
+    written = json.loads((tmp_path / "hist/reports/2026-11-01/nightly.json").read_text())
+    assert written["runs"][0]["overrides"] == {"repetitions": 2, "duration": "40s"}
+    assert written["runs"][0]["source"] == src
+    assert "repetitions 2, duration 40s" in (tmp_path / "hist/reports/2026-11-01/nightly.md").read_text()

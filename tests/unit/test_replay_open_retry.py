@@ -165,3 +165,34 @@ def test_refusals_past_the_retry_window_end_the_flow_as_an_error(replay_server):
     assert rec["t_socks"] is None and rec["chunks_down"] == 0
     assert 1 <= len(rec["open_errors"]) < socks.connects
     assert time.time() - t0 < 2.0 + client.OPEN_BACKOFF_MAX_S
+
+
+def test_a_flow_still_running_at_the_window_end_is_censored(tmp_path, monkeypatch):
+    # A flow whose last downstream packet is due 4 s in, in a window that ends 0.5 s in (the
+    # grace shortened to 0.5 s): cut about 1 s in, recorded as censored (cancelled,
+    # run_ended, t_censor), with what had arrived; the analysis then keeps its time as
+    # "longer than t_censor - t_request" like a cut-off bulk transfer.
+    monkeypatch.setattr(client, "WINDOW_GRACE_S", 0.5)
+    trace = Trace([Flow("long", [Packet(0.0, UP, 100), Packet(0.1, DOWN, 2000), Packet(4.0, DOWN, 2000)],
+                        "s", "long")], {"source": "test", "tool": "hand", "licence": "CC0", "origin": "tests"})
+    write(trace, tmp_path / "t.jsonl")
+    srv = ReplayServer({"t": tmp_path / "t.jsonl"}, "127.0.0.1", 0, tmp_path / "server-cells.jsonl")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    socks = RefusingSocks(refuse=0)
+    try:
+        driver = _driver(tmp_path, srv.tcp.server_address[1], socks.port, run_s=0.5)
+        driver.cfg["workload"]["flows"] = ["long"]
+        cells = RecordWriter(tmp_path / "cells.jsonl")
+        rec = client.replay_flow(driver, trace.flows[0], 0, threading.Event(), cells)
+        cells.close()
+        driver.writer.close()
+    finally:
+        socks.close()
+        srv.shutdown()
+    assert rec["status"] == "cancelled" and rec["error"]["cause"] == "run_ended", rec
+    first = len(wire.chunk_sizes(2000))
+    assert rec["chunks_down"] == first and 0 < rec["bytes"] < rec["size"]
+    assert driver.cfg["t_end"] <= rec["t_censor"] <= driver.cfg["t_end"] + 0.5 + 1.0
+    assert rec["ttlb_s"] is None and rec["ttfb_s"] is not None
+    [written] = list(read_records(tmp_path / "transfers.jsonl"))
+    assert written["t_censor"] == rec["t_censor"]

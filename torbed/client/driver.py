@@ -13,7 +13,9 @@ a typed ``error.cause`` and the workload goes on until its end time. A stall is 
 "stallout": no byte received for the workload's ``stallout_s`` after the request or the last
 read (cause ``stall``; the error also records ``silent_s``). After a timeout or a stall the
 circuit is closed and the next transfer builds a new one (a circuit whose relay vanished
-unannounced would otherwise time out every later transfer).
+unannounced would otherwise time out every later transfer). A transfer of any kind still
+running ``WINDOW_GRACE_S`` after the window's end (``t_end``) is cut there and recorded as
+censored, not failed: ``status: cancelled``, cause ``run_ended``, ``t_censor``.
 
 Public API: ``run(config) -> int`` (transfers recorded), ``main(argv)``; workload kinds are
 registered in ``WORKLOADS`` (``bulk``, ``fetch``, and ``replay`` from torbed.replay.client,
@@ -305,6 +307,9 @@ class Driver:
 
     # -- one transfer ---------------------------------------------------------------------
     def transfer(self, slot: int, seq: int, timeout: float) -> dict:
+        """One HTTP GET of the workload's file, recorded. ``timeout`` shorter than the
+        workload's ``timeout_s`` was cut by the end of the window (``window_timeout``): the
+        transfer it ends is censored (``status: cancelled``, ``t_censor``), not failed."""
         wl = self.cfg["workload"]
         timeout_was_cut = timeout < wl["timeout_s"]
         rec = {"type": "transfer", "variant": self.cfg["variant"], "rep": self.cfg["rep"],
@@ -322,16 +327,7 @@ class Driver:
             if circ.id is not None:
                 rec["circuit"] = {"id": circ.id, "path": circ.path, "build_s": circ.build_s}
             port, ev, state = self._reserve_port(circ.id)
-            proxy = Proxy.from_url(f"socks5://127.0.0.1:{self.cfg['socks_port']}")
-            try:
-                sock = proxy.connect(wl["address"], wl["port"], timeout=max(1.0, deadline - time.time()),
-                                     local_addr=("127.0.0.1", port))
-            except ProxyTimeoutError as e:
-                raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
-            except ProxyError as e:
-                raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS reply: {e}")))
-            except OSError as e:
-                raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+            sock = self._connect(port, state, deadline)
             rec["t_socks"] = time.time()
             sock.settimeout(RECV_WAIT)
             sock.sendall(f"GET /{wl['file']} HTTP/1.1\r\nHost: {wl['address']}\r\nConnection: close\r\n\r\n".encode())
@@ -343,28 +339,54 @@ class Driver:
                 raise TransferError(*(state.get("error") or
                                       ("connection_error", f"received {rec['bytes']} of {wl['size']} bytes")))
         except TransferError as e:
-            if e.cause == "timeout" and time.time() >= self.cfg["t_end"] and timeout_was_cut:
-                # Not a failure: the measurement ended while this (bulk) transfer ran.
-                rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
-                # Right-censored, not failed: observed without finishing up to now
-                # (analysis/survival.py keeps it as "time > t_censor - origin").
-                rec["t_censor"] = time.time()
-            else:
-                rec["status"] = "timeout" if e.cause == "timeout" else "error"
-                if e.cause in ("timeout", "stall") and circ is not None:
-                    self._retire(circ)
-            rec["error"] = {"cause": e.cause, "detail": e.detail, **e.fields}
+            self._failed(rec, e, circ, timeout_was_cut)
         finally:
             if sock is not None:
                 sock.close()
             if port is not None:
                 with self.lock:
                     self.pending.pop(port, None)
+        return self._finish(rec)
+
+    def _connect(self, port: int, state: dict, deadline: float) -> socket.socket:
+        """A SOCKS connection to the workload's server from local ``port`` (reserved, so the
+        STREAM events find the circuit to attach it to); SOCKS failures as TransferError,
+        with the cause the stream/circuit events gave when they came first."""
+        wl = self.cfg["workload"]
+        proxy = Proxy.from_url(f"socks5://127.0.0.1:{self.cfg['socks_port']}")
+        try:
+            return proxy.connect(wl["address"], wl["port"], timeout=max(1.0, deadline - time.time()),
+                                 local_addr=("127.0.0.1", port))
+        except ProxyTimeoutError as e:
+            raise TransferError(*(state.get("error") or ("timeout", f"SOCKS connect: {e}")))
+        except ProxyError as e:
+            raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS reply: {e}")))
+        except OSError as e:
+            raise TransferError(*(state.get("error") or ("socks_error", f"SOCKS: {e}")))
+
+    def _failed(self, rec: dict, e: TransferError, circ: Circuit | None, timeout_was_cut: bool) -> None:
+        """Record ``e`` in ``rec``: a timeout the window's end imposed is a censored
+        observation; any other timeout or a stall retires the circuit."""
+        if e.cause == "timeout" and time.time() >= self.cfg["t_end"] and timeout_was_cut:
+            # Not a failure: the measurement ended while this transfer ran.
+            rec["status"], e = "cancelled", TransferError("run_ended", e.detail)
+            # Right-censored, not failed: observed without finishing up to now
+            # (analysis/survival.py keeps it as "time > t_censor - origin").
+            rec["t_censor"] = time.time()
+        else:
+            rec["status"] = "timeout" if e.cause == "timeout" else "error"
+            if e.cause in ("timeout", "stall") and circ is not None:
+                self._retire(circ)
+        rec["error"] = {"cause": e.cause, "detail": e.detail, **e.fields}
+
+    def _finish(self, rec: dict) -> dict:
+        """The derived times and the warm-up flag of a finished transfer; writes it."""
         t, r = rec, rec["t_request"]
+        ok = rec["status"] == "ok"
         rec["ttfb_s"] = t["t_first_byte"] - r if t["t_first_byte"] and r else None
-        rec["ttlb_s"] = t["t_last_byte"] - r if t["t_last_byte"] and r and rec["status"] == "ok" else None
+        rec["ttlb_s"] = t["t_last_byte"] - r if t["t_last_byte"] and r and ok else None
         rec["ttfb_stream_s"] = t["t_first_byte"] - t["t_start"] if t["t_first_byte"] else None
-        rec["ttlb_stream_s"] = t["t_last_byte"] - t["t_start"] if t["t_last_byte"] and rec["status"] == "ok" else None
+        rec["ttlb_stream_s"] = t["t_last_byte"] - t["t_start"] if t["t_last_byte"] and ok else None
         rec["warmup"] = rec["t_start"] < self.cfg["t_measure"]
         self.writer.write(rec)
         return rec
@@ -403,16 +425,8 @@ class Driver:
             now = time.time()
             if now > deadline:
                 raise TransferError("timeout", f"after {rec['bytes']} of {wl['size']} bytes")
-            silent = now - last_read
             if stallout is not None:
-                if silent >= stallout:
-                    raise TransferError("stall", f"no byte for {silent:.1f} s (stallout {stallout:g} s) after "
-                                                 f"{rec['bytes']} of {wl['size']} body bytes",
-                                        silent_s=round(silent, 3))
-                if stallout - silent < wait:
-                    # Wake up when the stall is due, not up to RECV_WAIT later.
-                    wait = max(0.01, stallout - silent)
-                    sock.settimeout(wait)
+                wait = _stall_check(sock, rec, stallout, now - last_read, wait, wl["size"])
             try:
                 data = sock.recv(RECV)
             except socket.timeout:
@@ -449,6 +463,18 @@ class Driver:
             raise TransferError(*state["error"])
         if body == wl["size"] and body_hash.hexdigest() != wl["sha256"]:
             raise TransferError("checksum_mismatch", f"sha256 {body_hash.hexdigest()} != {wl['sha256']}")
+
+
+def _stall_check(sock: socket.socket, rec: dict, stallout: float, silent: float, wait: float, size: int) -> float:
+    """Raise the ``stall`` TransferError when ``silent`` reached ``stallout``; else the recv
+    wait to use (shortened to wake up when the stall is due, not up to RECV_WAIT later)."""
+    if silent >= stallout:
+        raise TransferError("stall", f"no byte for {silent:.1f} s (stallout {stallout:g} s) after "
+                                     f"{rec['bytes']} of {size} body bytes", silent_s=round(silent, 3))
+    if stallout - silent < wait:
+        wait = max(0.01, stallout - silent)
+        sock.settimeout(wait)
+    return wait
 
 
 # -- workloads ------------------------------------------------------------------------------
@@ -488,10 +514,17 @@ def run_fetch(driver: Driver, slot: int, stop: threading.Event) -> int:
     return n
 
 
+# How long after the end of the window a transfer still running is cut off (and recorded as
+# censored at that moment): a grace for transfers about to finish, not a second window.
+WINDOW_GRACE_S = 5.0
+
+
 def _timeout(driver: Driver) -> float:
+    """A transfer's timeout: the workload's, cut to end WINDOW_GRACE_S after the window for
+    every kind (a 5 MiB fetch with a 60 s timeout once ran 118 s past a 35 s window, its time
+    counted as if the window had gone on)."""
     wl = driver.cfg["workload"]
-    return min(wl["timeout_s"], max(1.0, driver.cfg["t_end"] + 5 - time.time())) \
-        if wl["kind"] == "bulk" else wl["timeout_s"]
+    return min(wl["timeout_s"], max(1.0, driver.cfg["t_end"] + WINDOW_GRACE_S - time.time()))
 
 
 WORKLOADS: dict[str, Callable[[Driver, int, threading.Event], int]] = {

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from . import latency
 from .budget import MIN_RELAY_RATE
 from .sample import POSITIONS
 from .sources import Relay
@@ -50,6 +51,27 @@ WORKLOADS = {
 # 5 minutes; a testbed window is minutes long).
 PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
 PERF_PAUSE = "30s"
+SERVER = "www"
+# Clients per sampled relay (default). Tor Metrics counts ~2.5 million daily users for ~7,000
+# relays, but most users are idle most of the time; one active measurement client per relay
+# keeps the sampled network about as loaded as its relay count, and scales with it.
+CLIENTS_PER_RELAY = 1.0
+
+TRAFFIC_MODEL = (
+    "Clients scale with the network (clients_per_relay x relays, split over the workload mix by largest "
+    "remainder); every client is a tor of its own that chooses its own paths from the testbed's consensus "
+    "(no fixed paths), so the sampled consensus weights decide which relays carry it. Workloads: web = "
+    "one 50 KiB page, then a think time drawn from an exponential distribution of mean 5 s, repeated "
+    "(tgen's web size); bulk = 5 MiB downloads back to back (tornettools' bulk clients); perf = three "
+    "OnionPerf-style probes, one per size (50 KiB, 1 MiB, 5 MiB), a fetch every 30 s.")
+
+
+def traffic_parameters(n_clients: int, relays: int, mix: dict[str, float], perf: bool) -> dict:
+    """The traffic model's parameters, flat, for ``generated.parameters`` (and the report)."""
+    return {"traffic_model": TRAFFIC_MODEL, "clients_per_relay": round(n_clients / relays, 4),
+            "workload_web": "fetch 50KiB page, think exponential mean 5s", "workload_bulk": "bulk 5MiB back to back",
+            "workload_perf": f"fetch 50KiB / 1MiB / 5MiB every {PERF_PAUSE}" if perf else "off",
+            "mix": ",".join(f"{k}={v:g}" for k, v in mix.items())}
 
 
 @dataclass
@@ -97,6 +119,69 @@ def capacity_groups(relays: list[Relay], rates: list[int], bin_ratio: float = DE
     return groups
 
 
+def rank_groups(relays: list[Relay], rates: list[int], like: list[RelayGroupSpec]) -> list[RelayGroupSpec]:
+    """Groups with the names and sizes of ``like`` (another sample's groups): each class's
+    relays sorted by rate and cut, slowest first, into consecutive runs of those sizes. So
+    another block's network has the same group structure (names, counts, links) and only its
+    rates and weights differ; within a class a capacity bin is such a run too."""
+    out = []
+    for pos in POSITIONS:
+        members = sorted(((r, rate) for r, rate in zip(relays, rates) if r.position == pos),
+                         key=lambda t: (t[1], t[0].fingerprint))
+        at = 0
+        for g in (g for g in like if g.position == pos):
+            chunk = members[at:at + len(g.relays)]
+            at += len(g.relays)
+            mean = sum(rate for _, rate in chunk) / len(chunk)
+            out.append(RelayGroupSpec(name=g.name, position=pos,
+                                      rate=max(MIN_RELAY_RATE, int(round(mean / 1024)) * 1024),
+                                      relays=[r for r, _ in chunk], rates=[rate for _, rate in chunk]))
+    return out
+
+
+@dataclass
+class Latency:
+    """Delays to put on the links (torbed/generate/latency.py): the model, each relay's region,
+    and the client and server groups (whose regions are the model's shares)."""
+    model: latency.Model
+    regions: dict[str, str]             # relay fingerprint -> region
+    clients: list[str]
+    servers: list[str]
+
+    def side(self, g: RelayGroupSpec | None) -> list[str] | None:
+        return None if g is None else [self.regions[r.fingerprint] for r in g.relays]
+
+    def delay(self, a: RelayGroupSpec | None, b: RelayGroupSpec | None) -> str:
+        # A whole millisecond at least: a 0 delay would be no delay, which the model did not say.
+        return f"{max(1, round(latency.pair_delay(self.side(a), self.side(b), self.model)))}ms"
+
+
+def link_pairs(groups: list[RelayGroupSpec], lat: Latency | None = None) -> list[dict]:
+    """A link per pair of relay groups (and a group with itself) at the slower side's rate plus
+    wire overhead; with ``lat``, each with its delay, and delay-only links from the client
+    groups to the guards and from the exits to the servers."""
+    pairs = []
+    for i, a in enumerate(groups):
+        for b in groups[i:]:
+            if a is b and len(a.relays) < 2:
+                continue
+            bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
+            pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+            if lat:
+                pairs[-1]["delay"] = lat.delay(a, b)
+    if lat:
+        pairs += [{"between": [c, g.name], "delay": lat.delay(None, g)} for c in lat.clients for g in groups if g.guard]
+        pairs += [{"between": [g.name, s], "delay": lat.delay(g, None)} for s in lat.servers for g in groups if g.exit]
+    return pairs
+
+
+def sample_entry(seed: int, groups: list[RelayGroupSpec], lat: Latency | None = None) -> dict:
+    """One block's network for ``samples:``."""
+    return {"seed": seed,
+            "relays": {g.name: {"bandwidth": _rate_str(g.rate), "weights": [r.weight for r in g.relays]} for g in groups},
+            "pairs": link_pairs(groups, lat)}
+
+
 def _rate_str(bytes_per_s: int) -> str:
     return f"{bytes_per_s // 1024}KiB/s"
 
@@ -127,22 +212,18 @@ def client_groups(n_clients: int, mix: dict[str, float], perf: bool) -> dict[str
 
 def scenario(name: str, description: str, seed: int, variants: list[str], groups: list[RelayGroupSpec],
              clients: dict[str, dict], duration: str, warmup: str, authorities: int,
-             generated: dict) -> dict:
+             generated: dict, lat: Latency | None = None) -> dict:
     relays = {}
     for g in groups:
-        spec = {"count": len(g.relays), "bandwidth": _rate_str(g.rate)}
+        # The sampled consensus weights, voted by the authorities (V3BandwidthsFile), so
+        # clients weight paths as the real network does; the rate is each relay's capacity.
+        spec = {"count": len(g.relays), "bandwidth": _rate_str(g.rate), "weights": [r.weight for r in g.relays]}
         if g.guard:
             spec["guard"] = True
         if g.exit:
             spec["exit"] = True
         relays[g.name] = spec
-    pairs = []
-    for i, a in enumerate(groups):
-        for b in groups[i:]:
-            if a is b and len(a.relays) < 2:
-                continue
-            bits = min(a.rate, b.rate) * 8 * LINK_WIRE_OVERHEAD
-            pairs.append({"between": [a.name, b.name], "rate": f"{max(8, int(math.ceil(bits / 1000)))}kbit"})
+    pairs = link_pairs(groups, lat)
     files = {"page": FILES["page"], "bulk": FILES["bulk"]}
     if any(c.startswith("perf") for c in clients):
         files.update({k: FILES[k] for k in ("p50k", "p1m", "p5m")})
@@ -155,7 +236,7 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
         "repetitions": 1,
         "network": {"authorities": authorities, "relays": relays},
         "links": {"pairs": pairs},
-        "servers": {"www": {"files": files}},
+        "servers": {SERVER: {"files": files}},
         "clients": clients,
         "measure": {"warmup": warmup, "duration": duration},
         "generated": generated,

@@ -86,6 +86,15 @@ def _mix(text: str) -> dict[str, float]:
     return out
 
 
+def _latency_model(text: str):
+    """--latency: 'model' (torbed's region model), 'none', or a matrix file (read when the
+    command runs, so a bad file is an InputError naming it: exit 2)."""
+    from . import latency
+    if text == "none":
+        return None
+    return latency.DEFAULT if text == "model" else latency.load(text)
+
+
 def cmd_generate(args) -> int:
     from . import generate
     if args.relays is None and args.scale is None:
@@ -98,7 +107,8 @@ def cmd_generate(args) -> int:
                    clients=args.clients, mix=args.mix, perf=not args.no_perf, name=args.name,
                    variants=args.variants.split(",") if args.variants else None, duration=args.duration,
                    warmup=args.warmup, authorities=args.authorities, bin_ratio=args.bin_ratio,
-                   total_rate=args.total_rate, budget=budget)
+                   total_rate=args.total_rate, budget=budget, networks=args.networks,
+                   latency=_latency_model(args.latency))
     t = Table(title=f"{res.data['name']}: {len(res.sample.relays)} relays in {len(res.groups)} groups "
                     f"(rate scale {res.fit.scale:.4g}, {res.fit.floored} at tor's minimum)")
     for col in ("class", "in consensus", "sampled", "groups", "group rates"):
@@ -142,6 +152,14 @@ def register(sub, fmt) -> None:
                    help="clients' workloads as shares, NAME=SHARE,... (web: 50 KiB pages with 5 s think time; "
                         "bulk: 5 MiB back to back)")
     p.add_argument("--no-perf", action="store_true", help="no OnionPerf-style probes (50 KiB, 1 MiB, 5 MiB)")
+    p.add_argument("--networks", type=_positive_int, default=1,
+                   help="independently sampled networks, one per block (seeds SEED, SEED+1, ...; repetitions = "
+                        "this): the report's intervals then include network-sampling error (Jansen, Tracey & "
+                        "Goldberg 2021). 1: one network for every repetition")
+    p.add_argument("--latency", default="model", metavar="model|none|FILE",
+                   help="one-way delays on the links: 'model' (regions with the real network's shares, delays "
+                        "between continents: docs/generate.md), 'none', or a YAML matrix file (regions: shares; "
+                        "delay_ms: region to region milliseconds)")
     p.add_argument("--name", default=None, help="scenario name (default: tor-sample-N)")
     p.add_argument("--variants", default=None, help="comma-separated variants (default: kist)")
     p.add_argument("--duration", default="5m", help="measure.duration")

@@ -3,7 +3,7 @@
 Public API:
 
 - ``POSITIONS``: the classes in a fixed order (guard, exit, guardexit, middle)
-- ``eligible(relays) -> (list[Relay], dict[reason, count])``: Running, Valid and Fast relays
+- ``eligible(relays) -> (list[Relay], dict[reason, count])``: Running, Valid, Fast and Stable relays
   with a positive weight and capacity (what a client would use)
 - ``allocate(counts, n, source) -> dict[position, int]``: N split over the classes in
   proportion to their relay counts (largest remainder); raises SampleError when a class
@@ -30,7 +30,10 @@ from ..errors import InputError
 from .sources import Relay
 
 POSITIONS = ("guard", "exit", "guardexit", "middle")
-REQUIRED_FLAGS = ("Running", "Valid", "Fast")
+# Stable too: torbed's authorities vote Stable for every relay (a minutes-old network has no
+# uptime history, and tor has no option to vote it per relay), so only Stable relays are
+# drawn and every sampled relay's Fast and Stable flags are as in the consensus.
+REQUIRED_FLAGS = ("Running", "Valid", "Fast", "Stable")
 
 
 class SampleError(InputError):
@@ -65,7 +68,7 @@ def allocate(counts: dict[str, int], n: int, source: str) -> dict[str, int]:
     total = sum(counts.values())
     if n > total:
         raise SampleError(f"{source}: {n} relays asked for, the consensus has {total} usable ones "
-                          "(Running, Valid, Fast, with a descriptor)")
+                          "(Running, Valid, Fast, Stable, with a descriptor)")
     exact = {p: n * counts.get(p, 0) / total for p in POSITIONS}
     out = {p: math.floor(x) for p, x in exact.items()}
     # Largest remainder; ties by the fixed class order.

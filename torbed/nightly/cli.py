@@ -27,8 +27,12 @@ def _runner_for(args):
     face = engine.backend_module(args.backend)
     backend = face.create(face.Options.from_args(args), console, Path(args.nightly))
 
-    def run(s, out, variants):
-        return engine.run(s, backend, Path(out), console, variants=variants, source=args.nightly)
+    def run(s, out, variants, source=None, overrides=None):
+        # source: the entry's scenario file and overrides its repetitions/duration, in
+        # run.json as `torbed run` records its own (before, source was the nightly file and
+        # the overrides were missing: `torbed run --resume` could not rebuild the scenario).
+        return engine.run(s, backend, Path(out), console, variants=variants, source=source or args.nightly,
+                          overrides=overrides)
     return run
 
 

@@ -107,9 +107,10 @@ def write_report(findings: list[Finding], spec: NightlySpec, night: str, out_dir
                    f"moved by at least {th.min_change}. Only runs alike in {', '.join(spec.compare_by)} are compared."))
     if runs:
         b.append(("h", 2, "Tonight's runs"))
-        b.append(("table", ["scenario", "variants", "status", "run directory"],
-                  [[r.get("scenario", ""), ", ".join(r.get("variants", [])), r.get("status", ""),
-                    r.get("run_dir", "")] for r in runs]))
+        b.append(("table", ["scenario", "variants", "overrides", "status", "run directory"],
+                  [[r.get("scenario", ""), ", ".join(r.get("variants", [])),
+                    ", ".join(f"{k} {v}" for k, v in (r.get("overrides") or {}).items()) or "none",
+                    r.get("status", ""), r.get("run_dir", "")] for r in runs]))
     b.append(("h", 2, "Findings"))
     b.append(("table", ["status", "metric", "series", "tonight", "lookback", "change", "z (needed)", "p", "why"],
               [[f.status, f.metric, _key_text(f.key), _fmt(f.value), _fmt(f.center), _fmt(f.change, pct=True),

@@ -50,13 +50,20 @@ def prepare(spec: NightlySpec, entry) -> tuple[scenario_mod.Scenario, list[str]]
     return s, list(entry.variants or s.variants)
 
 
+def overrides_of(entry) -> dict:
+    """The matrix entry's overrides as `torbed run` records its options in run.json
+    (``{"repetitions": 5, "duration": "60s"}``, only those given): what ``torbed run
+    --resume`` rebuilds the scenario from, and what tonight's report says was run."""
+    return {k: v for k, v in (("repetitions", entry.repetitions), ("duration", entry.duration)) if v}
+
+
 def run_night(spec: NightlySpec, history_dir: Path, run_scenario: Callable, console,
               out_dir: Path | None = None, night: str | None = None, fail_on: str = "regression",
               detect_only: bool = False) -> tuple[int, dict]:
-    """Run the matrix (``run_scenario(scenario, out_dir, variants) -> run_dir``; it raises the
-    backend's own errors, which count as a failed run, or KeyboardInterrupt-like ``Interrupted``),
-    ingest, detect, report. Returns (exit code, the nightly report's JSON)."""
-    from ..analysis.report import report as run_report
+    """Run the matrix (``run_scenario(scenario, out_dir, variants, source=, overrides=) ->
+    run_dir``, source the scenario file and overrides the entry's, for run.json; it raises
+    the backend's own errors, which count as a failed run, or KeyboardInterrupt-like
+    ``Interrupted``), ingest, detect, report. Returns (exit code, the nightly report's JSON)."""
     history_dir.mkdir(parents=True, exist_ok=True)
     out_dir = out_dir or history_dir / "runs"
     night = night or tonight()
@@ -72,39 +79,16 @@ def run_night(spec: NightlySpec, history_dir: Path, run_scenario: Callable, cons
         with History(history_dir) as hist:
             for i, entry in enumerate([] if detect_only else spec.matrix):
                 s, variants = prepare(spec, entry)
-                rec = {"scenario": s.name, "variants": variants, "status": "skipped", "run_dir": ""}
+                rec = {"scenario": s.name, "variants": variants, "status": "skipped", "run_dir": "",
+                       "source": str(spec.scenario_path(entry)), "overrides": overrides_of(entry)}
                 runs.append(rec)
                 if time.monotonic() - t0 > spec.deadline_s:
                     rec["error"] = f"deadline {spec.deadline} passed before it started"
                     failed = True
                     continue
                 console.log(f"nightly {spec.name} {night}: matrix[{i}] {s.name} x {', '.join(variants)}")
-                run_dir = None
-                try:
-                    run_dir = run_scenario(s, out_dir, variants)
-                except (SystemExit, GeneratorExit):
-                    raise
-                except BaseException as e:  # noqa: BLE001 - a failed run is recorded, then the next
-                    rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
-                    run_dir = getattr(e, "run_dir", None)
-                    if isinstance(e, (Interrupted, KeyboardInterrupt)):
-                        rec["status"], interrupted = "interrupted", True
-                    failed = True
-                if run_dir is None:
-                    if interrupted:
-                        break
-                    continue
-                rec["run_dir"] = str(run_dir)
-                info = json.loads((Path(run_dir) / "run.json").read_text())
-                if rec["status"] == "skipped":
-                    rec["status"] = info.get("status", "?")
-                failed |= rec["status"] != "ok"
-                try:
-                    run_report(run_dir)
-                    hist.ingest(run_dir, night=night, nightly=spec.name)
-                except Exception as e:  # noqa: BLE001 - a run whose records cannot be read is a failed night
-                    rec["status"], rec["error"] = "failed", f"report/ingest: {type(e).__name__}: {e}"
-                    failed = True
+                ok, interrupted = _run_entry(rec, s, variants, run_scenario, out_dir, hist, night, spec.name)
+                failed |= not ok
                 if interrupted:
                     break
             from .detect import detect    # scipy: imported when a night is assessed, not by `torbed`'s start
@@ -119,3 +103,36 @@ def run_night(spec: NightlySpec, history_dir: Path, run_scenario: Callable, cons
         return EXIT_FAILED, report
     flagged = {"regression": report["regressions"], "any": report["flagged"], "never": 0}[fail_on]
     return (EXIT_REGRESSION if flagged else EXIT_OK), report
+
+
+def _run_entry(rec: dict, s, variants: list[str], run_scenario: Callable, out_dir: Path, hist: History,
+               night: str, nightly: str) -> tuple[bool, bool]:
+    """Run one matrix entry (``rec``: its record in tonight's report, updated), report it and
+    add it to the history. Returns (ok, interrupted)."""
+    from ..analysis.report import report as run_report
+    failed = interrupted = False
+    run_dir = None
+    try:
+        run_dir = run_scenario(s, out_dir, variants, source=rec["source"], overrides=rec["overrides"])
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a failed run is recorded, then the next
+        rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
+        run_dir = getattr(e, "run_dir", None)
+        if isinstance(e, (Interrupted, KeyboardInterrupt)):
+            rec["status"], interrupted = "interrupted", True
+        failed = True
+    if run_dir is None:
+        return not failed, interrupted
+    rec["run_dir"] = str(run_dir)
+    info = json.loads((Path(run_dir) / "run.json").read_text())
+    if rec["status"] == "skipped":
+        rec["status"] = info.get("status", "?")
+    failed |= rec["status"] != "ok"
+    try:
+        run_report(run_dir)
+        hist.ingest(run_dir, night=night, nightly=nightly)
+    except Exception as e:  # noqa: BLE001 - a run whose records cannot be read is a failed night
+        rec["status"], rec["error"] = "failed", f"report/ingest: {type(e).__name__}: {e}"
+        failed = True
+    return not failed, interrupted

@@ -45,7 +45,8 @@ torbed.io/repetition: {{ .Values.repetition | quote }}
 {{- $parts := splitList "-" . -}}{{ first $parts }}
 {{- end -}}
 
-{{/* A variant's torrc fragment, resolved from files/variants.yaml. Args: (list $root $variant). */}}
+{{/* A variant's torrc fragment, resolved from files/variants.yaml: "<family>-<number>" sets the first
+parameter, "<family>-<preset>" the preset's parameters (torbed.variants). Args: (list $root $variant). */}}
 {{- define "torbed.variantTorrc" -}}
 {{- $root := index . 0 -}}{{- $variant := index . 1 -}}
 {{- $families := (($root.Files.Get "files/variants.yaml") | fromYaml).families -}}
@@ -54,9 +55,12 @@ torbed.io/repetition: {{ .Values.repetition | quote }}
 {{- if eq $arg $variant }}{{ $arg = "" }}{{ end -}}
 {{- $f := index $families $family -}}
 {{- $torrc := $f.torrc -}}
+{{- $preset := dict -}}
+{{- if and $arg $f.presets }}{{ $preset = index $f.presets $arg | default dict }}{{ end -}}
 {{- range $i, $p := $f.parameters -}}
 {{- $value := $p.default -}}
-{{- if and (eq $i 0) $arg }}{{ $value = $arg }}{{ end -}}
+{{- if hasKey $preset $p.name }}{{ $value = index $preset $p.name }}
+{{- else if and (eq $i 0) $arg (not $preset) }}{{ $value = $arg }}{{ end -}}
 {{- $torrc = replace (printf "{%s}" $p.name) (toString $value) $torrc -}}
 {{- end -}}
 # Variant {{ $variant }}: {{ $f.description }}

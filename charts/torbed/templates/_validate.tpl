@@ -65,6 +65,14 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- end -}}
 {{- end -}}
 
+{{- /* What only the local backend carries out (torbed's K8sBackend.unsupported says the same
+for `torbed run --backend k8s`): refused here rather than silently not done. */ -}}
+{{- range $g, $rg := $relays -}}
+{{- if and $rg.cpu (ne (toString $rg.cpu) "native") }}{{ $problems = append $problems (printf "network.relays.%s.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
+{{- if $rg.weights }}{{ $problems = append $problems (printf "network.relays.%s.weights: the authorities vote these weights from a bandwidth file only the local backend writes; on Kubernetes the authorities measure the relays themselves" $g) }}{{ end -}}
+{{- end -}}
+{{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
+
 {{- /* Variants. */ -}}
 {{- if ne (len (uniq $v.variants)) (len $v.variants) }}{{ $problems = append $problems "variants: variants must be unique" }}{{ end -}}
 {{- $toCheck := dict -}}
@@ -80,10 +88,10 @@ Cross-field checks of the scenario, the same ones torbed.scenario makes after de
 {{- $f := index $families $family -}}
 {{- if and $arg (not $f.parameters) -}}
 {{- $problems = append $problems (printf "%s: variant '%s' takes no parameter, got '%s'" $field $family $name) -}}
-{{- else if $arg -}}
+{{- else if and $arg (not (hasKey ($f.presets | default dict) $arg)) -}}
 {{- $p := first $f.parameters -}}
 {{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $arg) -}}
-{{- $problems = append $problems (printf "%s: variant '%s': '%s' is not a number for parameter '%s'" $field $name $arg $p.name) -}}
+{{- $problems = append $problems (printf "%s: variant '%s': '%s' is not a number for parameter '%s' and not a preset of '%s'" $field $name $arg $p.name $family) -}}
 {{- else if or (and (kindIs "float64" $p.min) (lt (float64 $arg) (float64 $p.min))) (and (kindIs "float64" $p.max) (gt (float64 $arg) (float64 $p.max))) -}}
 {{- $problems = append $problems (printf "%s: variant '%s': %s=%s outside [%v, %v]" $field $name $p.name $arg $p.min $p.max) -}}
 {{- end -}}

@@ -121,3 +121,22 @@ def test_median_not_reached_is_said(tmp_path):
     assert rs[2]["median"] is None and rs[2]["median_not_reached"]
     res = inference.compare_arms(m, "a", m, "b", same_run=True, rng=np.random.default_rng(0))
     assert "not reached in repetition(s) 2" in res["test_reason"] and res["test"] == "welch"
+
+
+def test_replay_flows_and_fetches_cut_off_are_censored_like_bulk(tmp_path):
+    # Records as the driver writes them now for fetch and replay (issue 36 item 3): each
+    # kind's cut-off transfer is a censored time at its own t_censor, per (group, file).
+    def kind(rec, group, file, workload):
+        return {**rec, "group": group, "file": file, "workload": workload}
+
+    rep = ([kind(tr(100, x), "web", "big", "fetch") for x in (5, 6, 7)]
+           + [kind(tr(100, status="cancelled", cause="run_ended", t_censor=133.0), "web", "big", "fetch")]
+           + [kind(tr(100, x), "ssh", "trace", "replay") for x in (1, 2)]
+           + [kind(tr(100, status="cancelled", cause="run_ended", t_censor=131.5), "ssh", "trace", "replay")])
+    run = load_run(make_run(tmp_path / "r", {"a": [rep]}))
+    ex = metrics.extract(run)
+    assert ex.metrics["ttlb_s/web:big"].censored["a"][0].tolist() == [33.0]
+    assert ex.metrics["ttlb_s/ssh:trace"].censored["a"][0].tolist() == [31.5]
+    assert sorted(ex.metrics["ttlb_s/ssh:trace"].values["a"][0].tolist()) == [1, 2]
+    outcomes = metrics.transfer_outcomes(run)["a"]
+    assert outcomes["censored"] == 2 and outcomes["by_group"]["ssh:trace"]["censored"] == 1, outcomes

@@ -19,7 +19,7 @@ PI = {"arch": "amd64", "pod_arch": "aarch64", "labels": {"kubernetes.io/arch": "
       "emulated": True}
 
 
-def _run(tmp: Path, arm_factor: float, reps: int = 3, seed: int = 1) -> Path:
+def _run(tmp: Path, arm_factor: float, reps: int = 3, seed: int = 1, rep_sd: float = 0.05) -> Path:
     rng = np.random.default_rng(seed)
     run = tmp / "hw-run"
     scenario = {"name": "hw", "clients": {"webamd": {"path": ["guard", "midamd", "exit"]},
@@ -38,7 +38,7 @@ def _run(tmp: Path, arm_factor: float, reps: int = 3, seed: int = 1) -> Path:
                              "pi": {**PI, "ran": ["midarm0"]}}}
         (d / "meta.json").write_text(json.dumps(meta))
         lines = []
-        rep_effect = rng.lognormal(0, 0.05)   # repetitions differ a little, both arms alike
+        rep_effect = rng.lognormal(0, rep_sd)   # repetitions differ (a little by default), both arms alike
         for group, factor in (("webamd", 1.0), ("webarm", arm_factor)):
             for i in range(40):
                 ttlb = 0.5 * rep_effect * factor * rng.lognormal(0, 0.2)
@@ -100,3 +100,36 @@ def test_one_kind_of_hardware_or_a_local_run_has_no_hardware_section(tmp_path):
         m.write_text(json.dumps(meta))
     run = load_run(run_dir)
     assert hardware.by_hardware(run, metrics.extract(run)) is None
+
+
+def test_arms_are_paired_by_repetition_so_a_shared_slowdown_cancels(tmp_path):
+    # Repetitions differ a lot (sd 0.5 on the log scale: a loaded machine in some) and both
+    # arms share it; the Pi path is 25% slower. Paired on the per-repetition log ratios the
+    # shared part cancels and the 25% is found; Welch across repetitions (what this compared
+    # before) sees a spread of ~50% and cannot tell.
+    run = load_run(_run(tmp_path, arm_factor=1.25, reps=5, rep_sd=0.5, seed=4))
+    c = next(c for c in hardware.by_hardware(run, metrics.extract(run))["comparisons"] if c["metric"] == "ttlb_s")
+    arm = c["arms"]["amd64 + arm64/rpi (emulated)"]
+    vs = arm["vs_baseline"]
+    assert vs["test"] == "paired" and "blocks intact" in vs["test_reason"], vs
+    assert vs["pvalue"] < 0.01 and 10 < vs["change_pct"] < 40 and vs["change_ci95"][0] > 0, vs
+    welch = hardware.inference.test_arms(dict(zip(arm["reps"], arm["per_rep_medians"])),
+                                         dict(zip(c["arms"]["amd64"]["reps"], c["arms"]["amd64"]["per_rep_medians"])),
+                                         False, None, np.random.default_rng(0), None)
+    assert welch["pvalue"] > 0.05, "the shared repetition effect should swamp the unpaired test"
+
+
+def test_broken_blocks_fall_back_to_welch_and_say_why(tmp_path):
+    run_dir = _run(tmp_path, arm_factor=2.0, reps=4)
+    # Repetition 1 failed; repetition 2 has no Pi-path transfers at all.
+    m = run_dir / "vanilla" / "rep-1" / "meta.json"
+    m.write_text(json.dumps({**json.loads(m.read_text()), "status": "failed"}))
+    t = run_dir / "vanilla" / "rep-2" / "transfers.jsonl"
+    t.write_text("".join(line + "\n" for line in t.read_text().splitlines() if '"webarm"' not in line))
+    run = load_run(run_dir)
+    c = next(c for c in hardware.by_hardware(run, metrics.extract(run))["comparisons"] if c["metric"] == "ttlb_s")
+    vs = c["arms"]["amd64 + arm64/rpi (emulated)"]["vs_baseline"]
+    assert vs["test"] != "paired" and "blocks broken" in vs["test_reason"], vs
+    assert "repetition(s) 2 have no value in the variant" in vs["test_reason"]
+    assert "repetition 1 failed in vanilla" in vs["test_reason"], vs["test_reason"]
+    assert c["arms"]["amd64 + arm64/rpi (emulated)"]["reps"] == [0, 1, 3]

@@ -175,3 +175,19 @@ def test_blocks_planned_grows_with_the_spread_and_stops_at_the_maximum():
     assert 3 <= n_small < n_large <= 40
     assert P.blocks_planned(5.0, c, PREREG, 12) == 12
     assert P.blocks_planned(None, c, PREREG, 12) == 12
+
+
+def test_every_preregistered_experiment_names_its_scenarios_variants():
+    """The pre-registration and the scenarios cannot drift: each experiment's variants are
+    the ones its scenario file runs, and every comparison's arms are among them."""
+    import yaml
+
+    from torbed.analysis import prereg
+    from torbed.resources import ROOT
+    p = prereg.load()
+    for e in p.experiments.values():
+        scenario_variants = yaml.safe_load((ROOT / e.scenario).read_text())["variants"]
+        assert set(e.variants) <= set(scenario_variants), (e.name, e.variants, scenario_variants)
+    for c in p.comparisons:
+        arms = set(p.experiments[c.experiment].variants)
+        assert {c.baseline, c.variant} <= arms, (c.id, c.baseline, c.variant, arms)

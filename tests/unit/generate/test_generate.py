@@ -29,7 +29,7 @@ def net(tmp_path_factory):
 
 
 def _relay(fp: str, flags: set[str], weight: int, capacity: int = 10_000_000) -> sources.Relay:
-    return sources.Relay(fingerprint=fp, nickname=fp.lower(), flags=frozenset(flags | {"Running", "Valid", "Fast"}),
+    return sources.Relay(fingerprint=fp, nickname=fp.lower(), flags=frozenset(flags | {"Running", "Valid", "Fast", "Stable"}),
                          weight=weight, capacity=capacity, observed=capacity)
 
 
@@ -78,7 +78,7 @@ def test_draw_within_a_class_follows_consensus_weight():
 def test_classes_and_proportions(net):
     res = generate(net.consensus, [net.descriptors], relays=40, seed=3, budget=BUDGET)
     by_fp = {r.fingerprint: r for r in net.relays}
-    usable = [r for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags)]
+    usable = [r for r in net.relays if {"Running", "Valid", "Fast", "Stable"} <= set(r.flags)]
     share = Counter(r.position for r in usable)
     for pos in sample.POSITIONS:
         assert abs(res.sample.per_class[pos] - 40 * share[pos] / len(usable)) < 1, (pos, res.sample.per_class)
@@ -90,7 +90,7 @@ def test_classes_and_proportions(net):
         for r in g.relays:
             stub = by_fp[r.fingerprint]
             assert stub.position == g.position == r.position
-            assert {"Running", "Valid", "Fast"} <= set(stub.flags)
+            assert {"Running", "Valid", "Fast", "Stable"} <= set(stub.flags)
     # A BadExit relay is no exit.
     assert sources.Relay("X", "x", frozenset({"Exit", "BadExit", "Guard"}), 1, 1, 1).position == "guard"
 
@@ -199,6 +199,8 @@ def test_group_rates_are_their_members_mean_and_links_the_slower_side(net):
     rates = {g.name: g.rate for g in res.groups}
     for pair in res.data["links"]["pairs"]:
         a, b = pair["between"]
+        if a not in rates or b not in rates:
+            continue                           # delay-only links to clients and servers
         kbit = int(pair["rate"].removesuffix("kbit"))
         assert kbit == pytest.approx(min(rates[a], rates[b]) * 8 * build.LINK_WIRE_OVERHEAD / 1000, abs=1)
 
@@ -212,7 +214,7 @@ def test_clients_scale_with_the_network(net):
 
 def test_scale_instead_of_a_count(net):
     res = generate(net.consensus, [net.descriptors], scale=0.1, seed=1, budget=BUDGET)
-    usable = sum(1 for r in net.relays if {"Running", "Valid", "Fast"} <= set(r.flags))
+    usable = sum(1 for r in net.relays if {"Running", "Valid", "Fast", "Stable"} <= set(r.flags))
     assert len(res.sample.relays) == round(0.1 * usable)
 
 
@@ -337,3 +339,237 @@ def test_more_clients_than_a_group_holds_is_refused(net, capsys):
 def test_a_scale_that_leaves_a_class_empty_is_exit_2(net, capsys):
     code, text = _run(capsys, net.consensus, net.descriptors, "--scale", 0.01, "--bench-dir", "")
     assert code == 2 and str(net.consensus) in text and "would be empty" in text and "use at least" in text
+
+
+# --- consensus weights and flags as sampled ----------------------------------------------------
+
+def test_groups_carry_the_sampled_weights_in_node_order(net):
+    res = generate(net.consensus, [net.descriptors], relays=40, seed=3, budget=BUDGET)
+    by_fp = {r.fingerprint: r for r in net.relays}
+    for g in res.groups:
+        weights = res.data["network"]["relays"][g.name]["weights"]
+        assert weights == [by_fp[r.fingerprint].weight for r in g.relays]
+    # Every sampled relay was Fast and Stable in the consensus (the authorities vote both for all).
+    assert all({"Fast", "Stable"} <= set(by_fp[r.fingerprint].flags) for r in res.sample.relays)
+    unstable = [r for r in net.relays if "Stable" not in r.flags and {"Running", "Valid", "Fast"} <= set(r.flags)]
+    assert unstable and res.data["generated"]["parameters"]["excluded_no_stable_flag"] == len(unstable)
+
+
+def test_the_authorities_vote_the_weights_from_a_bandwidth_file(net):
+    from tests.unit.test_torrc import fake_identities, render_all
+    from torbed import network
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=4, budget=BUDGET)
+    s = parse(res.data, "gen")
+    plan = network.plan(s, "kist")
+    ids = fake_identities(plan)
+    files = render_all(plan, ids, "/RUN")
+    lines = files["v3bw"].splitlines()
+    assert lines[0].isdigit()                       # bandwidth-file 1.0.0: the timestamp line first
+    voted = dict(line.split(" ") for line in lines[1:])
+    expected = {}
+    for g in res.groups:
+        for i, r in enumerate(g.relays):
+            expected[f"node_id=${ids.fingerprints[f'{g.name}{i}']}"] = f"bw={r.weight}"
+    assert voted == expected and len(voted) == 20
+    for n in plan.by_role("authority"):
+        assert "V3BandwidthsFile /RUN/torrc/v3bw" in files[f"{n.name}.torrc"].splitlines()
+    assert not any("V3BandwidthsFile" in files[f"{n.name}.torrc"] for n in plan.by_role("relay"))
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    (lambda d, g: d["network"]["relays"][g]["weights"].append(5), "weights", "give one per relay"),
+    (lambda d, g: d["network"]["relays"][g].pop("weights"), "network.relays", "every relay group or none"),
+    (lambda d, g: d["network"].update(authorities=2), "network.authorities", "need 3 or more"),
+    (lambda d, g: d["network"]["relays"][g].update(weights=[0] * d["network"]["relays"][g]["count"]), "weights",
+     "greater than or equal to 1"),
+])
+def test_bad_weights_are_refused_naming_the_field(net, change, field, reason):
+    from torbed.scenario import ScenarioError
+    res = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET)
+    data = res.data
+    change(data, next(iter(data["network"]["relays"])))
+    with pytest.raises(ScenarioError) as e:
+        parse(data, "gen.yaml")
+    assert field in str(e.value) and reason in str(e.value), str(e.value)
+
+
+def test_a_scenario_without_weights_has_no_bandwidth_file():
+    from tests.unit.test_torrc import fake_identities, render_all
+    from torbed import network, scenario as scenario_mod
+    s = scenario_mod.load(Path(__file__).resolve().parents[3] / "scenarios" / "quickstart.yaml")
+    plan = network.plan(s, "kist")
+    files = render_all(plan, fake_identities(plan), "/RUN")
+    assert "v3bw" not in files and not any("V3BandwidthsFile" in t for t in files.values())
+
+
+# --- traffic model: recorded and shown ----------------------------------------------------------
+
+def test_the_traffic_model_is_recorded_and_shown_in_the_report_section(net):
+    from torbed.analysis import generated as report_section
+    res = generate(net.consensus, [net.descriptors], relays=24, seed=1, budget=BUDGET, mix={"web": 0.5, "bulk": 0.5})
+    params = res.data["generated"]["parameters"]
+    assert params["clients_per_relay"] == 1.0 and params["mix"] == "web=0.5,bulk=0.5"
+    assert "exponential" in params["traffic_model"] and "no fixed paths" in params["traffic_model"]
+    assert res.data["clients"]["web"]["count"] == res.data["clients"]["bulk"]["count"] == 12
+    # Clients scale with the network: twice the relays, twice the clients.
+    big = generate(net.consensus, [net.descriptors], relays=48, seed=1, budget=BUDGET, mix={"web": 0.5, "bulk": 0.5})
+    assert big.data["clients"]["web"]["count"] == 24
+    info = {"scenario": parse(res.data, "gen").model_dump(mode="json")}
+    bl = report_section.blocks(info)
+    text = repr(bl)
+    assert ("h", 2, "Sampled network") in bl and "Traffic model" in text and "web=0.5,bulk=0.5" in text
+    assert "one sampled network for every repetition" in text
+    assert report_section.blocks({"scenario": {"name": "x"}}) == []
+
+
+# --- an independently sampled network per block (item 3) -----------------------------------------
+
+def test_a_network_per_block_same_structure_independent_draws(net):
+    from torbed import engine
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=7, budget=BUDGET, networks=3)
+    again = generate(net.consensus, [net.descriptors], relays=20, seed=7, budget=BUDGET, networks=3)
+    assert res.yaml == again.yaml                                   # determinism from the seed
+    data = res.data
+    assert data["repetitions"] == 3 and [b["seed"] for b in data["samples"]] == [7, 8, 9]
+    assert data["generated"]["parameters"]["network_design"] == "network-per-block"
+    s = parse(data, "gen")
+    assert s.network_design == "network-per-block"
+    from torbed.analysis import generated as report_section
+    text = repr(report_section.blocks({"scenario": s.model_dump(mode="json")}))
+    assert "an independently sampled network per block (3 networks, seeds 7, 8, 9" in text
+    relays = data["network"]["relays"]
+    for b in data["samples"]:
+        assert {g: len(x["weights"]) for g, x in b["relays"].items()} == {g: x["count"] for g, x in relays.items()}
+    # Block 0 is the scenario's own network; the others are other draws (different weights).
+    assert {g: x["weights"] for g, x in data["samples"][0]["relays"].items()} == {g: x["weights"] for g, x in relays.items()}
+    weights = [sorted(w for x in b["relays"].values() for w in x["weights"]) for b in data["samples"]]
+    assert weights[0] != weights[1] != weights[2]
+    # Each block's relays were drawn by seed seed+k, as a one-network sample with that seed draws them.
+    alone = generate(net.consensus, [net.descriptors], relays=20, seed=8, budget=BUDGET)
+    assert weights[1] == sorted(r.weight for r in alone.sample.relays)
+    # Repetition k runs block k mod 3: its groups carry that block's rates, weights and links.
+    run = engine.Run(scenario=s, run_dir=Path("/nonexistent"), console=None, variants=["kist"], info={}, engine=None)
+    for k in range(4):
+        rep = engine.Repetition(run=run, variant="kist", index=k, dir=Path("/nonexistent"), meta={})
+        b = data["samples"][k % 3]
+        got = rep.scenario
+        for g, x in b["relays"].items():
+            assert got.network.relays[g].weights == x["weights"]
+            assert got.network.relays[g].bandwidth.bps // 8 == int(x["bandwidth"].removesuffix("KiB/s")) * 1024
+        assert [p.between for p in got.links.pairs] == [p["between"] for p in b["pairs"]]
+        assert [p.rate and p.rate.bps for p in got.links.pairs] == [
+            int(p["rate"].removesuffix("kbit")) * 1000 if "rate" in p else None for p in b["pairs"]]
+        assert [round(p.delay.seconds * 1000) for p in got.links.pairs] == [int(p["delay"].removesuffix("ms"))
+                                                              for p in b["pairs"]]
+
+
+def test_a_block_network_that_does_not_match_the_groups_is_refused(net):
+    from torbed.scenario import ScenarioError
+    data = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET, networks=2).data
+    g = next(iter(data["network"]["relays"]))
+    data["samples"][1]["relays"][g]["weights"].append(3)
+    with pytest.raises(ScenarioError, match=rf"samples\[1\]\.relays\.{g}\.weights: .* give one per relay"):
+        parse(data, "gen.yaml")
+    del data["samples"][1]["relays"][g]
+    with pytest.raises(ScenarioError, match=r"samples\[1\]\.relays: .*every block must have"):
+        parse(data, "gen.yaml")
+
+
+# --- latency (item 4) ------------------------------------------------------------------------------
+
+def test_relay_regions_follow_the_shares_and_are_deterministic():
+    from torbed.generate import latency
+    fps = [f"{i:040X}" for i in range(5000)]
+    regions = latency.relay_regions(fps, latency.DEFAULT, seed=3)
+    assert regions == latency.relay_regions(fps, latency.DEFAULT, seed=3)
+    assert regions != latency.relay_regions(fps, latency.DEFAULT, seed=4)
+    got = Counter(regions.values())
+    for r, share in latency.DEFAULT.regions.items():
+        assert abs(got[r] / len(fps) - share) < 0.02, (r, got)
+
+
+def _matrix(tmp_path, text: str) -> Path:
+    p = tmp_path / "latency.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_a_user_matrix_sets_each_group_pairs_delay_and_the_plan_applies_it(net, tmp_path):
+    from torbed import network
+    from torbed.generate import latency
+    model = latency.load(_matrix(tmp_path, "regions: {a: 1, b: 3}\ndelay_ms: {a: {a: 4, b: 100}, b: {b: 8}}\n"))
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=5, budget=BUDGET, latency=model)
+    regions = latency.relay_regions([r.fingerprint for r in res.sample.relays], model, 5)
+    d = {("a", "a"): 4, ("a", "b"): 100, ("b", "a"): 100, ("b", "b"): 8}
+    shares = {"a": 0.25, "b": 0.75}
+    by_name = {g.name: g for g in res.groups}
+
+    def side(name):
+        if name in by_name:
+            rs = [regions[r.fingerprint] for r in by_name[name].relays]
+            return {x: rs.count(x) / len(rs) for x in set(rs)}
+        return shares                                        # clients and the server: the shares
+
+    pairs = res.data["links"]["pairs"]
+    assert any(set(p["between"]) & set(res.data["clients"]) for p in pairs)
+    assert any("www" in p["between"] for p in pairs)
+    s = parse(res.data, "gen")
+    plan = network.plan(s, "kist")
+    for p in pairs:
+        a, b = p["between"]
+        want = max(1, round(sum(wa * wb * d[(ra, rb)] for ra, wa in side(a).items() for rb, wb in side(b).items())))
+        assert p["delay"] == f"{want}ms", (p, side(a), side(b))
+        # What the shapers get (Plan.link, Plan.shaped_pairs): that delay on every node pair of the groups.
+        na, nb = plan.group_nodes(a)[0], plan.group_nodes(b)[-1]
+        assert round(plan.link(na, nb).delay_s * 1000) == want
+    # Clients reach only the guards, the server only the exits.
+    for p in pairs:
+        if set(p["between"]) & set(res.data["clients"]):
+            assert by_name[next(x for x in p["between"] if x in by_name)].guard
+        if "www" in p["between"]:
+            assert by_name[next(x for x in p["between"] if x in by_name)].exit
+    assert "matrix" in res.data["generated"]["parameters"]["latency_model"]
+
+
+def test_no_latency_means_no_delays(net):
+    res = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET, latency=None)
+    assert not any("delay" in p for p in res.data["links"]["pairs"])
+    assert res.data["generated"]["parameters"]["latency_model"] == "none"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("regions: {a: 1}\n", "exactly the keys 'regions' and 'delay_ms'"),
+    ("regions: {a: 1, b: 1}\ndelay_ms: {a: {a: 5, b: 9}}\n", "no delay for b-b"),
+    ("regions: {a: 1}\ndelay_ms: {a: {z: 5}}\n", "'z' is not in regions"),
+    ("regions: {a: 1}\ndelay_ms: {a: {a: -5}}\n", "not a delay in milliseconds"),
+    ("regions: {a: 0}\ndelay_ms: {a: {a: 5}}\n", "positive share"),
+    ("regions: [\n", "not YAML"),
+])
+def test_a_bad_latency_matrix_is_exit_2_naming_the_file(net, tmp_path, capsys, text, reason):
+    path = _matrix(tmp_path, text)
+    code, out = _run(capsys, net.consensus, net.descriptors, "--relays", 10, "--bench-dir", "", "--latency", path)
+    assert code == 2 and str(path) in out and reason in out, out
+
+
+def test_weight_order_heavy_relays_are_likelier_and_rates_keep_capacity_order(net):
+    """Drawn by weight, the sampled relays of a class are heavier on average than the class (a
+    uniform draw matches the class mean); and the fitted rates keep the capacities' order."""
+    joined = sources.join(*_joined(net))[0]
+    usable, _ = sample.eligible(joined)
+    heavier = 0
+    for seed in range(10):
+        smp = sample.draw(joined, 30, seed, "c")
+        for pos in ("guard", "middle"):
+            cls = [r.weight for r in usable if r.position == pos]
+            got = [r.weight for r in smp.relays if r.position == pos]
+            heavier += sum(got) / len(got) > sum(cls) / len(cls)
+        fit = budget_mod.fit_rates([r.capacity for r in smp.relays], BUDGET, {"relay": 30, "authority": 3, "client": 30})
+        by_capacity = [rate for _, rate in sorted(zip([r.capacity for r in smp.relays], fit.rates))]
+        assert by_capacity == sorted(by_capacity)
+    assert heavier >= 18, heavier                    # of 20 (class, seed) draws
+
+
+def _joined(net):
+    relays, _ = sources.read_consensus(net.consensus)
+    descs, _ = sources.read_descriptors([net.descriptors])
+    return relays, descs, "c", ["d"]

@@ -77,6 +77,8 @@ def make_relays(n: int, seed: int) -> list[StubRelay]:
             flags.remove("Fast")
         if i % 97 == 11:
             flags.remove("Running")
+        if i % 61 == 5:
+            flags.remove("Stable")
         if i == 13 and "Exit" in flags:
             flags.append("BadExit")
         weight = max(1, int(rng.lognormvariate(8.5, 1.4)))             # kB/s-ish, median ~5000

@@ -370,8 +370,12 @@ class K8sBackend:
                             "balances across them); name the whole group",
         "faults.restart.downtime": "a restart's duration (downtime): on Kubernetes the kubelet starts the tor "
                                    "container again at once, so only duration 0 (the default) runs there",
-        "cpu": "network.relays.*.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, "
+        "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
+               "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
+        "weights": "the authorities vote these weights from a bandwidth file only the local backend writes; "
+                   "on Kubernetes the authorities measure the relays themselves",
+        "samples": "a network sampled anew per block is built by the local backend only",
     }
     bringup_estimate_s = 60.0
 
@@ -404,8 +408,14 @@ class K8sBackend:
             if f.kind == "restart" and f.duration is not None and f.duration.seconds > 0:
                 raise InputError(f"{where}faults[{i}].duration: {self.unsupported['faults.restart.downtime']}; "
                                  "run it with --backend local")
-        if any(g.cpu != "native" for g in scenario.network.relays.values()):
+        if any(g.cpu != "native" or g.cpu_per_thread is not None for g in scenario.network.relays.values()):
             raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
+        if scenario.samples:   # first: samples need weights, and this is the one to name
+            raise InputError(f"{where}samples: {self.unsupported['samples']}; run it with --backend local")
+        for name, g in scenario.network.relays.items():
+            if g.weights:
+                raise InputError(f"{where}network.relays.{name}.weights: {self.unsupported['weights']}; "
+                                 "run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
         server_version = self.cluster.server_version()

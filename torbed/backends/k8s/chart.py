@@ -260,6 +260,8 @@ def _variants_file() -> str:
         families[fam] = {"description": data["description"], "paper": data.get("paper", ""),
                          "tor": str(data["tor"]), "patched": bool(data.get("patches")),
                          "torrc": data["torrc"], "parameters": params}
+        if data.get("presets"):
+            families[fam]["presets"] = data["presets"]
     return f"# {GENERATED_NOTE}\n" + yaml.safe_dump({"families": families}, sort_keys=True, width=1000)
 
 

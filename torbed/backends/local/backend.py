@@ -37,7 +37,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state, toruser
+from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state, threadcaps, toruser
 from ... import constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
@@ -186,6 +186,8 @@ class LocalBackend:
         stock = builds.ensure(None, self.console, self.system_tor)
         if any(f.kind == "cpu" for f in scenario.faults) and (why := faults.check_cpu_cgroups()):
             raise RunFailed(f"the scenario has cpu faults, but {why}")
+        if any(g.cpu_per_thread for g in scenario.network.relays.values()) and (why := threadcaps.check()):
+            raise RunFailed(f"network.relays.*.cpu_per_thread: per-thread CPU caps need a cpu cgroup per thread, but {why}")
         extra = {"shaper": self.shaper, "tor_version": stock.info.get("tor_version")}
         if scenario.measure.prometheus.enabled:
             extra["prometheus_version"] = prometheus.version(prometheus.binary())
@@ -510,6 +512,8 @@ class LocalBackend:
         rep.meta.update(t_workload_start=t_work)
         cfg_dir = rep.dir / "config"
         cfg_dir.mkdir(exist_ok=True)
+        # A slow multi-core CPU (cpu_per_thread) from the workload's start: the bring-up runs uncapped.
+        st.thread_caps = threadcaps.start_for(rep)
         self._start_collector(rep, cfg_dir)
         drivers, longest = self._start_drivers(rep, cfg_dir, t_work)
         background = _Load(rep, cfg_dir, t_work, self.manifest) if rep.scenario.load else None
@@ -616,6 +620,8 @@ class LocalBackend:
         if (rep.meta.get("bootstrap") or {}).get("torbed_realtime_until_ready") is not None:
             _self_realtime(None)    # a bring-up that failed before ready
         self._stop_gate_sampler(rep)     # a measurement cut short
+        threadcaps.stop_all(rep, st.thread_caps)
+        st.thread_caps = []
         if st.faults is not None:
             # First: a stopped tor would ignore the SIGTERM below; quotas and link changes go too.
             st.faults.finish("teardown")

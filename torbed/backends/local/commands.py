@@ -108,7 +108,8 @@ def cmd_variants(args) -> int:
     rows = []
     for fam in variants_mod.list_families():
         v = variants_mod.load_variant(fam)
-        rows.append({"family": fam, "parameters": list(v.parameters), "description": v.description,
+        rows.append({"family": fam, "parameters": list(v.parameters), "presets": variants_mod.presets(fam),
+                     "description": v.description,
                      "patches": [p.name for p in v.patches], "build_key": v.build_key,
                      "built": builds.cached(v.build_key) is not None})
     if args.json:
@@ -118,7 +119,8 @@ def cmd_variants(args) -> int:
     for col in ("family", "description", "patches", "build key", "built"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["family"] + (" (-<" + r["parameters"][0] + ">)" if r["parameters"] else ""), r["description"],
+        names = ([f"-<{r['parameters'][0]}>"] if r["parameters"] else []) + [f"-{p}" for p in r["presets"]]
+        t.add_row(r["family"] + (f" ({' | '.join(names)})" if names else ""), r["description"],
                   ", ".join(r["patches"]) or "-", r["build_key"], "[green]yes[/green]" if r["built"] else "no")
     Console().print(t)
     return EXIT_OK

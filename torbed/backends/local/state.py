@@ -44,6 +44,7 @@ class RepState:
     fallback_valid_after: int | None = None       # the fast first round's valid-after (bring-up)
     faults: "FaultRunner | None" = None
     gate_sampler: "Sampler | None" = None         # the mechanism gates' samples (measure)
+    thread_caps: list = field(default_factory=list)   # threadcaps.ThreadCaps of cpu_per_thread groups
 
 
 def of(rep) -> RepState:
