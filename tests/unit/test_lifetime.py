@@ -152,3 +152,16 @@ def test_a_run_marked_killed_can_be_resumed(tmp_path):
     info = resume.load_for_resume(run)
     assert info["status"] == "killed" and info["sessions"][-1]["status"] == "killed"
     assert resume.triage(run, info) == ([("kist", 0)], [("kist", 1)])
+
+
+def test_a_killed_runs_per_thread_cgroups_are_found(tmp_path, monkeypatch):
+    """threadcaps names them torbed-tcap-<run id>-<node>-<tid> beside the tor's own cgroup."""
+    from torbed.backends.local import threadcaps
+    monkeypatch.setattr(threadcaps, "ROOT", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    for name in ("torbed-tcap-abc123-middle0-41", "user.slice/torbed-tcap-abc123-middle0-42",
+                 "torbed-tcap-def456-middle0-43"):
+        (tmp_path / "cpu" / name).mkdir(parents=True)
+    assert [p.name for p in threadcaps.leftovers("abc123")] == ["torbed-tcap-abc123-middle0-41",
+                                                                "torbed-tcap-abc123-middle0-42"]

@@ -129,7 +129,7 @@ def clean_run(state: dict, why: str, log=None) -> int:
     """Stop every process of a dead run, remove its namespaces, scratch directory and fault
     cgroups, mark its records killed and remove its state file. ``log``: a callable for what
     was done. Returns how many namespaces were removed."""
-    from . import faults, netns
+    from . import faults, netns, threadcaps
     for pid in (state.get("pids") or {}).values():
         try:
             os.killpg(pid, signal.SIGKILL)      # each process leads a session of its own
@@ -143,7 +143,8 @@ def clean_run(state: dict, why: str, log=None) -> int:
             removed += 1
     if state.get("scratch"):
         shutil.rmtree(state["scratch"], ignore_errors=True)
-    faults.remove_cgroups(state.get("cgroups") or [])
+    faults.remove_cgroups([*(state.get("cgroups") or []),
+                           *(threadcaps.leftovers(state["run_id"]) if state.get("run_id") else [])])
     marked = mark_killed(Path(state["run_dir"]), why) if state.get("run_dir") else []
     if state.get("_file"):
         Path(state["_file"]).unlink(missing_ok=True)
