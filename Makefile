@@ -46,7 +46,7 @@ experiments: setup  ## tests that measure an effect (a ratio between arms, a del
 lint: venv  ## ruff (configured in pyproject.toml); part of `make test`
 	$(BIN)/ruff check .
 
-demo: setup  ## run scenarios/quickstart.yaml and write its report
+demo: setup  ## run scenarios/quickstart.yaml (3 short paired blocks per variant, about 4 min warm) and write its report
 	hack/demo.sh
 
 tools: venv  ## helm, helm-unittest, kubeconform + offline Kubernetes/CRD schemas, cached in ~/.cache/torbed/tools

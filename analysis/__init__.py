@@ -12,6 +12,8 @@ Modules, one concern each:
     summary    summary.json: summarize(...), dumps(...)
     figures    matplotlib figures: CDFs with repetition bands, quantile bars, time series
     render     report.md / report.html
+    headline   the report's first sentence (finding, interval, p) and its figure; the terminal's
+               80-column table of the outcome comparisons
     onionperf  export of transfers in onionperf's analysis JSON layout
     report     report(run_dir, baseline=None, out_dir=None) -> summary dict
     compare    compare(run_a, run_b, force=False, out_dir=None) -> comparison dict

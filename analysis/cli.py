@@ -1,6 +1,6 @@
 """CLI glue: the ``report``, ``compare`` and ``aa`` subcommands of ``torbed``.
 
-    report RUN_DIR [--baseline V] [--out DIR] [--json]     RUN_DIR made by `torbed run`
+    report RUN_DIR [--baseline V] [--primary M] [--out DIR] [--json]   RUN_DIR made by `torbed run`
     compare RUN_A RUN_B [--out DIR] [--force] [--json]     two RUN_DIRs of one scenario
     aa SCENARIO|RUN_DIR [--variant V] [--repetitions N] [--duration D] [--runs DIR] [--json]
                                                           A/A calibration (aa.py)
@@ -59,26 +59,38 @@ def _guard(fn):
     return wrapped
 
 
-def _report_table(summary: dict) -> Table:
-    from . import render
-    from .render import DASH, fmt_p, fmt_pct, fmt_value
-    t = Table(title=f"{summary['run']['scenario']}: medians (baseline {summary['baseline']})")
-    for col in ("metric", "variant", "reps", "median (pooled)", "Δ per-rep", "Holm p", "verdict"):
-        t.add_column(col, justify="left" if col in ("metric", "variant", "verdict") else "right",
-                     no_wrap=col == "metric")
-    for mid, e in summary["metrics"].items():
-        if e.get("class") in ("gh70-light", "gh70-heavy"):
-            continue
-        u = e["unit"]
-        for v, d in sorted(e["variants"].items(), key=lambda kv: summary["run"]["variants"].index(kv[0])):
-            vb = d.get("vs_baseline") or {}
-            inf = vb.get("inference") or {}
-            t.add_row(f"{mid} ({'MiB/s' if u == 'B/s' else u})", v, str((d.get("rep_summary") or {}).get("n", 0)),
-                      fmt_value(d.get("median"), u),
-                      (fmt_pct(inf.get("change_pct")) if inf.get("status") == "tested" else DASH) if vb else "baseline",
-                      fmt_p(inf.get("pvalue_holm")) if vb else DASH,
-                      render._verdict(inf) if vb else DASH)
-    return t
+def report_table(summary: dict) -> tuple[Table, list[str]]:
+    """The terminal's compact table (fits 80 columns: headline.outcome_table) and the short
+    lines under it (what p is, what was left out, what is missing); the full tables are in
+    report.md / report.html."""
+    from rich import box
+    from .headline import outcome_table
+    headers, rows, left_out = outcome_table(summary)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
+              title=f"{summary['run']['scenario']}: per-repetition statistic (geometric mean), Δ vs {summary['baseline']}")
+    for col in headers:
+        t.add_column(col, justify="left" if col in ("outcome", "variant", "verdict", "Δ [95% CI]") else "right",
+                     no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    inf = summary["inference"]
+    notes = [f"p: Holm-adjusted over {inf['family_size']} comparisons"
+             + ("; * the primary comparison (declared before the run): its own p" if inf.get("primary") else "")
+             + "; sig. = p < 0.05, n.s. = not significant, equiv. = within ±10% (TOST); descr. = "
+             "descriptive, not tested (too few repetitions with data)"]
+    if left_out > 0:
+        notes.append(f"{left_out} more comparisons, the full tables and the figures: report.md / report.html")
+    bad = [r for r in summary["repetitions"] if r["status"] != "ok"]
+    for r in bad:
+        why = (r.get("error") or "").removeprefix("mechanism gate: ")
+        why = why if len(why) <= 60 else why[:59] + "…"
+        notes.append(f"variant {r['variant']} rep {r['rep']}: {r['status']}" + (f" ({why})" if why else ""))
+    if bad:
+        notes.append("  (a block with one is compared unpaired; an invalid one is left out of every statistic)")
+    if summary["missing"]:
+        notes.append(f"{len(summary['missing'])} notes on missing or incomplete data: report.md, "
+                     "'Missing or incomplete data'")
+    return t, notes
 
 
 @_guard
@@ -87,16 +99,18 @@ def cmd_report(args) -> int:
     from .report import report
     with console.status("report") as status:
         summary = report(args.run_dir, baseline=getattr(args, "baseline", None), out_dir=getattr(args, "out", None),
-                         progress=lambda msg: status.update(f"report: {msg}"))
+                         progress=lambda msg: status.update(f"report: {msg}"), primary=getattr(args, "primary", None))
     out_dir = Path(getattr(args, "out", None) or Path(args.run_dir) / "report")
     if getattr(args, "json", False):
         print((out_dir / "summary.json").read_text(), end="")
         return EXIT_OK
-    out.print(_report_table(summary))
-    for line in summary["inference"]["headline"]:
-        out.print(f"[bold]headline[/bold] {line}", highlight=False)
-    for line in summary["missing"]:
-        console.print(f"[yellow]missing[/yellow] {line}", highlight=False, markup=True)
+    from .headline import lead
+    out.print(lead(summary).text.replace("**", ""), highlight=False, markup=False)
+    table, notes = report_table(summary)
+    if table.row_count:
+        out.print(table)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
     out.print(f"[green]ok[/green] wrote {out_dir}/report.html, report.md, summary.json, "
               f"figures/, onionperf/", highlight=False)
     return EXIT_OK
@@ -222,6 +236,11 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
                    help="variant to compare the others against (default: run.json's baseline)")
     p.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
                    help="output directory (default: RUN_DIR/report)")
+    p.add_argument("--primary", metavar="METRIC[@VARIANT]", default=argparse.SUPPRESS,
+                   help="the one comparison declared before the run (a metric id of summary.json, e.g. "
+                        "ttlb_s/web:small; VARIANT: which variant against the baseline, needed with more than two), "
+                        "tested alone at alpha 0.05 and named in the report's first sentence; the rest stay "
+                        "exploratory under Holm. Declare it before looking at the data, as `make demo` does")
     p.add_argument("--json", action="store_true", help="print summary.json on stdout instead of the table")
     p.set_defaults(func=cmd_report)
 

@@ -20,7 +20,7 @@ Public API:
   ``plot_relay_metric(series, variants, path, title, ylabel)``
 - ``resource_summary(run) -> {node: {variant: (cpu_fraction, peak_rss_bytes, role)}}``
   (resources.jsonl); ``plot_resources(summary, variants, path)``
-- ``Figure``: ``path``, ``title``, ``caption``, ``section``
+- ``Figure``: ``path``, ``title``, ``caption``, ``section``, ``metrics`` (the metric ids shown)
 - ``make_all(run, extracted, summary, out_dir) -> list[Figure]``
 """
 
@@ -71,6 +71,7 @@ class Figure:
     title: str
     caption: str
     section: str
+    metrics: tuple[str, ...] = ()     # the summary metric ids it shows (headline.lead_figure)
 
 
 def _colors(variants: list[str]) -> dict[str, str]:
@@ -508,7 +509,8 @@ def _transfer_figures(run: Run, ms: dict, summary: dict, out_dir: Path) -> list[
             p = out_dir / f"{stem}-{_safe(g)}-{_safe(f)}.png"
             title = f"Transfer times {what}, {sub}"
             if plot_cdf(panels, variants, baseline, p, title):
-                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {REPS_NOTE}", "Transfers"))
+                figs.append(Figure(p, title, f"CDFs of TTFB and TTLB {what}. {REPS_NOTE}", "Transfers",
+                                   tuple(f"{k}/{g}:{f}" for k in pair)))
         entries = [(metrics_mod.METRICS[k].title, summary["metrics"][f"{k}/{g}:{f}"]) for k in ("ttfb_s", "ttlb_s")]
         p = out_dir / f"quantiles-{_safe(g)}-{_safe(f)}.png"
         title = f"Transfer time quantiles, {sub}"
@@ -525,7 +527,7 @@ def _circuit_figures(run: Run, ms: dict, summary: dict, out_dir: Path) -> list[F
     p = out_dir / "cdf-circuit_build_s.png"
     title = "Circuit build time, all clients"
     if plot_cdf([(m.info.title, m)], run.variants, summary["baseline"], p, title):
-        return [Figure(p, title, f"CDF of circuit build times. {REPS_NOTE}", "Circuits")]
+        return [Figure(p, title, f"CDF of circuit build times. {REPS_NOTE}", "Circuits", ("circuit_build_s",))]
     return []
 
 
@@ -576,7 +578,7 @@ def _cell_figures(run: Run, ms: dict, summary: dict, out_dir: Path, fw) -> list[
         title = f"Circuit-queue wait per cell at relay {relay} (all circuits)"
         if plot_cdf(panels, variants, baseline, p, title):
             figs.append(Figure(p, title, "CDF of per-circuit, per-second mean waits (CELL_STATS). "
-                               + REPS_NOTE, "Relays"))
+                               + REPS_NOTE, "Relays", tuple(f"cell_wait_ms/{relay}/{d}/all" for d in metrics_mod.DIRECTIONS)))
     figs += _cell_delay_figure(ms, summary, variants, out_dir)
     cws = metrics_mod.cell_wait_series(run)
     p = out_dir / "timeseries-cell-wait.png"

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from . import gates as gates_mod
+from . import headline
 from .figures import Figure
 from .stats import ALPHA
 from .metrics import fmt_size
@@ -431,15 +432,19 @@ def _circuit_blocks(s: dict) -> list[tuple]:
               for r in reps])]
 
 
-def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
-    """The report as a list of blocks (see the module docstring)."""
-    s = summary
-    b: list[tuple] = [("h", 1, f"torbed report: {s['run']['scenario']}")]
-    b.append(("p", f"Variants compared against the baseline **{s['baseline']}**; "
-                   f"{s['run']['repetitions']} repetition(s) per variant. Warm-up transfers are "
-                   f"excluded everywhere; see *Metric definitions* at the end for what each number means."))
+def _lead_blocks(s: dict, figures: list[Figure]) -> tuple[list[tuple], Figure | None]:
+    """The report's first lines: one sentence with the finding (its interval and p), then the
+    figure that shows it (headline.py). Returns the blocks and that figure."""
+    ld = headline.lead(s)
+    fig = headline.lead_figure(figures, ld.metric)
+    return [("p", ld.text)] + ([("fig", fig)] if fig is not None else []), fig
+
+
+def _headline_blocks(s: dict) -> list[tuple]:
+    """The Headline section: the Holm family's verdict, the descriptive changes where nothing
+    could be tested, the primary comparison's reading and the design."""
     inf = s["inference"]
-    b.append(("h", 2, "Headline"))
+    b: list[tuple] = [("h", 2, "Headline")]
     if inf["headline"]:
         b.append(("p", f"Differences that survive Holm's correction over {inf['family_size']} tests "
                        f"(family-wise error rate {inf['alpha']}; repetition = unit of replication):"))
@@ -460,6 +465,11 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     if inf["family_size"] and inf["not_enough_repetitions"]:
         b.append(("p", f"{inf['not_enough_repetitions']} comparison(s) had not enough repetitions "
                        f"(fewer than {inf['min_reps_per_arm']} per arm with data) and were not tested."))
+    if inf.get("primary"):
+        pr = inf["primary"]
+        b.append(("p", f"Primary comparison: {pr['title']}, {pr['variant']} vs {pr['baseline']}, declared before "
+                       f"the run ({pr['declared']}) and read alone at α = {pr['alpha']}; every other comparison is "
+                       f"exploratory, under Holm's correction (the primary one stays in that family too)."))
     b += gates_mod.warning_blocks(s)
     seq = s["run"].get("sequential")
     if seq:
@@ -467,7 +477,12 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(("p", f"Sequential design: {seq.get('text') or 'the run did not reach its end'} (pilot "
                        f"{rule.get('pilot')} blocks, at most {rule.get('max_repetitions')}; the stopping rule looks at "
                        f"the interval's width only, so it is an estimation rule: see *Statistical methods*)."))
-    b += [("h", 2, "Run"), _run_table(s)]
+    return b
+
+
+def _setup_blocks(s: dict) -> list[tuple]:
+    """Run facts, the Kubernetes nodes and hardware, the repetitions and what went missing."""
+    b: list[tuple] = [("h", 2, "Run"), _run_table(s)]
     hw = s["run"].get("hardware") or {}
     if hw:
         b.append(("p", "Kubernetes nodes the network ran on (the API server's node status; CPU model as the "
@@ -478,7 +493,6 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
                     ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or DASH,
                     ", ".join(h.get("ran") or []) or DASH] for name, h in sorted(hw.items())]))
     b += _hardware_blocks(s)
-
     b.append(("h", 2, "Repetitions"))
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),
@@ -488,15 +502,19 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
     b += gates_mod.section_blocks(s)
     b += _load_blocks(s)
     b += _fault_blocks(s)
-
     b.append(("h", 2, "Missing or incomplete data"))
     if s["missing"]:
         b.append(("p", "Statistics below use whatever these repetitions recorded; nothing else was imputed."))
         b.append(("ul", list(s["missing"])))
     else:
         b.append(("p", "Nothing is missing: every repetition finished with status ok and wrote all record files."))
+    return b
 
-    b.append(("h", 2, "Comparisons (inferential: repetitions as the unit)"))
+
+def _comparison_blocks(s: dict) -> list[tuple]:
+    """The inferential comparisons, one table per metric family, and the power section."""
+    inf = s["inference"]
+    b: list[tuple] = [("h", 2, "Comparisons (inferential: repetitions as the unit)")]
     b += gates_mod.warning_blocks(s)
     margin = s["settings"].get("equivalence_margin_pct", 10.0)
     b.append(("p", "One number per repetition (the per-rep statistic), compared across repetitions: "
@@ -520,7 +538,6 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         unit = next(e["unit"] for e in s["metrics"].values() if e["metric"] == metric)
         b.append(("h", 3, f"{title} ({_unit_shown(unit)})"))
         b.append(t)
-
     b.append(("h", 2, "Power"))
     b.append(("p", "From this run's own between-repetition variance of each outcome metric's per-rep "
                    f"statistic: the smallest change a two-sided t-test detects with "
@@ -529,8 +546,12 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
                    f"{s['settings']['alpha']} per test, α/{max(inf['family_size'], 1)} what the most "
                    f"significant test of the Holm family must beat."))
     b.append(_power_table(s))
+    return b
 
-    b.append(("h", 2, "Distributions (descriptive: repetitions pooled)"))
+
+def _distribution_blocks(s: dict) -> list[tuple]:
+    """Pooled distributions per metric family (descriptive) and the error rates."""
+    b: list[tuple] = [("h", 2, "Distributions (descriptive: repetitions pooled)")]
     b.append(("p", "All repetitions' samples pooled. These numbers describe the distributions; the pooled "
                    "KS / Mann-Whitney p-values treat dependent samples as independent and are **not** tests "
                    "of the variants (an A/A run makes them cry wolf): use the comparisons above. "
@@ -545,7 +566,6 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         b.append(t)
         if metric == "cell_delay_ms":
             b += _clock_blocks(s)
-
     b.append(("h", 3, "Error rate"))
     rows = []
     for v, e in s["errors"].items():
@@ -553,15 +573,17 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         rate = DASH if e["rate"] is None else f"{100 * e['rate']:.2f}%"
         rows.append([v, str(e["transfers"]), str(e["errors"]), rate, causes])
     b.append(("table", ["variant", "transfers (after warm-up)", "errors", "error rate", "by cause"], rows))
-    rows = []
-    for v, e in s["errors"].items():
-        for g, ge in e["by_group"].items():
-            rate = DASH if ge["rate"] is None else f"{100 * ge['rate']:.2f}%"
-            rows.append([v, g, str(ge["transfers"]), str(ge["errors"]), rate])
+    rows = [[v, g, str(ge["transfers"]), str(ge["errors"]), DASH if ge["rate"] is None else f"{100 * ge['rate']:.2f}%"]
+            for v, e in s["errors"].items() for g, ge in e["by_group"].items()]
     if rows:
         b.append(("table", ["variant", "client group:file", "transfers", "errors", "error rate"], rows))
+    return b
 
-    b.append(("h", 2, "Figures"))
+
+def _figure_and_method_blocks(s: dict, figures: list[Figure], shown: Figure | None = None) -> list[tuple]:
+    """Every figure by section (``shown``, already at the top, by reference), the metric
+    definitions and the statistical methods."""
+    b: list[tuple] = [("h", 2, "Figures")]
     if not figures:
         b.append(("p", "No figures: no repetition recorded data to plot."))
     section = None
@@ -569,8 +591,7 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         if f.section != section:
             section = f.section
             b.append(("h", 3, section))
-        b.append(("fig", f))
-
+        b.append(("p", f"*{f.title}*: at the top of the report.") if f is shown else ("fig", f))
     b.append(("h", 2, "Metric definitions"))
     b.append(("ul", [f"**{k}**: {v}" for k, v in s["definitions"].items()]))
     st = s["settings"]
@@ -585,6 +606,21 @@ def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
         "quantiles; drawn when at least two repetitions have data.",
     ]))
     return b
+
+
+def blocks(summary: dict, figures: list[Figure]) -> list[tuple]:
+    """The report as a list of blocks (see the module docstring): first the finding in one
+    sentence and the figure that shows it, then the headline, the run, the comparisons, the
+    distributions, every figure and the methods."""
+    s = summary
+    b: list[tuple] = [("h", 1, f"torbed report: {s['run']['scenario']}")]
+    top, shown = _lead_blocks(s, figures)
+    b += top
+    b.append(("p", f"Variants compared against the baseline **{s['baseline']}**; "
+                   f"{s['run']['repetitions']} repetition(s) per variant. Warm-up transfers are "
+                   f"excluded everywhere; see *Metric definitions* at the end for what each number means."))
+    return (b + _headline_blocks(s) + _setup_blocks(s) + _comparison_blocks(s) + _distribution_blocks(s)
+            + _figure_and_method_blocks(s, figures, shown))
 
 
 def _md_escape_cell(x: str) -> str:

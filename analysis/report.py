@@ -10,11 +10,13 @@ Writes, into the output directory (default RUN_DIR/report/):
 
 Public API:
 
-- ``report(run_dir, baseline=None, out_dir=None, progress=None) -> dict``
+- ``report(run_dir, baseline=None, out_dir=None, progress=None, primary=None) -> dict``
   returns the summary as written to summary.json (floats rounded; in report order,
   where the file has sorted keys); raises RunDirError,
   RecordError, UnknownVariantError (InputError: bad input) and OSError (cannot write).
-- ``analyse(run_dir, baseline=None) -> (run, extracted, summary)``  everything but writing
+  ``primary``: "METRIC" or "METRIC@VARIANT", the comparison declared before the run
+  (summary.add_primary); the report's first sentence is about it.
+- ``analyse(run_dir, baseline=None, primary=None) -> (run, extracted, summary)``  everything but writing
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from .load import Run, load_run
 from .metrics import Extracted
 
 
-def analyse(run_dir: str | Path, baseline: str | None = None) -> tuple[Run, Extracted, dict]:
+def analyse(run_dir: str | Path, baseline: str | None = None,
+            primary: str | None = None) -> tuple[Run, Extracted, dict]:
     """Load, extract and summarize a run (nothing written).
 
     Returns (run, extracted samples, unrounded summary). Raises RunDirError, RecordError,
@@ -46,20 +49,24 @@ def analyse(run_dir: str | Path, baseline: str | None = None) -> tuple[Run, Extr
     summ = summary_mod.summarize(run, ex, metrics.error_rates(run), base)
     if (rows := gates.summary_rows(run, judged)) is not None:
         summ["gates"] = rows
+    if primary:
+        metric, _, variant = primary.partition("@")
+        summary_mod.add_primary(summ, metric, variant or None)
     return run, ex, summ
 
 
 def report(run_dir: str | Path, baseline: str | None = None, out_dir: str | Path | None = None,
-           progress: Callable[[str], None] | None = None) -> dict:
+           progress: Callable[[str], None] | None = None, primary: str | None = None) -> dict:
     """Analyse ``run_dir`` and write the report files (see the module docstring).
 
     ``baseline`` overrides run.json's baseline; ``out_dir`` defaults to RUN_DIR/report;
-    ``progress`` (optional) is called with a short message before each step.
+    ``progress`` (optional) is called with a short message before each step; ``primary``
+    as for ``analyse``.
     Returns the summary dict exactly as written to summary.json.
     """
     say = progress or (lambda msg: None)
     say("reading the run directory")
-    run, ex, summ = analyse(run_dir, baseline)
+    run, ex, summ = analyse(run_dir, baseline, primary)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
     rounded = summary_mod.round_floats(summ)

@@ -33,7 +33,11 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
      "inference": {"alpha", "correction", "family_size", "tests", "not_enough_repetitions",
                    "min_reps_per_arm", "headline": [text], "significant": [{"metric", "variant"}],
                    "paired_tests", "welch_tests", "equivalence_margin_pct",
-                   "descriptive": [text: untested outcome comparisons' descriptive change]},
+                   "descriptive": [text: untested outcome comparisons' descriptive change],
+                   ["primary": add_primary: the one comparison declared before the run, tested
+                               alone at alpha: {"metric", "variant", "baseline", "title", "alpha",
+                               "declared", "status", "test", "n", "change_pct", "change_ci95",
+                               "pvalue", "significant", "change_pct_descriptive"}]},
      "errors": {"<variant>": {"transfers", "errors", "rate", "causes", "by_group", "per_rep"}},
      "transfer_outcomes": {"<variant>": {"completed", "censored", "stalled", "failed",
                                          "by_group": {"group:file": {...}}, "per_rep": {...}}},
@@ -50,6 +54,7 @@ Layout (every metric id maps to one entry; ``variants`` has every variant of the
 Public API:
 
 - ``summarize(run, extracted, errors, baseline, resamples=2000) -> dict``  (unrounded)
+- ``add_primary(summary, metric, variant=None, declared=...)``  the declared primary comparison
 - ``round_floats(obj, digits=SIGNIFICANT_DIGITS) -> obj``
 - ``dumps(summary) -> str``   rounded, sorted, indented JSON with a final newline
 - ``missing_lines(run, extracted) -> list[str]``
@@ -314,6 +319,40 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         # Only for Kubernetes runs whose relays ran on more than one kind of hardware.
         **({"by_hardware": hw} if (hw := hardware_mod.by_hardware(run, extracted)) else {}),
     }
+
+
+def add_primary(summary: dict, metric: str, variant: str | None = None,
+                declared: str = "torbed report --primary") -> dict:
+    """Record ``metric`` (a metric id of the summary) for ``variant`` (default: the only
+    variant besides the baseline) as the primary comparison, declared before the run (by
+    ``declared``): its own test, read at alpha without multiplicity adjustment, beside the
+    exploratory Holm family (which it stays in). Sets and returns summary["inference"]["primary"].
+    Raises InputError (unknown metric, variant or baseline as the variant)."""
+    from .errors import InputError
+    entry = summary["metrics"].get(metric)
+    kind = metric.split("/")[0]
+    if entry is None and any(m.split("/")[0] == kind for m in summary["metrics"]):
+        some = ", ".join(m for m in summary["metrics"] if m.split("/")[0] == kind)
+        raise InputError(f"--primary {metric!r}: not a metric of this run (of its kind: {some})")
+    others = [v for v in summary["run"]["variants"] if v != summary["baseline"]]
+    if variant is None:
+        if len(others) != 1:
+            raise InputError(f"--primary {metric}: say which variant (METRIC@VARIANT; one of {', '.join(others)})")
+        variant = others[0]
+    if variant not in others:
+        raise InputError(f"--primary {metric}@{variant}: not a variant compared with the baseline "
+                         f"{summary['baseline']} (variants: {', '.join(others) or 'none'})")
+    # No metric of its kind at all: no repetition recorded one (e.g. a gate excluded them all).
+    inf = entry["variants"][variant]["vs_baseline"]["inference"] if entry else {"status": "no data", "n": 0,
+                                                                                 "n_baseline": 0}
+    p = inf.get("pvalue") if inf.get("status") == "tested" else None
+    out = {"metric": metric, "variant": variant, "baseline": summary["baseline"],
+           "title": entry["title"] if entry else metric,
+           "alpha": stats.ALPHA, "declared": declared, "significant": p is not None and p < stats.ALPHA,
+           **{k: inf.get(k) for k in ("status", "test", "n", "n_baseline", "statistic", "change_pct", "change_ci95",
+                                      "pvalue", "change_pct_descriptive")}}
+    summary["inference"]["primary"] = out
+    return out
 
 
 def _circuit_coverage(r) -> dict:

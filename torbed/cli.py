@@ -5,6 +5,7 @@
                            what each backend cannot run
     schema                 print the scenario's JSON Schema
     chart-files            regenerate the chart's generated files (values schema, torrc, variants, dashboards)
+    images load --to T     get the built images onto a cluster: kind, k3s, minikube, local, registry
     docs-ref               regenerate the docs' reference pages (scenario fields, this command line)
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant

@@ -28,14 +28,16 @@ def cmd_run(args) -> int:
         bad = [v for v in args.variant if v not in s.variants]
         if bad:
             raise InputError(f"--variant {', '.join(bad)}: not in the scenario's variants ({', '.join(s.variants)})")
-    s = scenario_mod.with_overrides(s, args.scenario, repetitions=args.repetitions, measure__duration=args.duration)
+    s = scenario_mod.with_overrides(s, args.scenario, repetitions=args.repetitions, measure__duration=args.duration,
+                                    measure__warmup=args.warmup)
     host_load = check_host_load(require_quiet=args.require_quiet)
     face = engine.backend_module(args.backend)
     backend = face.create(face.Options.from_args(args), console, Path(args.scenario))
     try:
         run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario,
                              host_load=host_load, overrides={k: v for k, v in (("repetitions", args.repetitions),
-                                                                                ("duration", args.duration)) if v})
+                                                                                ("duration", args.duration),
+                                                                                ("warmup", args.warmup)) if v})
     except ShapingError as e:
         raise InputError(f"{args.scenario}: links: {e}") from None
     info = json.loads((run_dir / "run.json").read_text())
@@ -53,8 +55,8 @@ def cmd_resume(args) -> int:
     from .shaping import ShapingError
     run_dir = Path(args.resume)
     run_json = run_dir / "run.json"
-    if args.scenario or args.repetitions or args.duration:
-        raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions and --duration come from {run_json} "
+    if args.scenario or args.repetitions or args.duration or args.warmup:
+        raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions, --duration and --warmup come from {run_json} "
                          f"(source, overrides); give none of them")
     info = resume.load_for_resume(run_dir)
     source = info.get("source_resolved") or info["source"]
@@ -62,7 +64,8 @@ def cmd_resume(args) -> int:
         raise InputError(f"{run_json}: source: the scenario file '{source}' is gone; it is needed to resume")
     s = scenario_mod.load(source)
     ov = info.get("overrides") or {}
-    s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"))
+    s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"),
+                                    measure__warmup=ov.get("warmup"))
     variants = args.variant or info["variants"]
     resume.check_unchanged(info, s, variants, run_json)
     if args.backend != info.get("backend", "local"):
@@ -124,6 +127,7 @@ def register_run(sub, fmt) -> None:
     p.add_argument("--variant", action="append", default=None, help="run only this variant (repeatable)")
     p.add_argument("--repetitions", type=int, default=None, help="override the scenario's repetitions")
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")
+    p.add_argument("--warmup", default=None, help="override measure.warmup, e.g. '5s' (part of the duration)")
     p.add_argument("--require-quiet", action="store_true",
                    help="refuse to start (exit 2) when the machine is busy with something else (1-minute "
                         "load average, other processes' CPU over a 1 s sample); by default only a warning. "

@@ -82,6 +82,8 @@ class Backend(Protocol):
       the cluster); returns run.json fields of its own (shaper, tor_version, host, ...).
       Raises InputError or RunFailed.
     - ``start_run(run)``: run-wide preparation (files, values) inside the signal handling.
+    - ``finish_run(run)`` (optional): remove what ``start_run`` made for the whole run, after
+      the last repetition, whatever the run's outcome; must not raise.
     - ``prepare(rep)``: this repetition's inputs (builds, keys, configuration); fills meta.
     - ``bring_up(rep)``: start everything and wait for evidence of readiness; sets
       ``rep.meta`` t_ready / ready_s (``rep.ready()``).
@@ -369,6 +371,9 @@ def _drive(scenario: Scenario, backend: Backend, run_root: Path, console, run_di
         status = "interrupted"
         raise
     finally:
+        finish_run = getattr(backend, "finish_run", None)   # optional: what a backend keeps for the whole run
+        if finish_run is not None:
+            finish_run(r)
         for s, h in old.items():
             signal.signal(s, h)
         session.update(finished=utc_now(), status=status)

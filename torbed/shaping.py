@@ -150,6 +150,13 @@ def _burst(rate_bps: int) -> int:
     return max(4 * 1514, rate_bps // 8 // 500)
 
 
+# `ip link set dev eth0 ...` arguments that stop TCP and the veth from building frames larger
+# than one MTU (segmentation offload), so htb and netem see the packets a real link carries:
+# a bounded bfifo counts bytes, and a 64 KB offloaded frame is dropped whole by a queue smaller
+# than that (tried: a 12,500-byte queue at 2 mbit gave one TCP flow 11.6 kB/s, a 70 kB one 240).
+ONE_FRAME_PER_SKB = ("gso_max_segs", "1", "gso_max_size", "1514")
+
+
 def class_lines(dev: str, minor: int, spec: LinkSpec) -> list[str]:
     """The htb class 1:<minor> of one shaped link, with netem (delay/jitter/loss) or a
     bounded drop-tail queue under it. Used per destination node here and per peer group by

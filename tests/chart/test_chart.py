@@ -206,12 +206,13 @@ def test_replay_traces_inline_render_and_validate(tools, tmp_path):
                                                 "start": "5s", "stop": "60s"}, id="path")])
 def test_background_load_renders_and_validates(tools, tmp_path, load):
     """load: adds the master and worker Deployments, the master's and the load nodes'
-    Services and the web policy (5 objects), all valid; `load: {}` (every default) too."""
+    Services and the web policy (5 objects) and the locust image's pull check (1), all valid;
+    `load: {}` (every default) too."""
     values = tmp_path / "load.yaml"
     values.write_text(yaml.safe_dump({"load": load}))
     quickstart = REPO / "scenarios" / "quickstart.yaml"
     found = kubeconform_ok(tools, quickstart, ["-f", str(values), "--set", "variant=ewma-66"], [])
-    assert found == 5 + kubeconform_ok(tools, quickstart, ["--set", "variant=ewma-66"], [])
+    assert found == 5 + 1 + kubeconform_ok(tools, quickstart, ["--set", "variant=ewma-66"], [])
     t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(quickstart), "-f", str(values),
             "--show-only", "templates/load/workers.yaml")
     assert t.returncode == 0 and yaml.safe_load(t.stdout)["spec"]["replicas"] == load.get("workers", 1), show(t)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,9 +31,26 @@ def quickstart(kube, tmp_path_factory):
     data["faults"] = [{"at": "6s", "kind": "kill", "target": "middle0"}]
     scenario = tmp_path / "quickstart-kill.yaml"
     scenario.write_text(yaml.safe_dump(data))
+    # The run's Grafana dashboards, seen from outside while it runs (they live for the run).
+    seen, done = set(), threading.Event()
+
+    def watch():
+        core = kube.CoreV1Api()
+        while not done.wait(2):
+            try:
+                seen.update(c.metadata.name for c in core.list_namespaced_config_map(
+                    "default", label_selector="torbed.io/run,grafana_dashboard=1").items)
+            except Exception:      # an API hiccup: look again
+                pass
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     t0 = time.time()
-    p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "60s")
-    return {"p": p, "run_dir": run_dir, "took_s": time.time() - t0}
+    try:
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "ewma-66", "--duration", "60s")
+    finally:
+        done.set()
+        watcher.join()
+    return {"p": p, "run_dir": run_dir, "took_s": time.time() - t0, "dashboards_seen": seen}
 
 
 def test_quickstart_runs_and_reports(kube, quickstart):
@@ -81,11 +99,27 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]
     hw = next(iter(meta["hardware"].values()))
     assert hw["arch"] in ("amd64", "arm64") and hw["cpu_model"] and "middle0" in hw["ran"], hw
+    # Provenance: per pod, the build each container ran (the kubelet's imageID: for an image
+    # imported from Docker, its config digest, Docker's image ID) and what its tor reports.
+    guard = meta["pods"][f"{meta['release']}-guard-0"]
+    docker_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", "torbed/relay:ewma-0.1.0"],
+                               capture_output=True, text=True).stdout.strip()
+    assert docker_id and guard["containers"]["tor"]["image_id"].endswith(docker_id), (guard, docker_id)
+    assert guard["containers"]["tor"]["image"].endswith("torbed/relay:ewma-0.1.0"), guard
+    from torbed import constants
+    assert guard["tor_version"] == constants.TOR_VERSION, guard
+    assert meta["tor_versions"] == [constants.TOR_VERSION], meta["tor_versions"]
+    assert all(len(ids) == 1 for ids in meta["images"].values()), meta["images"]
     r = subprocess.run([*TORBED, "report", str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (run_dir / "report" / "report.html").exists()
     assert hw["cpu_model"] in (run_dir / "report" / "report.md").read_text()
     assert leftovers(kube, meta["release"]) == []
+    # Dashboards: one ConfigMap each for the whole run (releases ship none), gone with the run.
+    info = json.loads((run_dir / "run.json").read_text())
+    assert len(info["k8s"]["dashboards"]) == 3 and set(info["k8s"]["dashboards"]) == quickstart["dashboards_seen"], \
+        (info.get("k8s"), quickstart["dashboards_seen"])
+    assert not kube.CoreV1Api().list_namespaced_config_map("default", label_selector="torbed.io/run").items
 
 
 def test_deleted_relay_comes_back_as_itself_and_the_run_records_the_damage(kube, quickstart):
@@ -204,6 +238,42 @@ def test_a_missing_image_fails_in_seconds_naming_it_and_leaves_nothing(kube, tmp
     assert took < 120, f"{took:.0f} s"
     assert leftovers(kube, meta["release"]) == [], "left behind"
     print(f"missing image reported after {took:.1f} s: {meta['error'][:200]}")
+
+
+def test_plain_helm_with_a_missing_image_fails_naming_it_and_uninstalls_at_once(kube, helm):
+    """Plain helm, no torbed watching: the pull-check hook pods fail the install after
+    images.pullCheckSeconds (here 20 s) naming the image (helm's only words are the pod's
+    name), not after helm's 5-minute timeout; an upgrade is refused at once with the reason;
+    uninstall runs no pod (it used to wait on the pre-delete hook's missing image) and the
+    garbage collector leaves nothing."""
+    rel, chart = "nopull", str(REPO / "charts" / "torbed")
+    base = [helm["bin"], "-n", "default"]
+    t0 = time.time()
+    p = subprocess.run([*base, "install", rel, chart, "--set", "images.tag=not-built-0",
+                        "--set", "images.pullCheckSeconds=20"], capture_output=True, text=True, env=helm["env"])
+    install_s = time.time() - t0
+    try:
+        assert p.returncode == 1 and f"pod {rel}-pull-torbed.client.not-built-0 failed" in p.stderr, p.stderr
+        assert install_s < 90, f"{install_s:.0f} s"
+        t0 = time.time()
+        u = subprocess.run([*base, "upgrade", rel, chart, "--set", "images.tag=not-built-0"], capture_output=True,
+                           text=True, env=helm["env"])
+        upgrade_s = time.time() - t0
+        assert u.returncode == 1 and "helm upgrade of a torbed network release is not supported" in u.stderr, u.stderr
+        assert upgrade_s < 15, f"{upgrade_s:.0f} s"
+    finally:
+        t0 = time.time()
+        d = subprocess.run([*base, "uninstall", rel, "--timeout", "60s"], capture_output=True, text=True,
+                           env=helm["env"])
+        uninstall_s = time.time() - t0
+    assert d.returncode == 0, d.stderr
+    assert uninstall_s < 20, f"{uninstall_s:.0f} s"
+    deadline = time.time() + 60
+    while leftovers(kube, rel) and time.time() < deadline:
+        time.sleep(2)
+    assert leftovers(kube, rel) == []
+    print(f"plain helm, missing image: install failed after {install_s:.1f} s, upgrade refused after "
+          f"{upgrade_s:.1f} s, uninstall {uninstall_s:.1f} s")
 
 
 def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):

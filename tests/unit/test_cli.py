@@ -62,6 +62,10 @@ def test_bad_arguments_are_input_errors(tmp_path, capsys, repo):
     assert cli.main(["run", q, "--duration", "5q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--duration" in err[0] and "5q" in err[0]
+    # --warmup is checked like the file's measure.warmup (shorter than the duration).
+    assert cli.main(["run", q, "--warmup", "30s", "--duration", "20s"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--warmup" in err[0] and "not shorter than duration 20s" in err[0]
     assert cli.main(["plan", q, "--variant", "nope"]) == 2
 
 

@@ -35,11 +35,12 @@ class Api:
         self.token = (SA_DIR / "token").read_text().strip()
         self.ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
 
-    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None,
+              content_type: str = "application/json") -> dict:
         url = self.base + path + (("?" + urllib.parse.urlencode(query)) if query else "")
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+            "Authorization": f"Bearer {self.token}", "Content-Type": content_type,
             "Accept": "application/json"})
         try:
             with urllib.request.urlopen(req, context=self.ctx, timeout=30) as r:
@@ -50,6 +51,23 @@ class Api:
             except ValueError:
                 msg = e.reason
             raise ApiError(e.code, f"{method} {path}: {msg}") from None
+
+    def list(self, kind: str, selector: str) -> list[dict]:
+        return self._call("GET", f"/{kind}", query={"labelSelector": selector}).get("items") or []
+
+    def get(self, kind: str, name: str) -> dict | None:
+        """The object, or None when there is none (404)."""
+        try:
+            return self._call("GET", f"/{kind}/{name}")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch(self, kind: str, name: str, patch: dict) -> dict:
+        """A JSON merge patch."""
+        url_kind = f"/{kind}/{name}"
+        return self._call("PATCH", url_kind, patch, content_type="application/merge-patch+json")
 
     def create(self, kind: str, obj: dict) -> dict:
         return self._call("POST", f"/{kind}", obj)

@@ -7,7 +7,11 @@ time to last byte) and exits 0. It exits 1 when the deadline passes first, print
 saw instead: how many transfers, and the causes of the failed ones. Records of the warmup
 count too: the question is whether the network carries traffic at all, not the measurement.
 
-``python -m torbed.pods.helmtest --results URL [--timeout S]``
+``--owner configmap/NAME`` first makes this pod a dependent (ownerReference) of that object of
+the release, so `helm uninstall` (which deletes it) takes the pod along: the pod stays after
+the test so `helm test --logs` can read it, and helm never deletes hook pods itself.
+
+``python -m torbed.pods.helmtest --results URL [--timeout S] [--owner KIND/NAME]``
 """
 
 from __future__ import annotations
@@ -57,11 +61,33 @@ def fetch(url: str) -> list[dict]:
     return out
 
 
+def own(owner: str) -> str:
+    """Make this pod (POD_NAME) a dependent of ``configmap/NAME`` or ``secret/NAME``; what happened."""
+    import os
+    from .api import SA_DIR, Api, ApiError
+    kind, _, name = owner.partition("/")
+    kinds = {"configmap": ("configmaps", "ConfigMap"), "secret": ("secrets", "Secret")}
+    if kind not in kinds or not name:
+        raise SystemExit(f"--owner: '{owner}' is not configmap/NAME or secret/NAME")
+    pod = os.environ.get("POD_NAME", "")
+    try:
+        api = Api((SA_DIR / "namespace").read_text().strip())
+        obj = api._call("GET", f"/{kinds[kind][0]}/{name}")
+        ref = {"apiVersion": "v1", "kind": kinds[kind][1], "name": name, "uid": obj["metadata"]["uid"]}
+        api.patch("pods", pod, {"metadata": {"ownerReferences": [ref]}})
+    except (ApiError, OSError, KeyError, SystemExit) as e:
+        return f"warning: pod {pod} not tied to {owner} ({e}); it stays after helm uninstall"
+    return f"pod {pod} goes with {owner} at helm uninstall"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True, help="the results service's URL")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a transfer")
+    ap.add_argument("--owner", default=None, help="configmap/NAME or secret/NAME of the release this pod goes with")
     args = ap.parse_args(argv)
+    if args.owner:
+        print(own(args.owner), flush=True)
     deadline = time.time() + args.timeout
     records: list[dict] = []
     last_error = ""

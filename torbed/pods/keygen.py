@@ -1,4 +1,4 @@
-"""Key hooks of the chart: ``create`` (pre-install) and ``delete`` (pre-delete).
+"""Key hook of the chart: ``create`` (pre-install); ``delete`` for a release installed before.
 
 create: makes every authority's keys and certificate (tor-gencert) and every authority's and
 relay's identity (tor --list-fingerprint), exactly as the local backend does (torbed.keys),
@@ -19,7 +19,15 @@ With tor's fixed offset 0 the first vote fell anywhere in the pods' start: befor
 had uploaded their descriptors (a consensus without them, one 10 s round lost) or between
 two authorities' starts (the later ones' votes rejected as too late, a round lost).
 
-delete: removes both (they are made by a hook, so Helm does not own them).
+Helm does not own what a hook makes, so both are made dependents (ownerReferences) of Helm's
+own record of the release, the Secret sh.helm.release.v1.<release>.v1 (or the ConfigMap of
+that name under HELM_DRIVER=configmap), which exists from before the pre-install hooks until
+`helm uninstall` deletes it: Kubernetes' garbage collector then deletes them. So uninstalling
+runs no pod (a pre-delete hook did, and waited out helm's timeout when its image was gone).
+With another storage driver (sql, memory) there is no such object: the hook says so and the
+two stay until `kubectl delete secret,configmap -l torbed.io/generated=keygen,app.kubernetes.io/instance=<release>`.
+
+delete: removes both (what the pre-delete hook of earlier chart versions ran).
 """
 
 from __future__ import annotations
@@ -105,6 +113,18 @@ def schedule(identities: dict[str, str], t_hook: float) -> dict:
     return sched
 
 
+def release_owner(api: Api, instance: str) -> list[dict]:
+    """ownerReferences to Helm's record of the release's first revision, or [] when none is
+    found. By name (Helm's storage drivers name it sh.helm.release.v1.<release>.v1), so the
+    hook's Role reads that object and its own two, not every Secret in the namespace."""
+    name = f"sh.helm.release.v1.{instance}.v1"
+    for kind, k in (("secrets", "Secret"), ("configmaps", "ConfigMap")):
+        obj = api.get(kind, name)
+        if obj is not None:
+            return [{"apiVersion": "v1", "kind": k, "name": name, "uid": obj["metadata"]["uid"]}]
+    return []
+
+
 def create() -> int:
     release = env("TORBED_RELEASE")
     api = Api(env("TORBED_NAMESPACE"))
@@ -116,12 +136,17 @@ def create() -> int:
         f"{sched['voting_offset_s']} s (first valid-after {VOTE_LEAD_S} s from now)")
     for kind, name in (("secrets", f"{release}-keys"), ("configmaps", f"{release}-identities")):
         api.delete(kind, name)  # a retried Job: start over, so keys and identities match
+    owner = release_owner(api, env("TORBED_INSTANCE"))
+    meta = {"labels": _labels(), **({"ownerReferences": owner} if owner else {})}
     api.create("secrets", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                           "metadata": {"name": f"{release}-keys", "labels": _labels()}, "data": secret})
+                           "metadata": {"name": f"{release}-keys", **meta}, "data": secret})
     api.create("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
-                              "metadata": {"name": f"{release}-identities", "labels": _labels()},
+                              "metadata": {"name": f"{release}-identities", **meta},
                               "data": identities})
-    log(f"keygen: created secret {release}-keys and configmap {release}-identities")
+    log(f"keygen: created secret {release}-keys and configmap {release}-identities, "
+        + (f"deleted with helm's {owner[0]['kind']} {owner[0]['name']}" if owner else
+           "but found no Helm release record (sh.helm.release.v1.<release>.v1) to tie them to: "
+           "they stay after helm uninstall"))
     return EXIT_OK
 
 

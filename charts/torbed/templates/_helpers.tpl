@@ -396,3 +396,19 @@ its nodes: <group><index>); any group when the group is "". Args: (list $root $k
 {{- end -}}
 {{- if $found }}true{{ end -}}
 {{- end -}}
+
+{{/* Extra labels of every pod of the release (podLabels). */}}
+{{- define "torbed.podLabels" -}}
+{{- with .Values.podLabels }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* Annotations of every pod of the release: a node autoscaler must not evict a pod mid-run
+(a relay gone changes the network being measured): cluster-autoscaler's safe-to-evict and
+Karpenter's do-not-disrupt; then podAnnotations (e.g. sidecar.istio.io/inject: "false"). */}}
+{{- define "torbed.podAnnotations" -}}
+cluster-autoscaler.kubernetes.io/safe-to-evict: "false"
+karpenter.sh/do-not-disrupt: "true"
+{{- with .Values.podAnnotations }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}

@@ -37,7 +37,7 @@ def test_help_names_the_stage_before(capsys):
 def test_report_ok(golden_copy, capsys):
     assert run(["report", golden_copy]) == cli.EXIT_OK
     out = capsys.readouterr()
-    assert "ttlb_s/web:small" in out.out
+    assert "TTLB web:small (s)" in out.out
     assert "variant ewma-66 rep 1: failed" in " ".join(out.err.split())
     assert (golden_copy / "report" / "report.html").is_file()
 

@@ -9,6 +9,7 @@ heavy (the backend needs the kubernetes client); the backend itself is in ``back
     chart.py       the chart's generated files from the scenario model (`torbed chart-files`)
     dashboards.py  the chart's Grafana dashboards, as code
     registry.py    push images and the chart to a registry (`make images-push`)
+    imageload.py   images onto a cluster's nodes: kind, k3s, minikube, a registry (`torbed images load`)
 
 The programs that run inside the pods are torbed.pods (not part of this backend: the images
 carry them, and the chart invokes them by module name).
@@ -74,7 +75,9 @@ def cmd_chart_files(args) -> int:
 
 
 def register_commands(sub, fmt) -> None:
-    """Subcommands only this backend has: chart-files."""
+    """Subcommands only this backend has: chart-files, images."""
     p = sub.add_parser("chart-files", help="regenerate charts/torbed's generated files", formatter_class=fmt)
     p.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
     p.set_defaults(func=cmd_chart_files)
+    from . import imageload
+    imageload.add_parser(sub, fmt)

@@ -295,6 +295,9 @@ class Release:
         seconds, naming image, node and what to do, instead of after helm's timeout."""
         cmd = [self.helm, "install", self.name, str(CHART), "-n", self.cluster.ns, "-f", str(self.values),
                "--set", f"variant={self.variant}", "--set", f"repetition={self.rep}",
+               # The chart's pull-check pods are for plain helm: this watch names image and node
+               # as soon as the kubelet fails a pull, without a pod per image (seconds per install).
+               "--set", "images.pullCheckSeconds=0",
                "--timeout", f"{timeout_s}s"]
         for s in self.extra:
             cmd += ["--set", s]
@@ -330,7 +333,7 @@ class Release:
             return None
         cmd = [self.helm, "uninstall", self.name, "-n", self.cluster.ns, "--wait", "--timeout", "180s"]
         if self.hooks_broken:
-            cmd.append("--no-hooks")   # the pre-delete hook needs the same image the node lacks
+            cmd.append("--no-hooks")   # hooks need the image the node lacks (no pre-delete hook now; an older chart had one)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         self.installed = False
         problems = []
@@ -433,6 +436,27 @@ class K8sBackend:
         if self.traces:
             values["replayTraces"] = {"inline": self.traces}
         self.values.write_text(yaml.safe_dump(values, sort_keys=False))
+        # Grafana dashboards once for the whole run, not per release: the chart's per-release
+        # ConfigMaps went with each repetition's uninstall, so the run's dashboards came and
+        # went between repetitions and were gone when one looked at the run afterwards.
+        settings = _set_values(self.extra_set, "dashboards.")
+        self.dashboards: list[str] = []
+        if settings.get("enabled", "true") != "false":
+            self.extra_set = ["dashboards.enabled=false", *self.extra_set]
+            self.dashboards = create_run_dashboards(self.cluster, run.run_dir.name, settings)
+            run.info.setdefault("k8s", {})["dashboards"] = self.dashboards
+
+    def finish_run(self, run: engine.Run) -> None:
+        """Remove the run's dashboards (engine: after the last repetition, also when it failed)."""
+        for name in getattr(self, "dashboards", []):
+            try:
+                self.cluster.core.delete_namespaced_config_map(name, self.cluster.ns)
+            except self.cluster.ApiException as e:
+                if e.status != 404:
+                    self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: HTTP {e.status}")
+            except self.cluster.TransportError as e:
+                self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: {e}")
+        self.dashboards = []
 
     def prepare(self, rep: engine.Repetition) -> None:
         s, st = rep.scenario, rep.state
@@ -475,6 +499,7 @@ class K8sBackend:
         meta["ready_s"] = round(meta["t_ready"] - meta["t_start"], 3)
         meta["t_workload_start"] = start["t_workload"]
         meta["bringup"] = _bringup_breakdown(self.cluster.pods(name), meta)
+        _record_provenance(self.cluster, name, meta, self.console)
         # Relays that had reported holding the consensus by the start: fewer than all means the
         # clients went online at their deadline, not because the network was ready (a relay
         # without a consensus opened a channel per circuit, and Torchestra saw nothing heavy).
@@ -758,6 +783,94 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
                          else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw
+
+
+def _set_values(sets: list[str], prefix: str) -> dict[str, str]:
+    """The KEY=VALUE --set values under ``prefix`` ("dashboards."), by the rest of the key."""
+    return {k[len(prefix):]: v for k, _, v in (s.partition("=") for s in sets) if k.startswith(prefix)}
+
+
+def run_dashboards(run_id: str, settings: dict[str, str] | None = None) -> list[dict]:
+    """ConfigMaps of torbed's Grafana dashboards (the chart's generated files) for one run,
+    labelled as the chart labels them (dashboards.label/labelValue/folder, overridable with
+    --set) and with torbed.io/run, for Grafana's dashboard sidecar."""
+    settings = settings or {}
+    run_label = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[-63:].strip("-_.") or "run"
+    out = []
+    for path in sorted((CHART / "files" / "grafana" / "dashboards").glob("*.json")):
+        name = f"torbed-run-{run_label.lower()}"[:63 - len(path.stem) - 1].rstrip("-.") + f"-{path.stem}"
+        out.append({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name,
+                                 "labels": {"app.kubernetes.io/name": "torbed", "app.kubernetes.io/managed-by": "torbed",
+                                            "torbed.io/run": run_label,
+                                            settings.get("label", "grafana_dashboard"): settings.get("labelValue", "1")},
+                                 "annotations": {"grafana_folder": settings.get("folder", "torbed")}},
+                    "data": {path.name: path.read_text()}})
+    return out
+
+
+def create_run_dashboards(cluster: Cluster, run_id: str, settings: dict[str, str]) -> list[str]:
+    """Create (or replace) the run's dashboard ConfigMaps; their names."""
+    names = []
+    for cm in run_dashboards(run_id, settings):
+        name = cm["metadata"]["name"]
+        try:
+            cluster.core.create_namespaced_config_map(cluster.ns, cm)
+        except cluster.ApiException as e:
+            if e.status != 409:
+                raise KubernetesError(f"Kubernetes API: create configmap {name}: HTTP {e.status} {e.reason}") from None
+            cluster.core.replace_namespaced_config_map(name, cluster.ns, cm)
+        names.append(name)
+    return names
+
+
+TOR_VERSION_RE = re.compile(r"^Tor version (.+?)\.?$", re.M)   # "0.4.9.11", "0.4.9.0-alpha-dev (git-abc)"
+
+
+def _tor_version(pod: str, cluster: Cluster) -> str | None:
+    """What ``tor --version`` says in the pod's tor container (the binary that runs there)."""
+    from kubernetes import client
+    from kubernetes.stream import stream
+    try:
+        with client.ApiClient() as api:   # exec swaps its ApiClient's request method: one of its own
+            out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, cluster.ns, container="tor",
+                         command=["tor", "--version"], stderr=True, stdin=False, stdout=True, tty=False,
+                         _request_timeout=30)
+    except (cluster.ApiException, *cluster.TransportError) as e:
+        return f"unknown ({type(e).__name__})"
+    m = TOR_VERSION_RE.search(out or "")
+    return m.group(1) if m else f"unknown ({(out or '').strip()[:80]!r})"
+
+
+def _record_provenance(cluster: Cluster, release: str, meta: dict, console=None) -> None:
+    """meta.json ``pods``: per pod, each container's image reference and the digest the
+    kubelet ran (status imageID), and the version its tor container's tor reports;
+    ``images``: each reference with the digests it resolved to. Tags are rebuilt in place and
+    pulled IfNotPresent, so one reference can be two builds on two nodes: warned about here,
+    and visible in the record either way."""
+    pods: dict[str, dict] = {}
+    digests: dict[str, set[str]] = {}
+    for p in cluster.pods(release):
+        st = p.status
+        containers = {}
+        for c in (st.init_container_statuses or []) + (st.container_statuses or []):
+            containers[c.name] = {"image": c.image, "image_id": c.image_id or None}
+            if c.image_id:
+                digests.setdefault(c.image, set()).add(c.image_id)
+        entry = {"k8s_node": p.spec.node_name, "containers": containers}
+        if "tor" in containers and any(c.name == "tor" and c.state and c.state.running
+                                       for c in st.container_statuses or []):
+            entry["tor_version"] = _tor_version(p.metadata.name, cluster)
+        pods[p.metadata.name] = entry
+    meta["pods"] = pods
+    meta["images"] = {ref: sorted(ids) for ref, ids in sorted(digests.items())}
+    versions = sorted({e["tor_version"] for e in pods.values() if e.get("tor_version")})
+    meta["tor_versions"] = versions
+    split = {ref: ids for ref, ids in meta["images"].items() if len(ids) > 1}
+    if console is not None and split:
+        console.log("[yellow]warning[/yellow]: one image reference, several builds across nodes: "
+                    + "; ".join(f"{ref}: {', '.join(ids)}" for ref, ids in split.items())
+                    + " (meta.json images; reload the images or use a registry with a new tag)")
 
 
 def _pod_is(pod: str, release: str, node: dict) -> bool:
