@@ -38,6 +38,7 @@ class NodePaths:
     log: str
     control_socket: str | None = None
     extra_log: str | None = None     # e.g. an info-level log, off by default
+    log_stdout: bool = False         # the notice log on stdout (a file the launcher opened), not at ``log``
 
 
 def dir_authority_lines(plan: Plan, ids: Identities) -> list[str]:
@@ -77,19 +78,54 @@ def diff_max_age(slowest_interval: int) -> int:
     return max(constants.MIN_DIFF_MAX_AGE, constants.DIFF_ROUNDS_KEPT * slowest_interval)
 
 
-def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
-                     schedule: tuple[int, int, int] | None = None,
-                     diff_age: int | None = None) -> dict[str, list[str]]:
-    """The lines of each fragment that do not depend on generated keys or on the scenario.
+AUTHORITY_LINES = [
+    "# Directory authorities (they relay no experiment traffic: no Guard/Exit flag).",
+    "AuthoritativeDirectory 1",
+    "V3AuthoritativeDirectory 1",
+    "ContactInfo authority@torbed.invalid",
+    "ExitPolicy reject *:*",
+    "AssumeReachable 1",
+    "V3AuthNIntervalsValid 2",
+    "AuthDirMaxServersPerAddr 0",
+    "TestingMinExitFlagThreshold 0",
+    "# Stable for every relay from its first second: clients only use Stable guards, and a",
+    "# minutes-old network has no uptime history to earn it.",
+    "AuthDirVoteStableGuaranteeMinUptime 0",
+    "# Fast for every relay: in a minutes-old network the 12.5th-percentile threshold ranks",
+    "# which relays happened to serve directory traffic, and a relay that published before",
+    "# its bandwidth self-test stayed un-Fast for minutes (seen under load: a run failed).",
+    "AuthDirFastGuarantee 1 byte",
+]
+NONEXIT_LINES = [
+    "# Relays that are not exits (ExitPolicy lines accumulate, so exits never include this).",
+    "ExitRelay 0",
+    "ExitPolicy reject *:*",
+]
+EXIT_LINES = [
+    "# Exit relays: isolation comes from the network (no route out), not the policy;",
+    "# a narrower policy publishes a summary clients read as 'no exits'.",
+    "ExitRelay 1",
+    "ExitPolicyRejectPrivate 0",
+    "ExitPolicyRejectLocalInterfaces 0",
+    "ExitPolicy accept *:*",
+]
+CLIENT_LINES = [
+    "# Clients (the measurement driver attaches streams and builds circuits).",
+    "ClientOnly 1",
+    "# A fixed circuit build timeout: learned timeouts would discard slow circuits",
+    "# differently per variant.",
+    "LearnCircuitBuildTimeout 0",
+    "CircuitBuildTimeout 60",
+    "# The client's circuit ids on its guard channel (CELL_STATS; the driver subscribes),",
+    "# so its circuits are found at every relay (circuits.jsonl, analysis/circuits.py).",
+    "TestingEnableCellStatsEvent 1",
+]
 
-    Both backends use them: the local backend appends the network's DirAuthority lines and
-    the authorities' votes (see ``render_fragments``); the Helm chart ships them as
-    charts/torbed/files/torrc/*.torrc (``torbed chart-files``) and its pods add the same
-    lines at start, once keys and addresses exist."""
-    interval, vote_delay, dist_delay = schedule or (constants.VOTING_INTERVAL, constants.VOTE_DELAY,
-                                                    constants.DIST_DELAY)
-    diff_age = diff_age or diff_max_age(interval)
-    common = [
+
+def _common_lines(schedule: tuple[int, int, int], voting_offset: int) -> list[str]:
+    """common.torrc: every node, with the voting schedule."""
+    interval, vote_delay, dist_delay = schedule
+    return [
         "# Every node of the private network.",
         "TestingTorNetwork 1",
         "RunAsDaemon 0",
@@ -110,25 +146,11 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
         f"V3AuthVoteDelay {vote_delay}",
         f"V3AuthDistDelay {dist_delay}",
     ]
-    authority = [
-        "# Directory authorities (they relay no experiment traffic: no Guard/Exit flag).",
-        "AuthoritativeDirectory 1",
-        "V3AuthoritativeDirectory 1",
-        "ContactInfo authority@torbed.invalid",
-        "ExitPolicy reject *:*",
-        "AssumeReachable 1",
-        "V3AuthNIntervalsValid 2",
-        "AuthDirMaxServersPerAddr 0",
-        "TestingMinExitFlagThreshold 0",
-        "# Stable for every relay from its first second: clients only use Stable guards, and a",
-        "# minutes-old network has no uptime history to earn it.",
-        "AuthDirVoteStableGuaranteeMinUptime 0",
-        "# Fast for every relay: in a minutes-old network the 12.5th-percentile threshold ranks",
-        "# which relays happened to serve directory traffic, and a relay that published before",
-        "# its bandwidth self-test stayed un-Fast for minutes (seen under load: a run failed).",
-        "AuthDirFastGuarantee 1 byte",
-    ]
-    relay = [
+
+
+def _relay_lines(metrics_accept: list[str], diff_age: int) -> list[str]:
+    """role-relay.torrc."""
+    return [
         "# Relays.",
         "ContactInfo relay@torbed.invalid",
         "AssumeReachable 1",
@@ -141,32 +163,24 @@ def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
         *[f"MetricsPortPolicy accept {net}" for net in metrics_accept],
         "MetricsPortPolicy reject *",
     ]
-    nonexit = [
-        "# Relays that are not exits (ExitPolicy lines accumulate, so exits never include this).",
-        "ExitRelay 0",
-        "ExitPolicy reject *:*",
-    ]
-    exit_ = [
-        "# Exit relays: isolation comes from the network (no route out), not the policy;",
-        "# a narrower policy publishes a summary clients read as 'no exits'.",
-        "ExitRelay 1",
-        "ExitPolicyRejectPrivate 0",
-        "ExitPolicyRejectLocalInterfaces 0",
-        "ExitPolicy accept *:*",
-    ]
-    client = [
-        "# Clients (the measurement driver attaches streams and builds circuits).",
-        "ClientOnly 1",
-        "# A fixed circuit build timeout: learned timeouts would discard slow circuits",
-        "# differently per variant.",
-        "LearnCircuitBuildTimeout 0",
-        "CircuitBuildTimeout 60",
-        "# The client's circuit ids on its guard channel (CELL_STATS; the driver subscribes),",
-        "# so its circuits are found at every relay (circuits.jsonl, analysis/circuits.py).",
-        "TestingEnableCellStatsEvent 1",
-    ]
-    return {"common.torrc": common, "role-authority.torrc": authority, "role-relay.torrc": relay,
-            "role-exit.torrc": exit_, "role-nonexit.torrc": nonexit, "role-client.torrc": client}
+
+
+def static_fragments(metrics_accept: list[str], voting_offset: int = 0,
+                     schedule: tuple[int, int, int] | None = None,
+                     diff_age: int | None = None) -> dict[str, list[str]]:
+    """The lines of each fragment that do not depend on generated keys or on the scenario.
+
+    Both backends use them: the local backend appends the network's DirAuthority lines and
+    the authorities' votes (see ``render_fragments``); the Helm chart ships them as
+    charts/torbed/files/torrc/*.torrc (``torbed chart-files``) and its pods add the same
+    lines at start, once keys and addresses exist."""
+    schedule = schedule or (constants.VOTING_INTERVAL, constants.VOTE_DELAY, constants.DIST_DELAY)
+    diff_age = diff_age or diff_max_age(schedule[0])
+    return {"common.torrc": _common_lines(schedule, voting_offset),
+            "role-authority.torrc": list(AUTHORITY_LINES),
+            "role-relay.torrc": _relay_lines(metrics_accept, diff_age),
+            "role-exit.torrc": list(EXIT_LINES), "role-nonexit.torrc": list(NONEXIT_LINES),
+            "role-client.torrc": list(CLIENT_LINES)}
 
 
 def authority_vote_lines(params: dict[str, int], guards: list[str], exits: list[str]) -> list[str]:
@@ -245,7 +259,7 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
     lines += [
         f"Nickname {node.nickname}",
         f"DataDirectory {paths.datadir}",
-        f"Log notice file {paths.log}",
+        "Log notice stdout" if paths.log_stdout else f"Log notice file {paths.log}",
     ]
     if paths.extra_log:
         lines.append(f"Log info file {paths.extra_log}")

@@ -1,7 +1,8 @@
 """Which extra torrc lines a scenario may give a relay group (``network.relays.<group>.torrc``).
 
 torbed writes those lines last in each relay's torrc, so they override everything before
-them, and on the local backend tor runs as root. They are checked before anything starts,
+them (on the local backend tor runs as a uid of its own, torbed.backends.local.toruser: a
+second layer, not a reason to check less). They are checked before anything starts,
 against tor's own option list (data/tor-<version>-options.txt, from ``tor
 --list-torrc-options`` of the pinned tor) and an allow-list of what researchers tune:
 

@@ -88,6 +88,47 @@ def namespaces(run_dir: Path | None = None) -> list[str]:
     return [n for n in names if any(n.startswith(f"tb-{i}-") for i in ids)]
 
 
+def run_ids(run_dir: Path) -> list[str]:
+    """The run ids (namespace and scratch names) of a run directory's repetitions."""
+    return [i for m in Path(run_dir).glob("*/rep-*/meta.json") if (i := json.loads(m.read_text()).get("run_id"))]
+
+
+def run_processes(run_dir: Path) -> list[str]:
+    """Processes of this run: those naming its run directory (drivers, collectors, servers)
+    and its scratch directories (tor reads its torrc there)."""
+    return processes_mentioning(str(run_dir)) + [p for i in run_ids(run_dir)
+                                                 for p in processes_mentioning(f"/tmp/torbed-{i}/")]
+
+
+def states_under(out: Path) -> list[dict]:
+    """torbed's state files (live or leftover runs) whose run directory is under ``out``."""
+    from torbed import constants
+    found = []
+    for f in constants.STATE_DIR.glob("*.json"):
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if str(st.get("run_dir", "")).startswith(str(out)):
+            found.append({**st, "_file": str(f)})
+    return found
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    """What of this run (only: other runs may be going on) is still on the machine:
+    namespaces, processes (tor, drivers, the watchdog), state files, scratch directories."""
+    from torbed import constants
+    ids = run_ids(run_dir)
+    assert ids, f"no run ids in {run_dir}"
+    left = [f"namespace {n}" for n in namespaces(run_dir)]
+    left += [f"process {p}" for p in run_processes(run_dir)]
+    for i in ids:
+        left += [f"process {p}" for p in processes_mentioning(str(constants.STATE_DIR / f"{i}.json"))]
+        left += [f"state file {f}" for f in [constants.STATE_DIR / f"{i}.json"] if f.exists()]
+        left += [f"scratch {d}" for d in [Path(f"/tmp/torbed-{i}")] if d.exists()]
+    return left + [f"state file {st['_file']}" for st in states_under(run_dir)]
+
+
 def processes_mentioning(text: str) -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if text in line and "ps -eo" not in line]

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import require_root
-from tests.integration.helpers import (namespaces, only_run_dir, processes_mentioning, records,
-                                       run_torbed, small_scenario, start_torbed, wait_for, write_scenario)
-from torbed import constants, network, scenario, shaping
-from torbed.backends.local import netns
+from tests.integration.helpers import (leftovers, namespaces, only_run_dir, processes_mentioning, records, run_ids,
+                                       run_processes, run_torbed, small_scenario, start_torbed, states_under,
+                                       wait_for, write_scenario)
+from torbed import network, scenario, shaping
+from torbed.backends.local import netns, toruser
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +46,7 @@ def test_fetch_through_fixed_path_and_bulk_rate(tmp_path):
     rep = run / "kist" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     assert meta["status"] == "ok"
+    assert meta["tor_user"] == {"uid": toruser.DEFAULT_UID, "gid": toruser.DEFAULT_UID}, meta["tor_user"]
     print(f"quickstart-sized network ready in {meta['ready_s']:.1f} s")
     assert meta["ready_s"] < 120
     boot = meta["bootstrap"]
@@ -146,7 +153,7 @@ def test_htb_link_rate_within_10_percent(tmp_path):
     data = small_scenario("it-rate", **{"links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})
     s = scenario.parse(data, "it-rate")
     plan = network.plan(s, "kist")
-    topo = netns.Topology("itrate", plan)
+    topo = netns.Topology(f"rate{os.getpid()}", plan)    # its own names: other test runs may be on
     try:
         topo.create()
         for n in plan.nodes:
@@ -176,13 +183,13 @@ def test_htb_link_rate_within_10_percent(tmp_path):
         # An unshaped pair (100 mbit default) is much faster: the class applies per destination.
     finally:
         topo.destroy()
-    assert not [n for n in namespaces() if n.startswith("tb-itrate")]
+    assert not [n for n in namespaces() if n.startswith(topo.prefix)]
 
 
 def test_no_route_out(tmp_path):
     data = small_scenario("it-iso")
     plan = network.plan(scenario.parse(data, "it-iso"), "kist")
-    topo = netns.Topology("itiso", plan)
+    topo = netns.Topology(f"iso{os.getpid()}", plan)
     try:
         topo.create()
         probe = ("import socket\n"
@@ -200,31 +207,172 @@ def test_no_route_out(tmp_path):
         topo.destroy()
 
 
-def test_sigkill_then_clean_removes_everything(tmp_path):
-    data = small_scenario("it-sigkill", **{"measure.duration": "5m"})
-    path = write_scenario(tmp_path, data)
-    out = tmp_path / "runs"
-    proc = start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / "torbed.log")
+def _start_run(tmp_path: Path, name: str, **overrides) -> tuple:
+    """`torbed run` of a small scenario in the background: (process, the directory it writes under)."""
+    out = tmp_path / name / "runs"
+    out.mkdir(parents=True)
+    path = write_scenario(tmp_path / name, small_scenario(name, **overrides))
+    return start_torbed(["run", str(path), "--out", str(out), "--system-tor"], tmp_path / name / "torbed.log"), out
+
+
+def _measuring(out: Path, transfers: int = 1) -> Path:
+    """The run directory under ``out`` once its repetition has recorded ``transfers`` transfers."""
+    run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
+    wait_for(lambda: len(records(run / "kist" / "rep-0" / "transfers.jsonl")) >= transfers, 240,
+             f"{transfers} transfer(s) in {run.name}")
+    return run
+
+
+# Fetches every second for minutes: a run that is still measuring when the test acts.
+LONG_FETCHES = {"measure.duration": "5m", "clients.web.workload.repeat": 1000, "clients.web.workload.pause": "1s"}
+
+
+def test_two_runs_at_once(tmp_path):
+    """Two runs started a second apart on one machine (own namespaces, addresses inside
+    them, scratch directories, state files): both ok, and nothing of either is left."""
+    procs = []
     try:
-        run = wait_for(lambda: out.exists() and any(out.iterdir()) and only_run_dir(out), 60, "run directory")
-        wait_for(lambda: processes_mentioning(str(run) + "/kist/rep-0/torrc/exit0"), 60, "tor processes")
+        for name in ("it-twin-a", "it-twin-b"):
+            procs.append(_start_run(tmp_path, name, **{"measure.duration": "15s"}))
+            time.sleep(1)
+        for proc, out in procs:
+            assert proc.wait(400) == 0, (out.parent / "torbed.log").read_text()[-3000:]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(120)
+    for _, out in procs:
+        run = only_run_dir(out)
+        assert json.loads((run / "run.json").read_text())["status"] == "ok"
+        assert [t for t in records(run / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
+        assert not leftovers(run), leftovers(run)
+    a, b = (run_ids(only_run_dir(out))[0] for _, out in procs)
+    assert a != b
+
+
+def test_clean_leaves_a_live_run_alone_and_cleans_a_killed_one(tmp_path):
+    """Two runs measuring; one's torbed and watchdog are SIGKILLed (as by an OOM kill of
+    both, or `kill -9` of every torbed process): `torbed clean` removes what it left and marks
+    it killed, while the other measures on undisturbed and ends ok."""
+    killed, out_k = _start_run(tmp_path, "it-killed", **LONG_FETCHES)
+    live = None
+    try:
+        time.sleep(1)
+        live, out_l = _start_run(tmp_path, "it-live", **{"measure.duration": "60s",
+                                                           "clients.web.workload.repeat": 1000,
+                                                           "clients.web.workload.pause": "1s"})
+        run_k, run_l = _measuring(out_k), _measuring(out_l)
+        [state] = states_under(run_k)
+        os.kill(state["watchdog_pid"], signal.SIGKILL)
+        killed.kill()
+        killed.wait(10)
+        # Its tors went with it (parent-death signal); its namespaces, scratch and state stay.
+        wait_for(lambda: not run_processes(run_k), 10, "the killed run's processes to stop")
+        assert namespaces(run_k) and states_under(run_k)
+        live_ns, live_procs = namespaces(run_l), run_processes(run_l)
+        assert live_ns and len([p for p in live_procs if "/torrc/" in p]) == 7, live_procs
+        p = run_torbed(["clean"])
+        assert p.returncode == 0, p.stderr
+        assert "cleaned" in p.stderr and "left" in p.stderr, p.stderr
+        assert not leftovers(run_k), leftovers(run_k)
+        meta = json.loads((run_k / "kist" / "rep-0" / "meta.json").read_text())
+        assert meta["status"] == "killed" and "torbed clean" in meta["error"], meta
+        assert json.loads((run_k / "run.json").read_text())["status"] == "killed"
+        assert records(run_k / "kist" / "rep-0" / "transfers.jsonl"), "records must be kept"
+        # The live run: untouched, and it measures on to a normal end.
+        assert namespaces(run_l) == live_ns
+        assert run_processes(run_l) == live_procs
+        assert live.wait(300) == 0, (out_l.parent / "torbed.log").read_text()[-3000:]
+        assert json.loads((run_l / "run.json").read_text())["status"] == "ok"
+        assert not leftovers(run_l), leftovers(run_l)
+    finally:
+        for proc in (killed, live):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(120)
+
+
+def test_a_sigkilled_run_stops_and_cleans_itself(tmp_path):
+    """torbed killed with SIGKILL while measuring: its tors and drivers stop at once, its
+    watchdog removes the namespaces, scratch and state, the records written stay, and the
+    run directory says killed; `torbed clean` then finds nothing of it."""
+    proc, out = _start_run(tmp_path, "it-sigkill", **LONG_FETCHES)
+    try:
+        run = _measuring(out, transfers=2)
+        rep = run / "kist" / "rep-0"
+        [state] = states_under(run)
+        tors = [pid for pid in state["pids"].values() if b"/torrc/" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(tors) == 7 and {_uid(pid) for pid in tors} == {toruser.DEFAULT_UID}, tors
+        at_kill = len(records(rep / "transfers.jsonl"))
         proc.kill()
         proc.wait(10)
+        t_kill = time.time()
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(lambda: list(run.glob("kist/rep-0/meta.json")), 30, "meta.json")
-    assert namespaces(run), "SIGKILL cannot clean up; namespaces should remain for `torbed clean`"
-    assert processes_mentioning(str(run))
-    states = [json.loads(f.read_text()) for f in constants.STATE_DIR.glob("*.json")]
-    scratch = [Path(st["scratch"]) for st in states if st.get("run_dir", "").startswith(str(run))]
-    assert scratch and scratch[0].exists()
+    wait_for(lambda: not run_processes(run), 10, "tor and the drivers to stop")
+    stopped_s = time.time() - t_kill
+    wait_for(lambda: not leftovers(run), 30, "the watchdog to clean up")
+    print(f"processes stopped {stopped_s:.1f} s after the SIGKILL, the rest cleaned {time.time() - t_kill:.1f} s after")
+    assert not Path(state["scratch"]).exists()
+    kept = len(records(rep / "transfers.jsonl"))
+    assert kept >= at_kill >= 2
+    time.sleep(3)
+    assert len(records(rep / "transfers.jsonl")) == kept, "something went on recording after the kill"
+    meta = json.loads((rep / "meta.json").read_text())
+    assert meta["status"] == "killed" and "watchdog" in meta["error"], meta
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "killed" and info["sessions"][-1]["status"] == "killed"
     p = run_torbed(["clean"])
     assert p.returncode == 0, p.stderr
-    assert not namespaces(run)
-    wait_for(lambda: not processes_mentioning(str(run)), 10, "processes to die")
-    assert not scratch[0].exists(), "scratch directory (keys, data directories) left behind"
-    assert not [f for f in constants.STATE_DIR.glob("*.json") if str(run) in f.read_text()]
+    assert str(run) not in p.stderr
+
+
+def _uid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("\nUid:")[1].split()[1])    # effective uid
+
+
+@pytest.mark.parametrize("line", ["Log notice file /etc/torbed-escape-{pid}", "DataDirectory /etc/torbed-escape-{pid}",
+                                  "Log notice file /root/torbed-escape-{pid}"])
+def test_tor_as_its_own_user_cannot_write_outside_the_run(tmp_path, line):
+    """The layer under the torrc allow-list: a line that slipped through it, given to tor as
+    the local backend runs it (toruser), fails instead of writing on the host."""
+    user, why = toruser.choose()
+    assert user is not None, why
+    line = line.format(pid=os.getpid())
+    target = Path(line.split()[-1])
+    # As the backend's scratch: right under /tmp (pytest's tmp_path is under a 0700 directory).
+    scratch = Path(tempfile.mkdtemp(prefix="tb-escape-", dir="/tmp"))
+    scratch.chmod(0o711)
+    data = scratch / "data"
+    data.mkdir(mode=0o700)
+    toruser.own(data, user)
+    torrc = scratch / "torrc"
+    torrc.write_text(f"DataDirectory {data}\nSocksPort 0\nDisableNetwork 1\nLog notice stdout\n{line}\n")
+    torrc.chmod(0o644)
+    try:
+        p = subprocess.run(user.prefix() + [shutil.which("tor"), "-f", str(torrc)], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode != 0, p.stdout[-2000:]
+        assert not target.exists(), f"tor wrote {target}"
+        assert "Permission denied" in p.stdout, p.stdout[-2000:]
+    finally:
+        shutil.rmtree(scratch)
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def test_a_tor_uid_that_is_an_account_is_refused_before_start(tmp_path):
+    path = write_scenario(tmp_path, small_scenario("it-toruid"))
+    p = run_torbed(["run", str(path), "--out", str(tmp_path / "runs"), "--system-tor"], timeout=60,
+                   env_extra={"TORBED_TOR_UID": "1"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "TORBED_TOR_UID=1 is the account 'daemon'" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not states_under(tmp_path)
 
 
 def test_node_that_fails_to_start_gives_clear_error(tmp_path):
@@ -240,13 +388,12 @@ def test_node_that_fails_to_start_gives_clear_error(tmp_path):
     meta = json.loads((only_run_dir(out) / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "failed" and "middle0" in meta["error"]
     assert not namespaces(only_run_dir(out))
-    assert not processes_mentioning(str(out))
+    assert not processes_mentioning(str(out)) and not run_processes(only_run_dir(out))
 
 
 def test_delay_without_netem_is_refused_before_start(tmp_path):
     """With links.emulator: tc (auto would use linkemu: test_linkemu.py)."""
     caps = shaping.probe_kernel()
-    before = set(namespaces())
     data = small_scenario("it-delay", **{"links.default": {"rate": "10mbit", "delay": "20ms"}, "links.emulator": "tc"})
     path = write_scenario(tmp_path, data)
     if caps.netem:
@@ -259,7 +406,7 @@ def test_delay_without_netem_is_refused_before_start(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert "sch_netem" in p.stderr and "links" in p.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    assert not set(namespaces()) - before
+    assert not states_under(tmp_path), "refused before start, yet something was set up"
 
 
 def test_user_namespace_mode(tmp_path):
@@ -275,10 +422,11 @@ def test_user_namespace_mode(tmp_path):
     run = only_run_dir(out)
     meta = json.loads((run / "kist" / "rep-0" / "meta.json").read_text())
     assert meta["status"] == "ok"
+    assert meta["tor_user"]["uid"] == 0 and "user namespace" in meta["tor_user"]["why"], meta["tor_user"]
     # Real-time scheduling needs CAP_SYS_NICE in the initial namespace: recorded as not applied.
     assert meta["bootstrap"]["authority_realtime_until_ready"] is None
     ok = [t for t in records(run / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
     assert len(ok) == 3
     # This run's ids only: other runs on the machine may come and go meanwhile.
     assert namespaces(run) == [], "a user-namespace run must not create host namespaces"
-    assert not processes_mentioning(str(run))
+    assert not run_processes(run)

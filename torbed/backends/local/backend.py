@@ -11,12 +11,13 @@ run.json/meta.json, handles signals and always calls ``teardown``):
   faults on schedule, resource samples;
 - teardown: stop every process, remove every namespace and the scratch directory.
 
-A run killed with SIGKILL is cleaned by ``torbed clean`` (``clean``).
+A run whose torbed is killed with SIGKILL stops and cleans itself (torbed.backends.local.lifetime:
+parent-death signals and a watchdog); ``torbed clean`` (``clean``) covers the rest.
 
 Public API:
 
 - ``LocalBackend(console, system_tor=False)``: the engine's ``Backend``
-- ``preflight(scenario) -> shaper``; ``clean(console, force=False) -> int``
+- ``preflight(scenario) -> shaper``; ``clean(console, force=False) -> dict`` (lifetime.clean)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, gatesample, netns, prometheus, state, threadcaps
+from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state, threadcaps, toruser
 from ... import constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
@@ -45,7 +46,7 @@ from ...network import LOAD_GROUP, LOAD_MASTER_GROUP, plan as make_plan
 from ...records import RecordWriter
 from ...replay.trace import read as read_trace
 from ...scenario import Scenario
-from .supervise import NodeFailed, Supervisor, owner_alive, read_states, tail
+from .supervise import NodeFailed, Supervisor, tail
 from .torenv import child_env, tor_env
 from ...torrc import Identities, NodePaths, diff_max_age, render_fragments, render_node, voting_schedule
 from ...variants import load_variant
@@ -165,6 +166,7 @@ class LocalBackend:
         self.system_tor = system_tor
         self.shaper = "none"
         self.manifest: dict = {}
+        self.tor_user: tuple = (None, "not chosen yet")     # toruser.choose(), in preflight
 
     @classmethod
     def from_options(cls, options, console) -> "LocalBackend":
@@ -178,6 +180,7 @@ class LocalBackend:
 
     def preflight(self, scenario: Scenario) -> dict:
         self.shaper = preflight(scenario)
+        self.tor_user = toruser.choose()      # a bad TORBED_TOR_UID: refused before anything starts
         if self.shaper == "linkemu":
             emulator.ensure_binary(self.console)
         stock = builds.ensure(None, self.console, self.system_tor)
@@ -200,11 +203,21 @@ class LocalBackend:
         plan = st.plan = make_plan(rep.scenario, rep.variant)
         st.run_id = run_id = secrets.token_hex(3)
         st.scratch = scratch = Path(f"/tmp/torbed-{run_id}")
-        scratch.mkdir(mode=0o700)
+        lock = lifetime.RunLock(scratch)      # held until teardown's end (Supervisor.forget)
         st.topo = topo = netns.Topology(run_id, plan, switch="linkemu" if self.shaper == "linkemu" else "bridge")
-        st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
-                                        "scratch": str(scratch), "run_dir": str(rep.dir)})
-        meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={})
+        try:
+            st.sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
+                                         "scratch": str(scratch),
+                                         # absolute: `torbed clean` may run from elsewhere
+                                         "run_dir": str(rep.dir.absolute())}, lock=lock)
+        except BaseException:
+            lock.release()
+            raise
+        st.tor_user, why_root = self.tor_user
+        if st.tor_user is not None:
+            os.chmod(scratch, 0o711)          # tor's uid passes through to its own directories
+        meta.update(run_id=run_id, shaper=self.shaper, builds={}, authorities=[], nodes=[], unexpected_exits={},
+                    tor_user=st.tor_user.describe() if st.tor_user else {"uid": os.geteuid(), "why": why_root})
         rep.write_meta()
         self.console.rule(f"[bold]{rep.scenario.name}[/bold]: variant [cyan]{rep.variant}[/cyan], "
                           f"repetition {rep.index + 1}/{rep.scenario.repetitions}")
@@ -230,17 +243,7 @@ class LocalBackend:
         st, meta = state.of(rep), rep.meta
         plan, scratch = st.plan, st.scratch
         ids = st.ids = Identities()
-        paths: dict[str, NodePaths] = {}
-        for n in plan.nodes:
-            if not n.runs_tor:
-                continue
-            data = scratch / n.name
-            paths[n.name] = NodePaths(datadir=str(data), log=str(rep.logs / f"{n.name}.log"),
-                                      control_socket=str(data / "control"),
-                                      extra_log=str(rep.logs / f"{n.name}.info.log")
-                                      if os.environ.get("TORBED_INFO_LOGS") else None)
-            data.mkdir(mode=0o700, exist_ok=True)
-        st.paths = paths
+        st.paths = self._node_paths(rep)
         key_cache = None if os.environ.get("TORBED_FRESH_KEYS") else constants.CACHE_DIR / "keys" / rep.scenario.name
         with ThreadPoolExecutor(max_workers=8) as pool:
             futures = {n.name: pool.submit(node_keys, n, scratch / n.name, st.stock.tor_gencert,
@@ -255,9 +258,34 @@ class LocalBackend:
                     ids.authorities[name] = auth
                     meta["authorities"].append({"name": name, "v3ident": auth.v3ident, "cert_expires": auth.expires})
         meta["keys"] = sources
+        for name, p in st.paths.items():
+            toruser.own(Path(p.datadir), st.tor_user)
         self.console.log(f"keys for {len(futures)} relays and authorities: "
                          f"{', '.join(f'{n} {k}' for k, n in sorted(sources.items()))} "
                          f"({time.time() - st.t0:.1f} s)")
+
+    @staticmethod
+    def _node_paths(rep: engine.Repetition) -> dict[str, NodePaths]:
+        """Each tor's data directory (made here), log and control socket. The notice log goes
+        to tor's stdout, a file in the run directory opened by torbed (tor's uid may not
+        reach the run directory: torbed.backends.local.toruser); an info log (TORBED_INFO_LOGS)
+        is written under the scratch directory then and copied at teardown."""
+        st = state.of(rep)
+        info_dir = (st.scratch / "logs") if st.tor_user else rep.logs
+        if os.environ.get("TORBED_INFO_LOGS"):
+            info_dir.mkdir(exist_ok=True)
+            toruser.own(info_dir, st.tor_user)
+        paths: dict[str, NodePaths] = {}
+        for n in st.plan.nodes:
+            if not n.runs_tor:
+                continue
+            data = st.scratch / n.name
+            paths[n.name] = NodePaths(datadir=str(data), log=str(rep.logs / f"{n.name}.log"), log_stdout=True,
+                                      control_socket=str(data / "control"),
+                                      extra_log=str(info_dir / f"{n.name}.info.log")
+                                      if os.environ.get("TORBED_INFO_LOGS") else None)
+            data.mkdir(mode=0o700, exist_ok=True)
+        return paths
 
     def bring_up(self, rep: engine.Repetition) -> None:
         st = state.of(rep)
@@ -275,6 +303,36 @@ class LocalBackend:
         # microdescriptors, and SIGHUP relaunches only consensus downloads, so it then waits
         # for tor's 10 s descriptor retry (the slow bring-up of issue 26).
         deadline = time.time() + rep.scenario.measure.ready_timeout.seconds
+        boot = rep.meta["bootstrap"]
+        fast = boot["fast_bringup"] is not None
+        tors = self._launch_tors(rep, torrc_dir)
+        phases = boot["phases_s"]
+        phases["tors_started"] = round(time.time() - st.t0, 3)
+        if fast:
+            boot["fast_bringup"].update(_fast_first_round(rep, deadline))
+        elif boot["held_first_round"] is not None:
+            boot["held_first_round"].update(_held_first_round(rep, deadline))
+        st.prometheus = prometheus.ready(rep, self.console, launched)
+        rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
+        phases["consensus_seen"] = round(time.time() - st.t0, 3)
+        self.console.log(f"consensus lists every relay ({time.time() - st.t0:.1f} s)")
+        self._relays_fetch(rep, tors, deadline, fast)
+        _clients_online(rep, reload=fast)
+        if fast:
+            # Stays so during the run: a later SIGHUP re-applies the options in force instead
+            # of reading the torrc and command line (whose DisableNetwork 1 would go offline).
+            boot["fast_bringup"]["clients_reload_torrc_on_sighup"] = False
+        boot["clients_online_after_caches"] = True
+        phases["clients_online"] = round(time.time() - st.t0, 3)
+        kicked = _wait_clients(rep, deadline, kick=fast)
+        if fast:
+            boot["fast_bringup"]["client_circuits_started"] = kicked
+        self._ready(rep, tors)
+
+    def _launch_tors(self, rep: engine.Repetition, torrc_dir: Path) -> list:
+        """Start every tor (authorities first, clients offline), their environment and
+        scheduling recorded in meta.json ``bootstrap``. Returns the nodes that run tor."""
+        st = state.of(rep)
         env = tor_env()
         boot = rep.meta["bootstrap"]
         boot["malloc_arena_max"] = env.get("MALLOC_ARENA_MAX")
@@ -299,12 +357,14 @@ class LocalBackend:
         # timers start (1 s after its own start, or at torbed's kick); an authority not yet
         # listening then would miss it until the relay's descriptor is dirty again, hours
         # later. (Relays first saved nothing measurable: 5.4-5.9 s either way under load.)
+        user = st.tor_user.prefix() if st.tor_user else []
         for n in tors:
             offline = ["DisableNetwork", "1"] if n.role in ("client", "loadworker") else []
             own = variant_env.get(n.variant) if n.variant else None
-            st.sup.start(n.name, netns.exec_prefix(st.topo.ns(n.name)) + cpu_prefix(st.plan, n) + [
-                st.build[n.name].tor, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
-                rep.logs / f"{n.name}.stdout.log", env=tor_env(own) if own else env)
+            binary = toruser.reachable_binary(st.build[n.name].tor, st.scratch, st.tor_user)
+            st.sup.start(n.name, netns.exec_prefix(st.topo.ns(n.name)) + user + cpu_prefix(st.plan, n) + [
+                binary, "-f", str(torrc_dir / f"{n.name}.torrc"), *offline],
+                rep.logs / f"{n.name}.log", env=tor_env(own) if own else env)
             if n.role == "authority" and rt is not None and not fast:
                 # At once: launching 750 tors takes a minute, and the authorities vote meanwhile.
                 rt = _set_realtime(st.sup, [n.name], AUTHORITY_RT_PRIORITY)
@@ -313,16 +373,13 @@ class LocalBackend:
             # torbed, and launching the relays waited 130-220 ms behind each authority.
             rt = _set_realtime(st.sup, [n.name for n in tors if n.role == "authority"], AUTHORITY_RT_PRIORITY)
         boot["authority_realtime_until_ready"] = rt
-        phases = boot["phases_s"]
-        phases["tors_started"] = round(time.time() - st.t0, 3)
-        if fast:
-            boot["fast_bringup"].update(_fast_first_round(rep, deadline))
-        elif boot["held_first_round"] is not None:
-            boot["held_first_round"].update(_held_first_round(rep, deadline))
-        st.prometheus = prometheus.ready(rep, self.console, launched)
-        rep.meta["consensus_flags"] = _wait_consensus(rep, deadline, FAST_POLL_S if fast else POLL_S)
-        phases["consensus_seen"] = round(time.time() - st.t0, 3)
-        self.console.log(f"consensus lists every relay ({time.time() - st.t0:.1f} s)")
+        return tors
+
+    def _relays_fetch(self, rep: engine.Repetition, tors: list, deadline: float, fast: bool) -> None:
+        """SIGHUP the relays (they fetch the consensus at once) and wait for the directory
+        caches to hold it and every microdescriptor (clients go online after)."""
+        st = state.of(rep)
+        boot = rep.meta["bootstrap"]
         held = boot["held_first_round"] is not None
         caches = set(directory_caches(st.plan, rep.meta["consensus_flags"]))
         # A held (large) network: the caches first (what the clients need), the other relays
@@ -344,16 +401,11 @@ class LocalBackend:
             boot["held_first_round"]["sighup_caches_first"] = len(relays) - len(later)
         self.console.log(f"directory caches {'ready' if why is None else 'not ready: ' + why} "
                          f"({time.time() - st.t0:.1f} s); clients online")
-        _clients_online(rep, reload=fast)
-        if fast:
-            # Stays so during the run: a later SIGHUP re-applies the options in force instead
-            # of reading the torrc and command line (whose DisableNetwork 1 would go offline).
-            boot["fast_bringup"]["clients_reload_torrc_on_sighup"] = False
-        boot["clients_online_after_caches"] = True
-        phases["clients_online"] = round(time.time() - st.t0, 3)
-        kicked = _wait_clients(rep, deadline, kick=fast)
-        if fast:
-            boot["fast_bringup"]["client_circuits_started"] = kicked
+
+    def _ready(self, rep: engine.Repetition, tors: list) -> None:
+        """The network is ready: slower voting, normal scheduling again, ready time recorded."""
+        st = state.of(rep)
+        boot = rep.meta["bootstrap"]
         _relax_voting(rep)
         if boot["authority_realtime_until_ready"] is not None:
             _set_realtime(st.sup, [n.name for n in tors if n.role == "authority"], None)
@@ -397,8 +449,17 @@ class LocalBackend:
         so the first consensus already lists them (instead of the next 10 s interval)."""
         st, meta = state.of(rep), rep.meta
         plan, ids = st.plan, st.ids
-        torrc_dir = rep.dir / "torrc"
-        torrc_dir.mkdir(parents=True, exist_ok=True)
+        # What tor reads is in the scratch directory (tor's uid may not reach the run
+        # directory: toruser); the run directory keeps the same files as the record.
+        torrc_dir, record = st.scratch / "torrc", rep.dir / "torrc"
+        torrc_dir.mkdir(mode=0o755)
+        record.mkdir(parents=True, exist_ok=True)
+
+        def write(name: str, text: str) -> None:
+            (torrc_dir / name).write_text(text)
+            os.chmod(torrc_dir / name, 0o644)
+            (record / name).write_text(text)
+
         t_launch = time.time() + 0.3
         interval, vote_delay, dist_delay = voting_schedule(plan)
         mode = first_round(plan)
@@ -421,13 +482,13 @@ class LocalBackend:
         st.fallback_valid_after = int(t_launch + lead)
         for name, text in render_fragments(plan, ids, st.variants, voting_offset, torrc_schedule,
                                            diff_age).items():
-            (torrc_dir / name).write_text(text)
+            write(name, text)
         for n in plan.nodes:
             if n.runs_tor:
                 text = render_node(n, plan, st.paths[n.name], str(torrc_dir))
                 if n.role == "loadworker":
                     text += "".join(line + "\n" for line in load.torrc_lines(rep.scenario, plan, ids.fingerprints))
-                (torrc_dir / f"{n.name}.torrc").write_text(text)
+                write(f"{n.name}.torrc", text)
         meta["nodes"] = [{**n.to_dict(), "fingerprint": ids.fingerprints.get(n.name),
                           "build": st.build[n.name].key if n.runs_tor else None} for n in plan.nodes]
         rep.write_meta()
@@ -582,6 +643,8 @@ class LocalBackend:
         if st.topo is not None:
             st.topo.destroy()
         if st.scratch is not None:
+            for log in (st.scratch / "logs").glob("*.log"):     # info logs of an unprivileged tor
+                shutil.copyfile(log, rep.logs / log.name)
             shutil.rmtree(st.scratch, ignore_errors=True)
         if sup is not None:
             sup.forget()
@@ -716,95 +779,121 @@ def _fast_first_round(rep: engine.Repetition, deadline: float) -> dict:
     reschedule replaces the pending one), so a slow relay delays the round instead of being
     left out of it. Returns what it did for meta.json; "fallback" says why the torrc's own
     schedule was left to run (torbed could not reach the authorities before it voted)."""
-    st = state.of(rep)
-    plan, ids, sup, paths, t0 = st.plan, st.ids, st.sup, st.paths, st.t0
-    phases = rep.meta["bootstrap"]["phases_s"]
-    names = list(sup.procs)
-    auths = {a.name: None for a in plan.by_role("authority")}
-    relays = plan.by_role("relay")
-    interval = rep.meta["bootstrap"]["voting_schedule_s"]["interval"]
-    # The first SETCONF must reach the authorities before the torrc's fallback round votes.
-    fallback_vote = st.fallback_valid_after - constants.VOTE_DELAY - constants.DIST_DELAY
-    out: dict = {"postponed": 0}
-    try:
-        while None in auths.values():
-            sup.check(names)
-            for a in auths:
-                auths[a] = auths[a] or _try_controller(paths[a].control_socket)
+    return _FastRound(rep, deadline).run()
+
+
+class _FastRound:
+    """_fast_first_round's steps: the authorities' controllers, the round (scheduled, then
+    postponed while descriptors are missing), the relays' kicks."""
+
+    def __init__(self, rep: engine.Repetition, deadline: float):
+        self.rep, self.deadline = rep, deadline
+        st = state.of(rep)
+        self.st, self.phases = st, rep.meta["bootstrap"]["phases_s"]
+        self.names = list(st.sup.procs)
+        self.auths: dict[str, stem.control.Controller | None] = {a.name: None for a in st.plan.by_role("authority")}
+        self.relays = [r.name for r in st.plan.by_role("relay")]
+        self.interval = rep.meta["bootstrap"]["voting_schedule_s"]["interval"]
+        self.valid_after = 0
+        self.fires = 0.0
+        self.out: dict = {"postponed": 0}
+
+    def run(self) -> dict:
+        try:
+            why = self._connect()
+            if why:
+                return {"fallback": why}
+            self.phases["authorities_listening"] = round(time.time() - self.st.t0, 3)
+            self.fires = self._schedule(first=True)
+            # The authorities listen (tor opens its control port with its other listeners),
+            # so the uploads the kick starts find them.
+            self._kick_until_descriptors_in()
+            t0 = self.st.t0
+            self.phases["descriptors_in"] = self.out["descriptors_in_s"] = round(time.time() - t0, 3)
+            self.phases["first_valid_after"] = round(self.valid_after - t0, 3)
+            return {**self.out, "first_valid_after_s": round(self.valid_after - t0, 3),
+                    "initial_voting_interval_s": FAST_INITIAL_VOTING_INTERVAL,
+                    "voting_offset_s": self.valid_after % FAST_INITIAL_VOTING_INTERVAL,
+                    "first_round_delays_s": [FAST_VOTE_S, FAST_DIST_S]}
+        finally:
+            for ctl in self.auths.values():
+                if ctl is not None:
+                    ctl.close()
+
+    def _connect(self) -> str | None:
+        """Controllers of every authority; why not, when they did not answer before the
+        torrc's fallback round votes (the first SETCONF must come before it)."""
+        fallback_vote = self.st.fallback_valid_after - constants.VOTE_DELAY - constants.DIST_DELAY
+        while None in self.auths.values():
+            self.st.sup.check(self.names)
+            for a in self.auths:
+                self.auths[a] = self.auths[a] or _try_controller(self.st.paths[a].control_socket)
             if time.time() > fallback_vote - 0.2:
-                return {"fallback": "the authorities' control ports did not answer before the torrc's first vote"}
-            if None in auths.values():
-                rep.status("waiting for the authorities to listen")
+                return "the authorities' control ports did not answer before the torrc's first vote"
+            if None in self.auths.values():
+                self.rep.status("waiting for the authorities to listen")
                 time.sleep(FAST_POLL_S / 5)
-        phases["authorities_listening"] = round(time.time() - t0, 3)
-        valid_after = 0
+        return None
 
-        def schedule(first: bool) -> float:
-            """Reschedule every authority's first round; returns when its vote fires."""
-            nonlocal valid_after
-            # The first SETCONF also sets the network's interval back from the placeholder's.
-            extra = {"TestingV3AuthInitialVotingInterval": str(FAST_INITIAL_VOTING_INTERVAL),
-                     "V3AuthVotingInterval": str(interval)} if first else {}
-            now, valid_after = _schedule_first_round(list(auths.values()), valid_after, (FAST_VOTE_S, FAST_DIST_S),
-                                                     FAST_INITIAL_VOTING_INTERVAL, extra)
-            return now + 1.0
+    def _schedule(self, first: bool) -> float:
+        """Reschedule every authority's first round; returns when its vote fires."""
+        # The first SETCONF also sets the network's interval back from the placeholder's.
+        extra = {"TestingV3AuthInitialVotingInterval": str(FAST_INITIAL_VOTING_INTERVAL),
+                 "V3AuthVotingInterval": str(self.interval)} if first else {}
+        now, self.valid_after = _schedule_first_round(list(self.auths.values()), self.valid_after,
+                                                      (FAST_VOTE_S, FAST_DIST_S), FAST_INITIAL_VOTING_INTERVAL, extra)
+        return now + 1.0
 
-        fires = schedule(first=True)
-        # The authorities listen (tor opens its control port with its other listeners), so
-        # the uploads the kick starts find them.
-        pending = {r.name for r in relays}
-        missing = {a: {r.name for r in relays} for a in auths}
+    def _postpone_if_due(self) -> None:
+        if time.time() > self.fires - 0.15:
+            self.fires = self._schedule(first=False)
+            self.out["postponed"] += 1
 
-        def postpone_if_due() -> None:
-            nonlocal fires
-            if time.time() > fires - 0.15:
-                fires = schedule(first=False)
-                out["postponed"] += 1
-
-        # The kicks run beside the loop, several at once: one after another, 100 relays took
-        # 12 s (tors still starting answer late), and the first round voted meanwhile without
-        # being postponed, so most relays missed it (consensus with every relay 39-45 s after
-        # setup, against 27-40 s for the descriptors).
+    def _kick_until_descriptors_in(self) -> None:
+        """Kick every relay and postpone the round until every authority holds every
+        relay's descriptor. The kicks run beside the loop, several at once: one after
+        another, 100 relays took 12 s (tors still starting answer late), and the first round
+        voted meanwhile without being postponed, so most relays missed it (consensus with
+        every relay 39-45 s after setup, against 27-40 s for the descriptors)."""
+        pending = set(self.relays)
+        missing = {a: set(self.relays) for a in self.auths}
         kicks: dict[str, Future] = {}
         pool = ThreadPoolExecutor(max_workers=KICK_WORKERS, thread_name_prefix="kick")
         try:
             while True:
-                sup.check(names)
-                for name in sorted(pending):
-                    f = kicks.get(name)
-                    if f is None:
-                        kicks[name] = pool.submit(_control_oneshot, paths[name], ["SETEVENTS BW"])
-                    elif f.done():
-                        if f.result():          # raises RunFailed when tor refused
-                            pending.discard(name)
-                        else:
-                            del kicks[name]     # not listening yet: again on the next pass
-                if not pending and "periodic_events_started_s" not in out:
-                    out["periodic_events_started_s"] = phases["periodic_events_started"] = round(time.time() - t0, 3)
-                postpone_if_due()
-                for a, ctl in auths.items():
-                    missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{ids.fingerprints[r]}", None)}
-                    postpone_if_due()
+                self.st.sup.check(self.names)
+                self._kick(pending, kicks, pool)
+                self._postpone_if_due()
+                for a, ctl in self.auths.items():
+                    fprs = self.st.ids.fingerprints
+                    missing[a] = {r for r in missing[a] if not ctl.get_info(f"desc/id/{fprs[r]}", None)}
+                    self._postpone_if_due()
                 if not any(missing.values()):
-                    break
-                if time.time() > deadline:
+                    return
+                if time.time() > self.deadline:
                     a = sorted(a for a in missing if missing[a])[0]
                     raise NodeFailed(a, f"no descriptor of {sorted(missing[a])[0]} after "
-                                        f"{rep.scenario.measure.ready_timeout}", Path(paths[a].log))
-                rep.status(f"waiting for {sum(map(len, missing.values()))} relay descriptor(s) at the authorities")
+                                        f"{self.rep.scenario.measure.ready_timeout}", Path(self.st.paths[a].log))
+                self.rep.status(f"waiting for {sum(map(len, missing.values()))} relay descriptor(s) at the authorities")
                 time.sleep(FAST_POLL_S / 5 if pending else FAST_POLL_S)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        phases["descriptors_in"] = out["descriptors_in_s"] = round(time.time() - t0, 3)
-        phases["first_valid_after"] = round(valid_after - t0, 3)
-        return {**out, "first_valid_after_s": round(valid_after - t0, 3),
-                "initial_voting_interval_s": FAST_INITIAL_VOTING_INTERVAL,
-                "voting_offset_s": valid_after % FAST_INITIAL_VOTING_INTERVAL,
-                "first_round_delays_s": [FAST_VOTE_S, FAST_DIST_S]}
-    finally:
-        for ctl in auths.values():
-            if ctl is not None:
-                ctl.close()
+
+    def _kick(self, pending: set, kicks: dict, pool: ThreadPoolExecutor) -> None:
+        """One pass over the relays not kicked yet: submit, collect, retry the ones not
+        listening yet; records when the last one was kicked."""
+        for name in sorted(pending):
+            f = kicks.get(name)
+            if f is None:
+                kicks[name] = pool.submit(_control_oneshot, self.st.paths[name], ["SETEVENTS BW"])
+            elif f.done():
+                if f.result():          # raises RunFailed when tor refused
+                    pending.discard(name)
+                else:
+                    del kicks[name]     # not listening yet: again on the next pass
+        if not pending and "periodic_events_started_s" not in self.out:
+            self.out["periodic_events_started_s"] = self.phases["periodic_events_started"] = \
+                round(time.time() - self.st.t0, 3)
 
 
 def _held_first_round(rep: engine.Repetition, deadline: float) -> dict:
@@ -1052,28 +1141,12 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
     its path at once (closed again when it is ready) instead of waiting for tor's
     once-a-second circuit timer. Returns how many such circuits were started."""
     st = state.of(rep)
-    plan, ids, sup, paths = st.plan, st.ids, st.sup, st.paths
+    plan, sup = st.plan, st.sup
     names = list(sup.procs)
-    ctls: dict[str, stem.control.Controller] = {}
-    kicked: dict[str, str] = {}     # client -> circuit id
+    check = _ClientCheck(st, kick)
     last: dict[str, str] = {}
     pending = {c.name for c in plan.by_role("client") + plan.by_role("loadworker")} | \
         {r.name for r in plan.by_role("relay")}
-
-    def check(c: str) -> tuple[str, str | None]:
-        """(client, what it lacks or None); with ``kick``, its circuit once it can build one."""
-        try:
-            ctl = ctls.get(c) or _controller(paths[c].control_socket)
-            ctls[c] = ctl
-            path = [r.name for r in readiness.path_relays(plan, c)]
-            why = readiness.client_problem(ctl, plan, ids.fingerprints, path, check_flags=False)
-            if why is not None and kick and c not in kicked and ctl.get_info("status/enough-dir-info", "0") == "1" \
-                    and all(readiness.knows(ctl, ids.fingerprints[r]) for r in path):
-                kicked[c] = ctl.extend_circuit("0", [ids.fingerprints[r] for r in path] or None)
-            return c, why
-        except (stem.SocketError, stem.ControllerError, OSError) as e:
-            return c, f"control port: {e}"
-
     # When the last client and the last relay were seen ready, and when the check's controllers
     # were closed (phases_s): two 750-tor runs became ready ~205 s after their last client
     # logged Bootstrapped 100%, and nothing recorded where that time went.
@@ -1089,41 +1162,81 @@ def _wait_clients(rep: engine.Repetition, deadline: float, kick: bool = False) -
             mark("clients_ready_seen", not any(plan.node(c).role != "relay" for c in pending))
             mark("relays_consensus_seen", not any(plan.node(c).role == "relay" for c in pending))
             sup.check(names)
-            for c in sorted(pending):
-                if plan.node(c).role == "relay":
-                    if _relay_has_consensus(paths[c].datadir):
-                        pending.discard(c)
-                    else:
-                        last[c] = "no consensus yet"
-            clients = sorted(c for c in pending if plan.node(c).role != "relay")
-            # Asked in parallel: past a few hundred tors each busy client answers its control
-            # port only when it is scheduled (each tor is an autogroup of its own), and 150
-            # clients asked one after another took minutes.
-            for c, why in (pool.map(check, clients) if len(clients) > 4 else map(check, clients)):
-                if why is None:
-                    pending.discard(c)
-                else:
-                    last[c] = why
+            _check_pending(st, pending, last, check, pool)
             if pending and time.time() > deadline:
                 c = sorted(pending)[0]
                 raise NodeFailed(c, f"not ready after {rep.scenario.measure.ready_timeout}: {last.get(c)}",
-                                 Path(paths[c].log))
+                                 Path(st.paths[c].log))
             if pending:
                 rep.status(f"waiting for {len(pending)} client(s) to bootstrap and relays to fetch the consensus")
                 time.sleep(FAST_POLL_S if kick else POLL_S)
-        for c, cid in kicked.items():
-            try:
-                ctls[c].close_circuit(cid)
-            except (stem.ControllerError, stem.SocketError):
-                pass    # it failed or tor closed it: the client bootstrapped all the same
+        check.close_kicked_circuits()
         mark("clients_ready_seen", True)
         mark("relays_consensus_seen", True)
     finally:
         pool.shutdown()
-        for ctl in ctls.values():
-            ctl.close()
+        check.close()
     mark("client_controllers_closed", True)
-    return len(kicked)
+    return len(check.kicked)
+
+
+def _check_pending(st: state.RepState, pending: set, last: dict, check: "_ClientCheck",
+                   pool: ThreadPoolExecutor) -> None:
+    """One pass of _wait_clients: relays by their data directory, clients by their control
+    port; the ready ones leave ``pending``, the others' reasons go to ``last``."""
+    plan = st.plan
+    for c in sorted(pending):
+        if plan.node(c).role == "relay":
+            if _relay_has_consensus(st.paths[c].datadir):
+                pending.discard(c)
+            else:
+                last[c] = "no consensus yet"
+    clients = sorted(c for c in pending if plan.node(c).role != "relay")
+    # Asked in parallel: past a few hundred tors each busy client answers its control
+    # port only when it is scheduled (each tor is an autogroup of its own), and 150
+    # clients asked one after another took minutes.
+    for c, why in (pool.map(check, clients) if len(clients) > 4 else map(check, clients)):
+        if why is None:
+            pending.discard(c)
+        else:
+            last[c] = why
+
+
+class _ClientCheck:
+    """Whether a client is ready (``check(name) -> (name, what it lacks or None)``), over
+    controllers kept open between passes; with ``kick``, its circuit once it can build one."""
+
+    def __init__(self, st: state.RepState, kick: bool):
+        self.st, self.kick = st, kick
+        self.ctls: dict[str, stem.control.Controller] = {}
+        self.kicked: dict[str, str] = {}     # client -> circuit id
+
+    def __call__(self, c: str) -> tuple[str, str | None]:
+        st = self.st
+        fprs = st.ids.fingerprints
+        try:
+            ctl = self.ctls.get(c) or _controller(st.paths[c].control_socket)
+            self.ctls[c] = ctl
+            path = [r.name for r in readiness.path_relays(st.plan, c)]
+            why = readiness.client_problem(ctl, st.plan, fprs, path, check_flags=False)
+            if why is not None and self.kick and c not in self.kicked \
+                    and ctl.get_info("status/enough-dir-info", "0") == "1" \
+                    and all(readiness.knows(ctl, fprs[r]) for r in path):
+                self.kicked[c] = ctl.extend_circuit("0", [fprs[r] for r in path] or None)
+            return c, why
+        except (stem.SocketError, stem.ControllerError, OSError) as e:
+            return c, f"control port: {e}"
+
+    def close_kicked_circuits(self) -> None:
+        for c, cid in self.kicked.items():
+            try:
+                self.ctls[c].close_circuit(cid)
+            except (stem.ControllerError, stem.SocketError):
+                pass    # it failed or tor closed it: the client bootstrapped all the same
+
+    def close(self) -> None:
+        for ctl in self.ctls.values():
+            ctl.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1294,37 +1407,5 @@ class _Watch:
                                      + tail(self.sup.log_of(name), 5))
 
 
-# ---------------------------------------------------------------------------------------
-
-def clean(console, force: bool = False) -> int:
-    """Remove namespaces, processes and scratch directories of runs whose torbed is gone."""
-    removed = 0
-    live_ns: set[str] = set()
-    for st in read_states():
-        if owner_alive(st) and not force:
-            live_ns.update(st.get("namespaces", []))
-            continue
-        for name, pid in (st.get("pids") or {}).items():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for ns in st.get("namespaces", []):
-            if ns in netns.list_namespaces(ns):
-                netns.delete_namespace(ns)
-                removed += 1
-        if st.get("scratch"):
-            shutil.rmtree(st["scratch"], ignore_errors=True)
-        faults.remove_cgroups(st.get("cgroups") or [])
-        Path(st["_file"]).unlink(missing_ok=True)
-        console.log(f"cleaned run {st.get('run_id')} ({st.get('run_dir', '?')})")
-    for ns in netns.list_namespaces():
-        if ns not in live_ns:
-            n = netns.kill_namespace_processes(ns)
-            netns.delete_namespace(ns)
-            removed += 1
-            console.log(f"removed namespace {ns}" + (f" and {n} process(es)" if n else ""))
-    for d in Path("/tmp").glob("torbed-*"):
-        if d.is_dir() and not any(str(d) in str(st.get("scratch")) for st in read_states()):
-            shutil.rmtree(d, ignore_errors=True)
-    return removed
+# ``torbed clean`` (what a killed run left): torbed.backends.local.lifetime.
+clean = lifetime.clean

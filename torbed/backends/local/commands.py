@@ -1,6 +1,6 @@
 """Subcommands only the local backend has (registered through torbed.backends.local):
 
-    clean                  remove what a killed run left behind (namespaces, processes)
+    clean                  remove what killed runs left behind (processes, namespaces); live runs stay
     prometheus RUN_DIR     serve a run's Prometheus TSDB read-only and print its URL
     variants               list relay variants and whether their tor build is cached
     build VARIANT          build (or reuse) the tor binary of a variant
@@ -78,18 +78,29 @@ def register_prometheus(sub, fmt) -> None:
 
 
 def cmd_clean(args) -> int:
-    from . import backend as local
+    from . import lifetime
     if os.geteuid() != 0:
         console.print("nothing to clean: unprivileged runs live in a user namespace that dies with them")
         return EXIT_OK
-    n = local.clean(console, force=args.force)
-    console.print(f"removed {n} namespace(s)")
+    out = lifetime.clean(console, force=args.force)
+    console.print(f"cleaned {out['runs']} run(s) whose torbed was gone, removed {out['namespaces']} namespace(s); "
+                  f"left {out['live']} live run(s) alone", highlight=False)
+    if out["unclaimed"]:
+        console.print(f"[yellow]left alone[/yellow]: {len(out['unclaimed'])} namespace(s) no run claims, which may "
+                      f"still be in use ({', '.join(out['unclaimed'][:5])}{', ...' if len(out['unclaimed']) > 5 else ''});"
+                      " --force removes them", highlight=False)
     return EXIT_OK
 
 
 def register_clean(sub, fmt) -> None:
-    p = sub.add_parser("clean", help="remove leftovers of runs killed with SIGKILL", formatter_class=fmt)
-    p.add_argument("--force", action="store_true", help="also remove namespaces of runs that look alive")
+    p = sub.add_parser("clean", help="remove what runs killed with SIGKILL left behind", formatter_class=fmt,
+                       description="Stop and remove the processes, namespaces, scratch directories and fault "
+                                   "cgroups of every run whose torbed is gone (its lock is free), and mark its "
+                                   "meta.json and run.json 'killed'. Runs still going are left alone, so it is "
+                                   "safe beside other runs. A killed run normally does this itself (its watchdog); "
+                                   "this covers a watchdog killed too.")
+    p.add_argument("--force", action="store_true",
+                   help="also remove runs that look alive and namespaces no run claims")
     p.set_defaults(func=cmd_clean)
 
 

@@ -12,7 +12,10 @@ own, a veth pair inside the switch namespace (``ctl`` with the control address, 
 the emulator's port). The switch-side ends answer no ARP and have no IPv6 address, so the
 switch namespace's own stack never takes part in the forwarding.
 
-Names start with ``tb-<run id>-`` so ``torbed clean`` can find leftovers of a killed run.
+Names start with ``tb-<run id>-`` so ``torbed clean`` can find leftovers of a killed run. A
+Topology made outside a run (a test, a benchmark) claims its namespaces with a state file of
+its own (``STATE_DIR/<run id>.json``, owner pid) unless a run's Supervisor wrote one already,
+so ``torbed clean`` leaves them alone while their owner lives.
 
 Public API:
 
@@ -38,6 +41,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from pathlib import Path
 
 from ... import constants
 from ...network import Node, Plan
@@ -146,6 +150,7 @@ class Topology:
         self.prefix = f"{constants.NETNS_PREFIX}{run_id}-"
         self.switch = f"{self.prefix}sw"
         self.created: list[str] = []
+        self.claim: Path | None = None      # the state file this Topology wrote (outside a run)
 
     def ns(self, node_name: str) -> str:
         return f"{self.prefix}{node_name}"
@@ -157,6 +162,7 @@ class Topology:
     def create(self) -> None:
         net = ipaddress.IPv4Network(self.plan.subnet)
         plen = net.prefixlen
+        self._claim_namespaces()
         for name in [self.switch] + [self.ns(n.name) for n in self.plan.nodes]:
             _ip("netns", "add", name)
             self.created.append(name)
@@ -216,7 +222,25 @@ class Topology:
                 out[node.name] = {"sent": st["rx"]["bytes"], "received": st["tx"]["bytes"]}
         return out
 
+    def _claim_namespaces(self) -> None:
+        """A state file naming these namespaces and this process, unless a run's has."""
+        state_file = constants.STATE_DIR / f"{self.run_id}.json"
+        if state_file.exists():
+            return
+        from .lifetime import process_start
+        constants.STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state = {"run_id": self.run_id, "claim": "topology", "owner_pid": os.getpid(),
+                 "owner_start": process_start(os.getpid()), "pids": {},
+                 "namespaces": [self.switch] + [self.ns(n.name) for n in self.plan.nodes]}
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(state_file)
+        self.claim = state_file
+
     def destroy(self) -> None:
         for name in reversed(self.created):
             delete_namespace(name)
         self.created.clear()
+        if self.claim is not None:
+            self.claim.unlink(missing_ok=True)
+            self.claim = None

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .netns import Topology
     from .prometheus import Forwarder
     from .supervise import Supervisor
+    from .toruser import TorUser
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RepState:
     variants: "dict[str, Variant]" = field(default_factory=dict)   # in use, by name
     build: "dict[str, Build]" = field(default_factory=dict)        # each node's tor build
     stock: "Build | None" = None
+    tor_user: "TorUser | None" = None             # the uid tor runs as (None: the caller's)
     t0: float = 0.0                               # bring-up time counts from here (after builds)
     ids: "Identities | None" = None               # keys and fingerprints
     paths: "dict[str, NodePaths]" = field(default_factory=dict)    # each tor's files

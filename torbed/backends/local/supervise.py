@@ -2,12 +2,14 @@
 
 Every process runs in its own session (a Ctrl-C at the terminal reaches only torbed, which
 then stops them in order) and is recorded in a state file (``STATE_DIR/<run id>.json``)
-together with the namespaces and scratch directory of the run, so ``torbed clean`` can
-remove what a run killed with SIGKILL left behind.
+together with the namespaces and scratch directory of the run. Given the run's lock
+(``lifetime.RunLock``), the Supervisor also makes its processes die with torbed and starts
+the run's watchdog (torbed.backends.local.lifetime): a run killed with SIGKILL stops and
+cleans itself; ``torbed clean`` covers a watchdog killed too.
 
 Public API:
 
-- ``Supervisor(run_id, state)``: ``.start(name, argv, log_path)``, ``.kill(name)``, ``.respawn(name)``,
+- ``Supervisor(run_id, state, lock=None)``: ``.start(name, argv, log_path)``, ``.kill(name)``, ``.respawn(name)``,
   ``.exited() -> {name: returncode}``, ``.stop_all(grace)``, ``.forget()``
 - ``NodeFailed``: a node that exited early; ``.tail`` holds the last lines of its log
 - ``tail(path, n) -> str``
@@ -23,11 +25,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ... import constants
 from ...errors import RunFailed
+from . import lifetime
 
 
 # How long a benchmark waits for an interrupted `torbed run` to tear down (750 tors: ~1 min).
@@ -78,15 +82,29 @@ def tail(path: Path | None, n: int = 15) -> str:
 
 
 class Supervisor:
-    def __init__(self, run_id: str, state: dict):
+    def __init__(self, run_id: str, state: dict, lock: "lifetime.RunLock | None" = None):
+        """``lock``: the run's lock, held by this process; with it, children get a
+        parent-death signal and a watchdog waits on the lock (module docstring)."""
         self.run_id = run_id
         self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.launch: dict[str, tuple[list[str], dict | None]] = {}   # name -> (argv, env), for restarts
         self.killed: set[str] = set()
-        self.state = {**state, "run_id": run_id, "owner_pid": os.getpid(), "pids": {}}
+        self.lock = lock
+        self.state = {**state, "run_id": run_id, "owner_pid": os.getpid(),
+                      "owner_start": lifetime.process_start(os.getpid()), "pids": {},
+                      **({"lock": str(lock.path)} if lock else {})}
         constants.STATE_DIR.mkdir(parents=True, exist_ok=True)
         self.state_file = constants.STATE_DIR / f"{run_id}.json"
         self._save()
+        self.deathsig = lifetime.pdeathsig_prefix() if lock else []
+        self.watchdog: subprocess.Popen | None = None
+        if lock:
+            fd = lock.watch_fd()
+            try:
+                self.watchdog = lifetime.start_watchdog(self.state_file, fd)
+            finally:
+                os.close(fd)
+            self.update_state(watchdog_pid=self.watchdog.pid)
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -99,8 +117,10 @@ class Supervisor:
 
     def start(self, name: str, argv: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The parent-death signal fires when the starting *thread* ends: main thread only.
+        prefix = self.deathsig if threading.current_thread() is threading.main_thread() else []
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=env)
         self.procs[name] = (proc, log_path)
         self.launch[name] = (argv, env)
@@ -172,10 +192,21 @@ class Supervisor:
         self.stop(list(self.procs), grace)
 
     def forget(self) -> None:
+        """The run ended its own way: remove the state file, then release the lock, so the
+        watchdog wakes, finds no state file and exits (waited for here)."""
         try:
             self.state_file.unlink()
         except FileNotFoundError:
             pass
+        if self.lock is not None:
+            self.lock.release()
+        if self.watchdog is not None:
+            try:
+                self.watchdog.wait(10)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                _reap(self.watchdog)
+            self.watchdog = None
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -20,6 +20,7 @@ Public API:
 - ``ThreadCaps(pid, fraction, label, interval=1.0)``: ``.scan() -> int`` (threads newly
   capped), ``.start()``, ``.stop()`` (threads back to the process's cgroup, cgroups
   removed), ``.describe() -> dict`` for meta.json
+- ``leftovers(run_id) -> [Path]``: a killed run's per-thread cgroups (torbed.backends.local.lifetime)
 - ``PERIOD_US``: the CFS period of every cap
 """
 
@@ -157,6 +158,14 @@ class ThreadCaps:
     def describe(self) -> dict:
         return {"pid": self.pid, "cap_per_thread": self.fraction, "period_us": PERIOD_US, "cgroup_mode": mode(),
                 "threads_capped": sorted(self.capped), "errors": self.errors[:20]}
+
+
+def leftovers(run_id: str) -> list[Path]:
+    """Per-thread cgroups of a run that died before its teardown (its watchdog and ``torbed
+    clean`` remove them): anywhere in the cpu hierarchy, beside the cgroup its tor was in."""
+    if mode() is None:
+        return []
+    return sorted(p for p in _base().rglob(f"{PREFIX}{run_id}-*") if p.is_dir())
 
 
 def start_for(rep) -> list[ThreadCaps]:
