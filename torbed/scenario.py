@@ -800,6 +800,17 @@ def _path_problems(s: Scenario, c: str, path: list[str]) -> tuple[list[tuple[str
     return problems, warnings
 
 
+def _think_problems(field: str, think) -> list[tuple[str, str]]:
+    """A think-time distribution's own problems (a uniform one needs min <= max)."""
+    if think is None or think.distribution != "uniform":
+        return []
+    if think.min is None or think.max is None:
+        return [(field, "a uniform distribution needs 'min' and 'max'")]
+    if think.min.seconds > think.max.seconds:
+        return [(f"{field}.min", "min is larger than max")]
+    return []
+
+
 def _workload_problems(s: Scenario, c: str, cg: ClientGroup) -> list[tuple[str, str]]:
     """The workload's server and file exist, and its times and think-time fit together."""
     problems: list[tuple[str, str]] = []
@@ -828,11 +839,7 @@ def _workload_problems(s: Scenario, c: str, cg: ClientGroup) -> list[tuple[str, 
     if isinstance(wl, FetchWorkload):
         if wl.think is not None and wl.pause != "0s":
             problems.append((f"clients.{c}.workload.think", "set either 'pause' or 'think', not both"))
-        if wl.think is not None and wl.think.distribution == "uniform":
-            if wl.think.min is None or wl.think.max is None:
-                problems.append((f"clients.{c}.workload.think", "a uniform distribution needs 'min' and 'max'"))
-            elif wl.think.min.seconds > wl.think.max.seconds:
-                problems.append((f"clients.{c}.workload.think.min", "min is larger than max"))
+        problems += _think_problems(f"clients.{c}.workload.think", wl.think)
     return problems
 
 
@@ -1126,11 +1133,7 @@ def _load_problems(s: Scenario) -> list[tuple[str, str]]:
     for name, r in ld.mix.items():
         if r.size.bytes < 1:
             problems.append((f"load.mix.{name}.size", "must be at least 1B"))
-        if r.think is not None and r.think.distribution == "uniform":
-            if r.think.min is None or r.think.max is None:
-                problems.append((f"load.mix.{name}.think", "a uniform distribution needs 'min' and 'max'"))
-            elif r.think.min.seconds > r.think.max.seconds:
-                problems.append((f"load.mix.{name}.think.min", "min is larger than max"))
+        problems += _think_problems(f"load.mix.{name}.think", r.think)
     return problems
 
 
