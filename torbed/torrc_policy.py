@@ -135,12 +135,13 @@ ALLOWED: dict[str, str] = {
     "ProtocolWarnings": "protocol warnings in the log",
 }
 
-PATH = ("names a host path: tor would read or write it with the rights it runs with (root on the local "
-        "backend); torbed keeps every node's files in its data directory")
+PATH = ("names a host path: tor would read or write it with the rights it runs with (its own user on the "
+        "local backend, root in its container on Kubernetes); torbed keeps every node's files in its data "
+        "directory")
 PORT = "binds a port or address; torbed assigns every node's addresses and ports (and shapes only those)"
 CONTROL = "changes the control interface torbed's driver and collectors attach through"
 IDENTITY = "changes the relay's identity or keys, which torbed generates and the authorities vote on"
-PROCESS = "changes the user, the process or the programs tor runs (root on the local backend)"
+PROCESS = "changes the user, the process or the programs tor runs (torbed starts it as its own user)"
 ROLE = "changes the node's role in the network, which the scenario decides (exit, guard, the authorities)"
 AUTHORITY = "a directory authority's option: a relay group's lines reach relays only, and torbed configures the authorities"
 LOG = ("torbed sets each node's log (notice level, in its run directory); a Log line would name a host path or "
