@@ -12,9 +12,8 @@ Public API:
   text), ("p", text), ("table", header, rows)) from run.json's contents; [] when the scenario
   was not generated
 
-Hook (not wired here): ``analysis/render.py`` ``blocks()`` appends ``generated.blocks(info)``
-where ``info`` is run.json (``summary.json`` would need to carry it: ``summary.py`` can add
-``"generated_section": generated.blocks(run.info)`` and render append those blocks as they are).
+summary.json carries them as ``generated_section`` (analysis/summary.py) and the report shows
+them after the run's facts (analysis/render.py ``_setup_blocks``).
 """
 
 from __future__ import annotations

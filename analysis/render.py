@@ -495,6 +495,7 @@ def _setup_blocks(s: dict) -> list[tuple]:
                     ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or DASH,
                     ", ".join(h.get("ran") or []) or DASH] for name, h in sorted(hw.items())]))
     b += _hardware_blocks(s)
+    b += [tuple(x) for x in s.get("generated_section") or []]   # summary.json turns tuples into lists
     b.append(("h", 2, "Repetitions"))
     b.append(("table", ["variant", "rep", "status", "transfers", "after warm-up", "error"],
               [[r["variant"], str(r["rep"]), r["status"], str(r["transfers"]), str(r["measured_transfers"]),

@@ -70,6 +70,7 @@ import numpy as np
 from . import background, inference, stats, survival
 from . import clock as clock_mod
 from . import faults as faults_mod
+from . import generated as generated_mod
 from . import hardware as hardware_mod
 from . import metrics as metrics_mod
 from .load import Run
@@ -318,6 +319,8 @@ def summarize(run: Run, extracted: Extracted, errors: dict, baseline: str,
         **({"faults": rows} if (rows := faults_mod.fault_rows(run)) else {}),
         # Only for Kubernetes runs whose relays ran on more than one kind of hardware.
         **({"by_hardware": hw} if (hw := hardware_mod.by_hardware(run, extracted)) else {}),
+        # Only for scenarios made by torbed generate: the sampled network, design and traffic model.
+        **({"generated_section": sec} if (sec := generated_mod.blocks(run.info)) else {}),
     }
 
 

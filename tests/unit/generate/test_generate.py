@@ -420,6 +420,14 @@ def test_the_traffic_model_is_recorded_and_shown_in_the_report_section(net):
     assert ("h", 2, "Sampled network") in bl and "Traffic model" in text and "web=0.5,bulk=0.5" in text
     assert "one sampled network for every repetition" in text
     assert report_section.blocks({"scenario": {"name": "x"}}) == []
+    # Through summary.json (tuples become lists) into the report's run section.
+    import json
+    from pathlib import Path
+
+    from torbed.analysis import render
+    kept = json.loads(json.dumps({"generated_section": bl}))
+    shown = [tuple(x) for x in kept["generated_section"]]
+    assert shown == bl and "## Sampled network" in render.to_markdown(shown, Path("."))
 
 
 # --- an independently sampled network per block (item 3) -----------------------------------------
