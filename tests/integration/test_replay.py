@@ -94,7 +94,12 @@ def test_replay_timing_clock_and_report(tmp_path):
     m = summary["metrics"]["cell_delay_ms/web/down"]["variants"]["kist"]
     assert m["n"] == len(down_a)
     mean_a = statistics.mean(c["delay_s"] * 1e3 for c in down_a)
-    assert abs(m["mean"] - mean_a) < 0.01 * mean_a
+    # The report corrects each delay by the client's measured clock offset (~0 on one host,
+    # but up to its uncertainty, tens of us: CI once saw 0.040 ms on a 3.4 ms mean), so the raw
+    # mean agrees within 1% plus that offset.
+    estimates = [r for r in records(run_a / "kist" / "rep-0" / "clock.jsonl") if r["type"] == "clock_estimate"]
+    offset_ms = max(abs(r["offset_s"]) for r in estimates) * 1e3
+    assert abs(m["mean"] - mean_a) < 0.01 * mean_a + offset_ms, (m["mean"], mean_a, offset_ms)
     assert (run_a / "report" / "figures" / "cdf-cell-delay.png").exists()
 
 
