@@ -72,6 +72,13 @@ class Toggle(Strict):
     enabled: bool = Field(True, description="Render this component")
 
 
+class Requirements(Strict):
+    namespaceCheck: bool = Field(True, description="Read the release's Namespace at install to refuse a Pod Security level "
+                                 "that rejects the shaper sidecar; needs 'get' on namespaces (cluster-scoped): the nightly "
+                                 "runner, whose ServiceAccount reads nothing cluster-wide, turns it off for the releases it "
+                                 "installs")
+
+
 class Isolation(Strict):
     allowedCIDRs: list[str] = Field(
         default_factory=lambda: list(CLUSTER_RANGES),
@@ -182,6 +189,7 @@ class ChartValues(Strict):
     images: Images = Field(default_factory=Images)
     networkPolicy: Toggle = Field(default_factory=Toggle, description="Deny traffic to and from anything outside the release")
     isolation: Isolation = Field(default_factory=Isolation)
+    requirements: Requirements = Field(default_factory=Requirements)
     podMonitor: PodMonitorValues = Field(default_factory=PodMonitorValues)
     prometheus: PrometheusValues = Field(default_factory=PrometheusValues)
     dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
