@@ -16,6 +16,7 @@ REPO=$PWD
 . hack/versions.env
 # shellcheck source=hack/lib.sh
 . hack/lib.sh
+LOG_TAG=k8s-tools
 KUBE_MAJOR=1 KUBE_MINOR=33           # what helm reports as .Capabilities.KubeVersion (v1.33.0)
 
 CACHE=${TORBED_CACHE:-$HOME/.cache/torbed}
@@ -61,24 +62,6 @@ GOARCH_HOST=$(go env GOARCH)
 GOOS_HOST=$(go env GOOS)
 
 
-# step NAME DIR FUNCTION: run FUNCTION to fill DIR.tmp, then move it to DIR (so an
-# interrupted build never looks finished).
-step() {
-  local name=$1 dir=$2 fn=$3 t0
-  if [ -f "$dir/.done" ]; then
-    echo "k8s-tools: $name: present ($dir)"
-    return
-  fi
-  t0=$(now)
-  echo "k8s-tools: $name: building into $dir"
-  rm -rf "$dir.tmp"
-  mkdir -p "$dir.tmp"
-  "$fn" "$dir.tmp" "$dir"
-  rm -rf "$dir"
-  mv "$dir.tmp" "$dir"
-  touch "$dir/.done"
-  echo "k8s-tools: $name: done in $(elapsed "$t0") s"
-}
 
 link() { ln -sfn "$1" "$BIN/$(basename "$1")"; }
 

@@ -29,23 +29,6 @@ export CGO_ENABLED=0
 LOGDIR=$CACHE/k8s/logs
 mkdir -p "$LOGDIR"
 
-# step NAME DIR FUNCTION: run FUNCTION DIR.tmp, then publish DIR.
-step() {
-  local name=$1 dir=$2 fn=$3 t0
-  if [ -f "$dir/.done" ]; then
-    log "$name: present ($dir)"
-    return
-  fi
-  t0=$(now)
-  log "$name: building into $dir"
-  rm -rf "$dir.tmp"
-  mkdir -p "$dir.tmp"
-  "$fn" "$dir.tmp"
-  rm -rf "$dir"
-  mv "$dir.tmp" "$dir"
-  touch "$dir/.done"
-  log "$name: done in $(elapsed "$t0") s"
-}
 
 build_kubernetes() {
   local out=$1 src modinfo moddir commit_time t0 ldflags c
