@@ -236,21 +236,29 @@ class HtbSource:
 
     def __call__(self, now: float) -> None:
         backlog: dict[str, int] = {}
-        failed = []
-        for sender in self.senders:
-            try:
-                classes = parse_tc_classes(self.run_tc(sender))
-            except (OSError, ValueError, subprocess.SubprocessError) as e:
-                failed.append(sender)
-                if len(self.errors) < 10:
-                    self.errors.append(f"{sender}: {e}")
-                continue
+        read, failed = _read_senders(self.senders, self.run_tc, parse_tc_classes, self.errors)
+        for sender, classes in read.items():
             for minor, c in classes.items():
                 name = self.links.get((sender, minor))
                 if name and c["backlog_bytes"]:
                     backlog[name] = c["backlog_bytes"]
         # A sender that could not be read is missing from this sample, not a zero backlog.
         self.writer.write({"type": "shaper", "t": now, "backlog": backlog, **({"failed": failed} if failed else {})})
+
+
+def _read_senders(senders: list[str], run: Callable[[str], str], parse: Callable[[str], dict],
+                  errors: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """Each sender's parsed reading, and the senders that could not be read (missing from
+    this sample, not zero); the first 10 errors are kept in ``errors``."""
+    read, failed = {}, []
+    for sender in senders:
+        try:
+            read[sender] = parse(run(sender))
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            failed.append(sender)
+            if len(errors) < 10:
+                errors.append(f"{sender}: {e}")
+    return read, failed
 
 
 class SocketSource:
@@ -266,15 +274,8 @@ class SocketSource:
 
     def __call__(self, now: float) -> None:
         send_q: dict[str, int] = {}
-        failed = []
-        for sender in self.senders:
-            try:
-                queues = parse_ss_send_queues(self.run_ss(sender))
-            except (OSError, ValueError, subprocess.SubprocessError) as e:
-                failed.append(sender)
-                if len(self.errors) < 10:
-                    self.errors.append(f"{sender}: {e}")
-                continue
+        read, failed = _read_senders(self.senders, self.run_ss, parse_ss_send_queues, self.errors)
+        for sender, queues in read.items():
             for addr, q in queues.items():
                 if q and addr in self.peers:
                     send_q[f"{sender}>{self.peers[addr]}"] = q
