@@ -464,9 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
     # MTU-sized frames, as the local backend's htb gets (torbed.shaping.ONE_FRAME_PER_SKB: with
     # segmentation offload a bounded queue drops whole 64 KB frames).
-    p = subprocess.run(["ip", "link", "set", "dev", dev, *shaping.ONE_FRAME_PER_SKB], capture_output=True, text=True)
-    if p.returncode != 0:
-        log(f"shaper: warning: cannot limit {dev} to one frame per packet ({p.stderr.strip()}): htb sees "
+    link = subprocess.run(["ip", "link", "set", "dev", dev, *shaping.ONE_FRAME_PER_SKB], capture_output=True, text=True)
+    if link.returncode != 0:
+        log(f"shaper: warning: cannot limit {dev} to one frame per packet ({link.stderr.strip()}): htb sees "
             "offloaded frames of up to 64 KB, and a bounded queue drops them whole")
     try:
         tc_batch(cmds)
