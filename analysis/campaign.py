@@ -14,7 +14,7 @@ estimate made at its start, blocks run), so the estimate can be checked against 
 
 Public API: ``Records(root)``, ``harvest(run_dir, exp, comps, records, offset) -> int``,
 ``plan(prereg, records) -> dict``, ``estimate(prereg, records, repo) -> dict``,
-``finished_blocks(run_dir) -> int``, ``run_experiment(...)``.
+``finished_blocks(run_dir) -> int``, ``block_seed(scenario, offset) -> int``, ``run_experiment(...)``.
 """
 
 from __future__ import annotations
@@ -273,13 +273,23 @@ def _launch(prereg, exp: str, records: Records, runs_root: Path, repo: Path, dur
             return subprocess.Popen(cmd, start_new_session=True), last
     out = runs_root / exp / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
+    offset = records.next_block(exp)
     cmd = _torbed(str(repo / e.scenario), "--repetitions", str(blocks), "--out", str(out),
+                  "--seed", str(block_seed(repo / e.scenario, offset)),
                   *[a for v in e.variants for a in ("--variant", v)], *(["--duration", duration] if duration else []))
     print(f"campaign: {exp}: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.Popen(cmd, start_new_session=True)
-    entry = {"offset": records.next_block(exp), "repetitions": blocks, "out": str(out), "path": None,
+    entry = {"offset": offset, "repetitions": blocks, "out": str(out), "path": None,
              "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return proc, entry
+
+
+def block_seed(scenario: Path, offset: int) -> int:
+    """The seed a run whose repetition 0 is global block ``offset`` starts from: the
+    scenario's seed plus the offset, so block b's workload always uses seed + b (as one long
+    run would) and a run started in a later session never repeats an earlier block's draws."""
+    from torbed import scenario as scenario_mod
+    return scenario_mod.load(str(scenario)).seed + offset
 
 
 def _run_dir_of(entry: dict) -> Path | None:

@@ -29,15 +29,15 @@ def cmd_run(args) -> int:
         if bad:
             raise InputError(f"--variant {', '.join(bad)}: not in the scenario's variants ({', '.join(s.variants)})")
     s = scenario_mod.with_overrides(s, args.scenario, repetitions=args.repetitions, measure__duration=args.duration,
-                                    measure__warmup=args.warmup)
+                                    measure__warmup=args.warmup, seed=args.seed)
     host_load = check_host_load(require_quiet=args.require_quiet)
     face = engine.backend_module(args.backend)
     backend = face.create(face.Options.from_args(args), console, Path(args.scenario))
+    overrides = {k: v for k, v in (("repetitions", args.repetitions), ("duration", args.duration),
+                                   ("warmup", args.warmup), ("seed", args.seed)) if v is not None}
     try:
         run_dir = engine.run(s, backend, Path(args.out), console, variants=args.variant, source=args.scenario,
-                             host_load=host_load, overrides={k: v for k, v in (("repetitions", args.repetitions),
-                                                                                ("duration", args.duration),
-                                                                                ("warmup", args.warmup)) if v})
+                             host_load=host_load, overrides=overrides)
     except ShapingError as e:
         raise InputError(f"{args.scenario}: links: {e}") from None
     info = json.loads((run_dir / "run.json").read_text())
@@ -55,9 +55,9 @@ def cmd_resume(args) -> int:
     from .shaping import ShapingError
     run_dir = Path(args.resume)
     run_json = run_dir / "run.json"
-    if args.scenario or args.repetitions or args.duration or args.warmup:
-        raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions, --duration and --warmup come from {run_json} "
-                         f"(source, overrides); give none of them")
+    if args.scenario or args.repetitions or args.duration or args.warmup or args.seed is not None:
+        raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions, --duration, --warmup and --seed come from "
+                         f"{run_json} (source, overrides); give none of them")
     info = resume.load_for_resume(run_dir)
     source = info.get("source_resolved") or info["source"]
     if not Path(source).is_file():
@@ -65,7 +65,7 @@ def cmd_resume(args) -> int:
     s = scenario_mod.load(source)
     ov = info.get("overrides") or {}
     s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"),
-                                    measure__warmup=ov.get("warmup"))
+                                    measure__warmup=ov.get("warmup"), seed=ov.get("seed"))
     variants = args.variant or info["variants"]
     resume.check_unchanged(info, s, variants, run_json)
     if args.backend != info.get("backend", "local"):
@@ -128,6 +128,9 @@ def register_run(sub, fmt) -> None:
     p.add_argument("--repetitions", type=int, default=None, help="override the scenario's repetitions")
     p.add_argument("--duration", default=None, help="override measure.duration, e.g. '60s'")
     p.add_argument("--warmup", default=None, help="override measure.warmup, e.g. '5s' (part of the duration)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="override the scenario's seed (repetition k's workload uses seed + k); a campaign that "
+                        "adds blocks in a new run passes the seed its first new block needs, so no two blocks repeat")
     p.add_argument("--require-quiet", action="store_true",
                    help="refuse to start (exit 2) when the machine is busy with something else (1-minute "
                         "load average, other processes' CPU over a 1 s sample); by default only a warning. "

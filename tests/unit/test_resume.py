@@ -154,6 +154,16 @@ def test_fingerprint_sees_overrides_and_variant_definitions(tmp_path):
     assert set(f1["variants"]) >= set(s.variants)
 
 
+def test_seed_override_reaches_the_workload_seed_and_the_fingerprint(tmp_path):
+    s = scenario.load(write_scenario(tmp_path))
+    s7 = scenario.with_overrides(s, "s.yaml", seed=s.seed + 7)
+    assert s7.seed == s.seed + 7
+    assert resume.fingerprint(s7, s.variants)["scenario_sha256"] != resume.fingerprint(s, s.variants)["scenario_sha256"]
+    args = cli.build_parser().parse_args(["run", "--resume", str(tmp_path), "--seed", "3"])
+    with pytest.raises(InputError, match="--seed"):
+        args.func(args)
+
+
 # -- sequential designs -----------------------------------------------------------------
 
 DESIGN = {"pilot": 3, "max_repetitions": 6, "stop_when": {"metric": "ttlb_s/bulk:bulk", "ci_width_pct": 20}}

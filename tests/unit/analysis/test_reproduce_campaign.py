@@ -149,6 +149,10 @@ def test_an_unfinished_run_on_this_host_is_resumed_a_missing_one_is_not(tmp_path
     shutil.rmtree(run)                                          # another machine, or cleaned up
     proc, got = campaign._launch(P, EXP, rec, tmp_path / "runs", reproduce.REPO, None, 9)
     assert "--resume" not in proc.cmd and got["offset"] == 12  # blocks 0-11 belong to the first run
+    # ... and its repetition 0 is block 12: it draws block 12's workload, not block 0's again.
+    from torbed import scenario as scenario_mod
+    base = scenario_mod.load(str(reproduce.REPO / P.experiments[EXP].scenario)).seed
+    assert int(proc.cmd[proc.cmd.index("--seed") + 1]) == base + 12
 
 
 def test_the_estimate_uses_the_model_then_the_records_own_times(tmp_path):
