@@ -153,9 +153,12 @@ def test_positive_control_and_paired_aa(tmp_path):
 def _gh_exp1(tmp_path: Path, name: str, queue: str | None) -> Path:
     data = yaml.safe_load((REPO / "scenarios/gopal-heninger-2012-exp1.yaml").read_text())
     data["name"] = name
-    if queue:
-        for pair in data["links"]["pairs"]:
-            if set(pair["between"]) <= {"guard", "middle", "exit"}:
+    # The scenario itself now bounds its router links (queue: 50ms, the paper's condition);
+    # None removes that bound: the shaper's default FIFO, the condition before it.
+    for pair in data["links"]["pairs"]:
+        if set(pair["between"]) <= {"guard", "middle", "exit"}:
+            pair.pop("queue", None)
+            if queue:
                 pair["queue"] = queue
     data["measure"].update(warmup="10s", duration=os.environ.get("TORBED_PROOF_GH_DURATION", "40s"))
     data.setdefault("measure", {})["prometheus"] = {"enabled": False}
