@@ -182,3 +182,44 @@ def test_gate_sees_the_backlog_move_into_tors_circuit_queues(tmp_path):
     # Where it went: tor's circuit queues wait longer once the shaper cannot hold the backlog.
     assert sq["circuit_queues"]["median_s"] > fq["circuit_queues"]["median_s"], \
         (fq["circuit_queues"], sq["circuit_queues"])
+
+
+def _tg_exp3_round_robin(tmp_path: Path) -> Path:
+    data = yaml.safe_load((REPO / "scenarios/tang-goldberg-2010-exp3.yaml").read_text())
+    data["name"] = "proof-tg3-rr"
+    # Web fetches 20 s apart: a 2-minute window still holds about six of them per repetition.
+    data["measure"].update(warmup="20s", duration=os.environ.get("TORBED_PROOF_TG3_DURATION", "140s"))
+    data["measure"]["prometheus"] = {"enabled": False}
+    return _run(tmp_path, data, ["--variant", "vanilla", "--repetitions", os.environ.get("TORBED_PROOF_TG3_REPS", "3")])
+
+
+def test_web_circuit_is_known_in_every_repetition_of_tang_goldberg_exp3(tmp_path):
+    """Tang & Goldberg Exp. 3 under round robin: in every repetition the web client's circuit
+    is found at the middle (no volume rule: its client's circuit ids chained through
+    CELL_STATS), with its queue wait beside the bulk circuits' (round robin gives the light
+    circuit no preference, so its share is what EWMA must improve on)."""
+    require_root()
+    from torbed.analysis import circuits, metrics
+    from torbed.analysis.load import load_run
+    run = load_run(_tg_exp3_round_robin(tmp_path))
+    ex = metrics.extract(run)
+    for r in run.reps:
+        cov = circuits.coverage(metrics.rep_attribution(r), r.cellstats)
+        print(f"\n{r.label}: {cov['workload_complete']} of {cov['workload_circuits']} workload circuits at every "
+              f"relay; {cov['data_hops_unlabelled']} of {cov['data_hops']} data hops unlabelled")
+        assert cov["workload_circuits"] and cov["workload_complete"] == cov["workload_circuits"], cov
+    # The download direction is the one where the bulk circuits' cells wait (the congested
+    # guard-middle link lies downstream of the middle for downloads).
+    def bulk_wait(d: str) -> float:
+        m = ex.metrics.get(f"cell_wait_ms/client:bulk/middle/{d}")
+        return sum(t for t, _ in m.totals["vanilla"].values()) if m else 0.0
+    d = max(("inbound", "outbound"), key=bulk_wait)
+    shares = []
+    for k in range(len(run.reps)):
+        web = ex.metrics[f"cell_wait_ms/client:web/middle/{d}"].values["vanilla"].get(k)
+        bulk = ex.metrics[f"cell_wait_ms/client:bulk/middle/{d}"].values["vanilla"].get(k)
+        assert web is not None and len(web) and bulk is not None and len(bulk), f"rep {k}: web or bulk missing"
+        shares.append(float(np.mean(web)) / float(np.mean(bulk)))
+        print(f"rep {k}: middle queue wait per cell: web {np.mean(web):.1f} ms over {len(web)} records, "
+              f"bulk {np.mean(bulk):.1f} ms over {len(bulk)}; web/bulk {shares[-1]:.2f}")
+    assert all(math.isfinite(s) and s > 0 for s in shares), shares
