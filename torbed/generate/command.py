@@ -126,7 +126,10 @@ def cmd_generate(args) -> int:
         out = Path(args.output)
         if out.exists() and not args.force:
             raise InputError(f"{out}: exists; pass --force to replace it")
-        out.write_text(res.yaml)
+        try:
+            out.write_text(res.yaml)
+        except OSError as e:
+            raise InputError(f"{out}: cannot write the scenario: {e.strerror or e}") from None
         console.print(f"wrote {out}; next: torbed validate {out} && torbed run {out}", highlight=False)
     return EXIT_OK
 

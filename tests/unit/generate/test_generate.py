@@ -236,6 +236,10 @@ def test_command_writes_a_scenario_torbed_validate_accepts(net, tmp_path, capsys
     assert cli.main(["validate", str(out)]) == 0
     code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "-o", out)
     assert code == 2 and "exists" in text
+    missing_dir = tmp_path / "no-such-dir" / "gen.yaml"
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "--cores", 2, "--memory-mib", 8000,
+                      "--bench-dir", "", "-o", missing_dir)
+    assert code == 2 and str(missing_dir) in text and "cannot write" in text
 
 
 def _file(d: Path, content: str | bytes) -> Path:
