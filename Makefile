@@ -7,7 +7,7 @@ STAMP := .stamp
 PYTEST_ARGS ?=
 IMAGES_ARGS ?=
 
-.PHONY: setup deps venv lock test unit integration experiments lint demo schema docs docs-ref clean bench reproduce tools chart-test images images-arm64 images-test registry-up registry-down images-push
+.PHONY: setup deps venv lock test unit integration experiments lint demo schema docs docs-ref clean bench reproduce tor-sample tools chart-test images images-arm64 images-test registry-up registry-down images-push
 
 setup: deps venv  ## install system packages and the virtualenv
 
@@ -98,6 +98,11 @@ bench: setup  ## benchmarks (linkemu, local backend, torchestra, background load
 # measure that load); `torbed run` warns when the machine is busy (torbed/hostload.py).
 reproduce: setup  ## one session of the papers' pre-registered campaign (resumes from docs/reproduction/records); RENDER_ONLY=1: only re-render docs/reproduction.md
 	$(BIN)/python -m torbed.analysis.reproduce $(if $(filter-out 0,$(RENDER_ONLY)),--render-only)
+
+# scenarios/tor-sample-60.yaml from CollecTor's 2022-11-19 10:00 consensus, downloaded by the user
+# (commands in hack/tor-sample.sh; COLLECTOR_DIR, CAPACITY=consensus|descriptors, BUDGET=pinned|machine).
+tor-sample: venv  ## regenerate scenarios/tor-sample-60.yaml from downloaded CollecTor documents (docs/generate.md)
+	hack/tor-sample.sh
 
 clean:  ## remove leftovers of killed runs (namespaces, processes)
 	$(BIN)/torbed clean

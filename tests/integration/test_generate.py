@@ -27,6 +27,10 @@ from .helpers import namespaces, only_run_dir, records, run_torbed, start_torbed
 
 pytestmark = pytest.mark.integration
 
+# One network for every test here: 30 relays, the size issue 41 asks an integration run to
+# bring up (it replaced a 9-relay network: one bring-up, not two, for CI's sake).
+RELAYS = 30
+
 
 def _scratch_of(out: Path) -> Path | None:
     """The scratch directory (node data directories) of the run writing under ``out``."""
@@ -42,7 +46,8 @@ def _scratch_of(out: Path) -> Path | None:
 
 @pytest.fixture(scope="module")
 def generated_run(tmp_path_factory):
-    """A 9-relay network generated from a stub consensus, run for 30 s; the real consensus and
+    """A 30-relay network (issue 41 item 5's size) generated from a stub consensus, run for 30 s;
+    the real consensus and
     descriptors its first authority holds 15 s into the window, copied aside. Without the
     OnionPerf-style probes: at the sample's scaled rates their 5 MiB fetch takes ~2 minutes, and
     a fetch started in the window runs to its end (the probes are unit-tested)."""
@@ -50,14 +55,14 @@ def generated_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("generated")
     net = write_network(tmp / "collector", n=300, seed=0)
     out_file = tmp / "gen.yaml"
-    p = run_torbed(["generate", str(net.consensus), str(net.descriptors), "--relays", "9", "--clients", "3",
+    p = run_torbed(["generate", str(net.consensus), str(net.descriptors), "--relays", str(RELAYS), "--clients", "6",
                     "--seed", "2", "--duration", "30s", "--warmup", "5s", "--no-perf", "--bench-dir", "", "-o",
                     str(out_file)])
     assert p.returncode == 0, p.stderr
     p = run_torbed(["validate", str(out_file)])
     assert p.returncode == 0, p.stderr
     data = yaml.safe_load(out_file.read_text())
-    data["measure"]["ready_timeout"] = "150s"
+    data["measure"]["ready_timeout"] = "240s"
     out_file.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp / "runs"
     docs = tmp / "docs"
@@ -66,9 +71,9 @@ def generated_run(tmp_path_factory):
     try:
         scratch = wait_for(lambda: _scratch_of(out), 120, "the run's state file")
         auth = scratch / "auth0"
-        n_nodes = 9 + data["network"]["authorities"]
+        n_nodes = RELAYS + data["network"]["authorities"]
         wait_for(lambda: (auth / "cached-consensus").exists() and
-                 (auth / "cached-consensus").read_text().count("\nr ") >= n_nodes, 180, "a consensus with every relay")
+                 (auth / "cached-consensus").read_text().count("\nr ") >= n_nodes, 240, "a consensus with every relay")
         time.sleep(15)     # traffic, so relays publish descriptors with an observed bandwidth
         shutil.copy(auth / "cached-consensus", docs / "cached-consensus")
         for f in auth.glob("cached-descriptors*"):
@@ -131,7 +136,7 @@ def test_the_testbed_consensus_carries_the_sampled_weights_and_flags(generated_r
         assert e.bandwidth == group["weights"][node["index"]] and not e.is_unmeasured, (node["name"], e.bandwidth)
         assert ("Guard" in e.flags) == bool(group.get("guard")) and ("Exit" in e.flags) == bool(group.get("exit"))
         assert {"Fast", "Stable", "Running", "Valid"} <= set(e.flags), (node["name"], e.flags)
-    assert len(seen) == 9 and len({w for w, _ in seen.values()}) > 1, seen
+    assert len(seen) == RELAYS and len({w for w, _ in seen.values()}) > 1, seen
     print(f"sampled weight -> consensus w Bandwidth= per relay: {seen}")
 
 
@@ -160,15 +165,18 @@ def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     transfers = records(rep / "transfers.jsonl")
     ok = [t for t in transfers if t["status"] == "ok"]
     by_group, written = carried(rep)
-    print(f"generated 9-relay network: ready {meta['ready_s']:.1f} s, {len(ok)} of {len(transfers)} transfers ok "
+    print(f"generated {RELAYS}-relay network: ready {meta['ready_s']:.1f} s, {len(ok)} of {len(transfers)} transfers ok "
           f"{by_group}; MB written per relay {written}; groups {data['network']['relays']}")
-    assert meta["status"] == "ok" and len(ok) >= 5
-    # Clients had no fixed paths: tor spread the circuits over the sampled relays, exits of
-    # both exit classes included.
-    busy = [r for r, mb in written.items() if mb > 0.5]
-    assert len(busy) >= 3, written
+    assert meta["status"] == "ok" and len(ok) >= 8
+    relay_nodes = [n["name"] for n in meta["nodes"] if n["role"] == "relay"]
+    assert len(relay_nodes) == RELAYS and set(relay_nodes) <= set(meta["consensus_flags"])
+    # Clients had no fixed paths: tor spread the circuits over the sampled relays, exits
+    # included. An idle relay writes about 0.8 MB here (directory traffic), so 2 MB means it
+    # carried the clients' pages.
+    busy = [r for r, mb in written.items() if mb > 2]
+    assert len(busy) >= 4, written
     exits = [n for n, flags in meta["consensus_flags"].items() if "Exit" in flags]
-    assert exits and any(written.get(e, 0) > 0.5 for e in exits), (exits, written)
+    assert exits and any(written.get(e, 0) > 2 for e in exits), (exits, written)
     assert namespaces(run) == []
     # The shapers applied the latency model's delays: a request and its first byte cross the
     # path twice, so no TTFB is under twice the least path delay (unshaped, a 50 KiB page's TTFB

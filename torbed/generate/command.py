@@ -108,7 +108,7 @@ def cmd_generate(args) -> int:
                    variants=args.variants.split(",") if args.variants else None, duration=args.duration,
                    warmup=args.warmup, authorities=args.authorities, bin_ratio=args.bin_ratio,
                    total_rate=args.total_rate, budget=budget, networks=args.networks,
-                   latency=_latency_model(args.latency))
+                   latency=_latency_model(args.latency), capacity_from_consensus=args.capacity_from_consensus)
     t = Table(title=f"{res.data['name']}: {len(res.sample.relays)} relays in {len(res.groups)} groups "
                     f"(rate scale {res.fit.scale:.4g}, {res.fit.floored} at tor's minimum)")
     for col in ("class", "in consensus", "sampled", "groups", "group rates"):
@@ -126,7 +126,10 @@ def cmd_generate(args) -> int:
         out = Path(args.output)
         if out.exists() and not args.force:
             raise InputError(f"{out}: exists; pass --force to replace it")
-        out.write_text(res.yaml)
+        try:
+            out.write_text(res.yaml)
+        except OSError as e:
+            raise InputError(f"{out}: cannot write the scenario: {e.strerror or e}") from None
         console.print(f"wrote {out}; next: torbed validate {out} && torbed run {out}", highlight=False)
     return EXIT_OK
 
@@ -139,8 +142,11 @@ def register(sub, fmt) -> None:
                     "(docs/generate.md): relays drawn by consensus weight within position classes, rates "
                     "scaled into this machine's budget. Next stage: torbed validate / torbed run.")
     p.add_argument("consensus", help="a network-status consensus file (CollecTor consensuses-YYYY-MM/...)")
-    p.add_argument("descriptors", nargs="+",
+    p.add_argument("descriptors", nargs="*",
                    help="server descriptors: files, directories (recursive) or .tar/.tar.xz archives")
+    p.add_argument("--capacity-from-consensus", action="store_true",
+                   help="no descriptors: each relay's capacity is its consensus weight x 1000 B/s (a fallback, "
+                        "recorded in generated.parameters.capacity_source; docs/generate.md)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--relays", type=_positive_int, default=None, help="relays in the sample")
     size.add_argument("--scale", type=_fraction, default=None,

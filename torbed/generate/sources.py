@@ -9,6 +9,9 @@ Public API:
   ``.tar``/``.tar.xz`` archive
 - ``join(relays, descriptors, consensus_path, descriptor_paths) -> list[Relay]``: the
   consensus' relays that have a descriptor, with their capacity
+- ``from_consensus(relays) -> list[Relay]``: the documented fallback when no server
+  descriptors can be had (``torbed generate --capacity-from-consensus``): capacity = the
+  consensus weight read as kB/s (``w Bandwidth=``, 1000 bytes/s per unit)
 - ``SourceError`` (an ``InputError``: exit 2) names the file and says what is wrong with it
 
 Parsing is stem's (``stem.descriptor.parse_file``, ``validate=True``); nothing here downloads.
@@ -257,3 +260,19 @@ def join(relays: list[ConsensusRelay], descriptors: dict[str, list[Descriptor]],
                           f"{len(relays)} relays of {consensus_path}: download the server descriptors of the "
                           "consensus' month (and the month before, for relays that published then)")
     return out, missing
+
+
+# dir-spec: "w Bandwidth=" is in kilobytes per second (1000 bytes), measured by the bandwidth
+# authorities (or self-advertised, capped, when Unmeasured=1).
+CONSENSUS_WEIGHT_UNIT = 1000
+
+
+def from_consensus(relays: list[ConsensusRelay]) -> list[Relay]:
+    """Every consensus relay, with capacity = its consensus weight x 1000 bytes/s: the fallback
+    when no server descriptors are at hand. The weight is what the bandwidth authorities
+    measured (sbws), not the relay's own advertised bandwidth: it ranks relays as clients do,
+    but it is scaled by the network's measurement ratio, so its absolute values differ from
+    capacities (which the budget rescales anyway: only ratios between relays carry over)."""
+    return [Relay(fingerprint=r.fingerprint, nickname=r.nickname, flags=r.flags, weight=r.weight,
+                  capacity=r.weight * CONSENSUS_WEIGHT_UNIT, observed=r.weight * CONSENSUS_WEIGHT_UNIT)
+            for r in relays]

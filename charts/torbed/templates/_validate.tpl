@@ -70,7 +70,7 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- range $g, $rg := $relays -}}
 {{- if and $rg.cpu (ne (toString $rg.cpu) "native") }}{{ $problems = append $problems (printf "network.relays.%s.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
 {{- if $rg.cpu_per_thread }}{{ $problems = append $problems (printf "network.relays.%s.cpu_per_thread: per-thread CPU caps are set by the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
-{{- if $rg.weights }}{{ $problems = append $problems (printf "network.relays.%s.weights: the authorities vote these weights from a bandwidth file only the local backend writes; on Kubernetes the authorities measure the relays themselves" $g) }}{{ end -}}
+{{- if $rg.weights }}{{ $problems = append $problems (printf "network.relays.%s.weights: the authorities vote these weights from a bandwidth file the local backend writes (local backend only); on Kubernetes the authorities measure the relays themselves" $g) }}{{ end -}}
 {{- end -}}
 {{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
 

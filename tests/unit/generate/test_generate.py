@@ -236,6 +236,10 @@ def test_command_writes_a_scenario_torbed_validate_accepts(net, tmp_path, capsys
     assert cli.main(["validate", str(out)]) == 0
     code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "-o", out)
     assert code == 2 and "exists" in text
+    missing_dir = tmp_path / "no-such-dir" / "gen.yaml"
+    code, text = _run(capsys, net.consensus, net.descriptors, "--relays", 12, "--cores", 2, "--memory-mib", 8000,
+                      "--bench-dir", "", "-o", missing_dir)
+    assert code == 2 and str(missing_dir) in text and "cannot write" in text
 
 
 def _file(d: Path, content: str | bytes) -> Path:
@@ -581,3 +585,39 @@ def _joined(net):
     relays, _ = sources.read_consensus(net.consensus)
     descs, _ = sources.read_descriptors([net.descriptors])
     return relays, descs, "c", ["d"]
+
+
+# --- the fallback: capacities from the consensus alone ----------------------------------------
+
+def test_capacity_from_consensus_uses_the_weights_and_says_so(net, tmp_path, capsys):
+    """Without descriptors (--capacity-from-consensus) a relay's capacity is its consensus
+    weight x 1000 B/s; the draw is the same as with descriptors (it depends on weights only,
+    and every stub relay has one), and the file records which capacity it used."""
+    res = generate(net.consensus, [], relays=12, seed=4, budget=BUDGET, capacity_from_consensus=True)
+    assert all(r.capacity == 1000 * r.weight for r in res.sample.relays)
+    with_desc = generate(net.consensus, [net.descriptors], relays=12, seed=4, budget=BUDGET)
+    assert {r.fingerprint for r in res.sample.relays} == {r.fingerprint for r in with_desc.sample.relays}
+    # ... but not the same capacities: the stub's descriptors advertise other values.
+    assert [r.capacity for r in res.sample.relays] != [r.capacity for r in with_desc.sample.relays]
+    params, gen = res.data["generated"]["parameters"], res.data["generated"]
+    assert params["capacity_source"].startswith("consensus weight")
+    assert with_desc.data["generated"]["parameters"]["capacity_source"].startswith("largest advertised")
+    assert [s["kind"] for s in gen["sources"]] == ["consensus"] and "Capacities: consensus weight" in gen["method"]
+    assert "No server descriptors: capacity = consensus weight" in res.yaml
+    parse(res.data, "fallback")
+    out = tmp_path / "fb.yaml"
+    code, text = _run(capsys, net.consensus, "--capacity-from-consensus", "--relays", 12, "--bench-dir", "",
+                      "--cores", 2, "--memory-mib", 8000, "-o", out)
+    assert code == 0, text
+    assert cli.main(["validate", str(out)]) == 0
+
+
+def test_descriptors_and_the_fallback_are_one_or_the_other(net, capsys):
+    code, text = _run(capsys, net.consensus, "--relays", 10)
+    assert code == 2 and str(net.consensus) in text and "not neither" in text
+    code, text = _run(capsys, net.consensus, net.descriptors, "--capacity-from-consensus", "--relays", 10)
+    assert code == 2 and "not both" in text
+    # The fallback still checks the consensus: a descriptor given as one is refused, naming it.
+    desc = next(net.descriptors.iterdir())
+    code, text = _run(capsys, desc, "--capacity-from-consensus", "--relays", 10)
+    assert code == 2 and str(desc) in text and "not a consensus" in text

@@ -376,7 +376,8 @@ class K8sBackend:
         "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
                "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
-        "weights": "the authorities vote these weights from a bandwidth file only the local backend writes; "
+        "weights": "the authorities vote these weights from a bandwidth file the local backend writes "
+                   "(local backend only); "
                    "on Kubernetes the authorities measure the relays themselves",
         "samples": "a network sampled anew per block is built by the local backend only",
     }
