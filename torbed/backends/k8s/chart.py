@@ -182,6 +182,13 @@ class TestValues(Strict):
                                 "helm test --timeout of at least this plus 20 s (helm's default wait is 5 minutes)")
 
 
+class ResultsValues(Strict):
+    token: str = Field("", pattern=r"^$|^[A-Za-z0-9._~+/=-]{16,256}$",
+                       description="Token every write to the results service presents (16-256 characters of "
+                                   "A-Za-z0-9._~+/=-); empty: 40 random characters made at install. Kept in the "
+                                   "Secret <release>-results-token; writes without it are refused (401/403)")
+
+
 class ChartValues(Strict):
     """Keys of the chart's values that are not part of a scenario."""
     variant: str = Field("", description="Which of the scenario's variants this release deploys (empty: the baseline)")
@@ -195,6 +202,7 @@ class ChartValues(Strict):
     dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
+    results: ResultsValues = Field(default_factory=ResultsValues)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
     nightly: NightlyValues = Field(default_factory=NightlyValues)
