@@ -79,6 +79,13 @@ def register_prometheus(sub, fmt) -> None:
 
 def cmd_clean(args) -> int:
     from . import lifetime
+    from ..k8s import leftovers
+    k8s = leftovers.clean(console, force=args.force)
+    if k8s["runs"] or k8s["failed"] or k8s["live"]:
+        console.print(f"Kubernetes: removed the dashboards of {k8s['runs']} run(s) whose torbed was gone "
+                      f"({k8s['configmaps']} ConfigMap(s)); left {k8s['live']} live run(s) alone"
+                      + (f"; {len(k8s['failed'])} cluster(s) not reachable, try again" if k8s["failed"] else ""),
+                      highlight=False)
     if os.geteuid() != 0:
         console.print("nothing to clean: unprivileged runs live in a user namespace that dies with them")
         return EXIT_OK
@@ -96,7 +103,8 @@ def register_clean(sub, fmt) -> None:
     p = sub.add_parser("clean", help="remove what runs killed with SIGKILL left behind", formatter_class=fmt,
                        description="Stop and remove the processes, namespaces, scratch directories and fault "
                                    "cgroups of every run whose torbed is gone (its lock is free), and mark its "
-                                   "meta.json and run.json 'killed'. Runs still going are left alone, so it is "
+                                   "meta.json and run.json 'killed'; for a `--backend k8s` run, the Grafana "
+                                   "dashboard ConfigMaps it made for the run. Runs still going are left alone, so it is "
                                    "safe beside other runs. A killed run normally does this itself (its watchdog); "
                                    "this covers a watchdog killed too.")
     p.add_argument("--force", action="store_true",
