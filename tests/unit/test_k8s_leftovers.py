@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -114,3 +115,30 @@ def test_clean_keeps_a_claim_whose_cluster_cannot_be_reached(state_dir, tmp_path
 def test_clean_without_claims_touches_no_cluster(state_dir, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", "/nonexistent")
     assert leftovers.clean(Console(record=True)) == {"runs": 0, "configmaps": 0, "live": 0, "failed": []}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs `torbed clean` as another user (setpriv), which needs root")
+def test_torbed_clean_exits_1_while_a_killed_runs_cluster_is_unreachable():
+    """The command itself, as an unprivileged user (so no local run is touched): a dead claim
+    whose cluster cannot be reached is reported, kept, and the exit status says so."""
+    import shutil
+    import tempfile
+    state = Path(tempfile.mkdtemp(prefix="torbed-k8s-claims-"))
+    try:
+        (state / "k8s").mkdir()
+        claim = state / "k8s" / "gone.json"
+        claim.write_text(json.dumps(_claim(2 ** 22 + 7, 1) | {"run_id": "gone-run", "label": "gone-run"}))
+        for p in (state, state / "k8s", claim):
+            p.chmod(0o777 if p.is_dir() else 0o666)
+        env = {**os.environ, "TORBED_STATE": str(state), "KUBECONFIG": str(state / "no-kubeconfig"), "COLUMNS": "400"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            sys.executable, "-m", "torbed.cli", "clean"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        out = " ".join((p.stdout + p.stderr).split())
+        assert p.returncode == 1, out
+        assert "run gone-run: dashboards in namespace default not removed" in out
+        assert "1 cluster(s) not reachable" in out
+        assert claim.exists()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
