@@ -22,15 +22,16 @@ GET  /start           200 {"t_workload": t} once every one of --clients clients 
                       (t = then + START_LEAD_S, so all start their workload together, as on
                       the local backend), 204 before
 GET  /healthz         readiness
+GET  /metrics         Prometheus exposition: bytes and lines appended per file, clients ready,
+                      shapers reported, whether the start barrier opened (and writes
+                      refused, by status)
+The directory is fetched with ``kubectl exec ... tar`` (NOTES.txt, torbed run --backend k8s).
 
 Every POST must carry the release's token (``Authorization: Bearer <token>``; the chart's
 Secret <release>-results-token, TORBED_RESULTS_TOKEN in every writing pod): without one the
 service answers 401, with a wrong one 403, and logs the refusal with the writer's address.
 GETs stay open: they are how `torbed run` and `helm test` read, through the API server's
 Service proxy, and the records are no secret from the release's own pods.
-GET  /metrics         Prometheus exposition: bytes and lines appended per file, clients ready,
-                      shapers reported, whether the start barrier opened
-The directory is fetched with ``kubectl exec ... tar`` (NOTES.txt, torbed run --backend k8s).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from __future__ import annotations
 import argparse
 import hmac
 import http.server
-import os
 import ipaddress
 import json
+import os
 import re
 import signal
 import sys
