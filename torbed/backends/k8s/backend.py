@@ -446,7 +446,8 @@ class K8sBackend:
         if settings.get("enabled", "true") != "false":
             self.extra_set = ["dashboards.enabled=false", *self.extra_set]
             self.dashboards_claim = leftovers.write_claim(run.run_dir.name, self.cluster.ns, self.context, run.run_dir)
-            if self.dashboards_claim is None:
+            # Inside a pod (the nightly runner: read-only root) no `torbed clean` outlives it to use one.
+            if self.dashboards_claim is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
                 self.console.log(f"[yellow]warning[/yellow]: cannot write under {leftovers.claim_dir()}: if this run is "
                                  f"killed, `torbed clean` will not find its dashboards (delete them with kubectl delete "
                                  f"configmap -l {leftovers.selector(leftovers.run_label(run.run_dir.name))})")
