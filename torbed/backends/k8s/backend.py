@@ -91,7 +91,8 @@ class Cluster:
             if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
                 config.load_incluster_config()
             else:
-                config.load_kube_config(context=context)
+                # KUBECONFIG as it is now: the client reads it once, when first imported.
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
         except Exception as e:  # the loaders raise several unrelated types
             raise RunFailed(f"no usable Kubernetes configuration (KUBECONFIG / ~/.kube/config): {e}") from None
         self.ns = namespace
