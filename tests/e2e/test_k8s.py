@@ -372,7 +372,8 @@ def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
     core = kube.CoreV1Api()
     p = subprocess.Popen([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(tmp_path / "runs"),
                           "--variant", "ewma-66", "--duration", "120s", "--set", ISOLATE],
-                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
     try:
         deadline, sel, names = time.time() + 300, None, []
         while time.time() < deadline and not names:
@@ -385,7 +386,7 @@ def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
         assert len(names) == 3, names
         assert list((tmp_path / "state" / "k8s").glob("*.json")), "no claim written"
         time.sleep(10)                      # into the repetition: the release is being installed
-        os.kill(p.pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)     # torbed and its helm with it: no install goes on unwatched
         p.wait(timeout=30)
         time.sleep(3)
         left = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
@@ -398,7 +399,7 @@ def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
         assert not list((tmp_path / "state" / "k8s").glob("*.json"))
     finally:
         if p.poll() is None:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         out = subprocess.run([helm["bin"], "-n", "default", "list", "-q", "--all"], capture_output=True, text=True,
                              env=helm["env"]).stdout.split()
