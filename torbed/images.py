@@ -16,7 +16,10 @@ Public API:
   ``ImageError`` (the message names the image and its log)
 - ``ensure_engine() -> str`` the docker client to build with (runs hack/images/docker.sh)
 - ``ensure_base(arch) -> str`` the runtime base image for ``arch`` (runs hack/images/base-image.sh)
-- ``tag(kind, family=None, arch=None) -> str``
+- ``tag(kind, family=None, arch=None, digest=None) -> str``
+- ``build_inputs(img) -> list[Path]``, ``content_digest(img) -> str``, ``content_tag(img) -> str``:
+  the files a build reads and the tag they name (``<version>-<12 hex digits>``), so an image
+  rebuilt from other inputs (a changed tor patch, Dockerfile or torbed source) gets another tag
 
 Tags: ``torbed/relay:<family>-<version>``, ``torbed/dirauth:<version>``,
 ``torbed/client:<version>`` (version: pyproject's). dockerd 20.10 keeps one architecture per
@@ -26,8 +29,10 @@ tag, so images for a foreign architecture get ``-<arch>`` appended (``vanilla-0.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform as _platform
+import re
 import shutil
 import subprocess
 import sys
@@ -98,11 +103,82 @@ def parse_platform(platform: str | None) -> str:
     return arch
 
 
-def tag(kind: str, family: str | None = None, arch: str | None = None) -> str:
+def tag(kind: str, family: str | None = None, arch: str | None = None, digest: str | None = None) -> str:
+    """The image's tag; with ``digest`` (``content_digest``) its content-addressed tag."""
     version = __version__ if kind != "relay" else f"{family}-{__version__}"
+    if digest:
+        version += f"-{digest[:12]}"
     if arch and arch != host_arch():
         version += f"-{arch}"
     return f"{REGISTRY_PREFIX}/{kind}:{version}"
+
+
+# Build-context paths made at build time from other files: hashed through those sources.
+STAGED_INPUTS = {".stage/client": ("torbed", "replay", "analysis", "pyproject.toml", "setup.py", "MANIFEST.in"),
+                 ".stage/nightly": ("hack/versions.env", "hack/chart/k8s-tools.sh")}
+# Build arguments that describe an image (labels) without changing what it runs.
+LABEL_ARGS = frozenset({"TORBED_SOURCE"})
+# What .dockerignore keeps out of the context.
+_IGNORED = re.compile(r"(^|/)(__pycache__|[^/]*\.pyc|[^/]*\.egg-info|target)(/|$)")
+# An image built FROM another of ours reads that one's inputs too.
+_FROM_IMAGE = {"locust": "client"}
+
+
+def _copy_sources(dockerfile: Path) -> list[str]:
+    """The build-context paths a Dockerfile's COPY/ADD lines read (not those --from a stage)."""
+    out = []
+    for line in dockerfile.read_text().replace("\\\n", " ").splitlines():
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD") or any(w.startswith("--from") for w in words):
+            continue
+        out += [w for w in words[1:] if not w.startswith("--")][:-1]
+    return out
+
+
+def build_inputs(img: Image) -> list[Path]:
+    """Every file of the build context the image's build reads: its Dockerfile(s), what they
+    COPY (staged files through their sources). Raises ImageInputError for a COPY source that
+    does not exist."""
+    dockerfiles = [img.dockerfile]
+    if img.kind in _FROM_IMAGE:
+        dockerfiles.append(REPO / "images" / _FROM_IMAGE[img.kind] / "Dockerfile")
+    rels = []
+    for df in dockerfiles:
+        rels.append(df.relative_to(REPO).as_posix())
+        for src in _copy_sources(df):
+            src = src.rstrip("/")
+            staged = next((k for k in STAGED_INPUTS if src == k or src.startswith(k + "/")), None)
+            rels += STAGED_INPUTS[staged] if staged else [src]
+    files: set[Path] = set()
+    for rel in rels:
+        p = REPO / rel
+        if p.is_dir():
+            files.update(f for f in p.rglob("*") if f.is_file() and not _IGNORED.search(f.relative_to(REPO).as_posix()))
+        elif p.is_file():
+            files.add(p)
+        else:
+            raise ImageInputError(f"{img.dockerfile.relative_to(REPO)}: COPY source {rel} does not exist")
+    return sorted(files)
+
+
+def content_digest(img: Image) -> str:
+    """sha256 over the image's build inputs (path, executable bit, content), its build
+    arguments (not labels) and architecture: equal inputs, equal digest, on any machine."""
+    h = hashlib.sha256()
+    for f in build_inputs(img):
+        h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + (b"x" if os.access(f, os.X_OK) else b"-")
+                 + hashlib.sha256(f.read_bytes()).digest())
+    for k, v in sorted(img.build_args.items()):
+        if k not in LABEL_ARGS and k != "CLIENT_IMAGE":    # the client's inputs are hashed in already
+            h.update(f"{k}={v}\0".encode())
+    h.update(f"arch={img.arch}".encode())
+    return h.hexdigest()
+
+
+def content_tag(img: Image) -> str:
+    """The tag naming what the image is built from: ``tag`` with ``content_digest``'s first 12
+    hex digits (torbed/relay:vanilla-0.1.0-0123456789ab)."""
+    return tag(img.kind, img.family, img.arch, content_digest(img))
 
 
 def _source_url() -> str:
@@ -310,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=None,
                     help="comma-separated relay variant families (default: all under images/relay/variants)")
     ap.add_argument("--list", action="store_true", help="print the plan (tags, build args) and exit")
+    ap.add_argument("--content-tags", action="store_true",
+                    help="print each planned image's tag and its content-addressed tag (a hash of its build "
+                         "inputs) and exit")
     ap.add_argument("-v", "--verbose", action="store_true", help="stream docker build's output")
     a = ap.parse_args(argv)
     try:
@@ -321,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         images = plan(a.platform, [k for k in a.images.split(",") if k],
                       a.variants.split(",") if a.variants else None)
+        if a.content_tags:
+            for img in images:
+                print(img.tag, content_tag(img))
+            return 0
         if a.list:
             for img in images:
                 print(img.tag, img.dockerfile.relative_to(REPO),

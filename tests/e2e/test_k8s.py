@@ -353,3 +353,55 @@ def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
     assert events("middle0", "torchestra").get("aborted", 0) == 0 and guard.get("aborted", 0) == 0
     assert not events("exit0", "circswitch") and not events("exit0", "torchestra")   # stock tor
     assert leftovers(kube, meta["release"]) == []
+
+
+def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
+    """`torbed run --backend k8s` killed with SIGKILL mid-run leaves its dashboard ConfigMaps
+    (nothing in the cluster dies with it); `torbed clean` on the same machine removes them,
+    from the run's claim, and only them. The release it left is uninstalled by the test."""
+    import os
+    import signal
+
+    from conftest import ISOLATE, uninstall
+    from torbed.backends.k8s import leftovers as claims
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["name"] = "killdash"
+    scenario = tmp_path / "killdash.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "TORBED_STATE": str(tmp_path / "state")}   # this test's claims only
+    core = kube.CoreV1Api()
+    p = subprocess.Popen([*TORBED, "run", str(scenario), "--backend", "k8s", "--out", str(tmp_path / "runs"),
+                          "--variant", "ewma-66", "--duration", "120s", "--set", ISOLATE],
+                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline, sel, names = time.time() + 300, None, []
+        while time.time() < deadline and not names:
+            time.sleep(2)
+            runs = sorted((tmp_path / "runs").glob("killdash-*"))
+            if runs:
+                sel = claims.selector(claims.run_label(runs[-1].name))
+                names = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
+            assert p.poll() is None, f"torbed run ended early with {p.returncode}"
+        assert len(names) == 3, names
+        assert list((tmp_path / "state" / "k8s").glob("*.json")), "no claim written"
+        time.sleep(10)                      # into the repetition: the release is being installed
+        os.killpg(p.pid, signal.SIGKILL)     # torbed and its helm with it: no install goes on unwatched
+        p.wait(timeout=30)
+        time.sleep(3)
+        left = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
+        assert sorted(left) == sorted(names), "the dashboards went without torbed clean"
+        c = subprocess.run([*TORBED, "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        said = " ".join(c.stdout.split())       # rich wraps long lines
+        assert c.returncode == 0, c.stdout + c.stderr
+        assert "removed the dashboards of 1 run(s) whose torbed was gone (3 ConfigMap(s))" in said, c.stdout
+        assert core.list_namespaced_config_map("default", label_selector=sel).items == []
+        assert not list((tmp_path / "state" / "k8s").glob("*.json"))
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        out = subprocess.run([helm["bin"], "-n", "default", "list", "-q", "--all"], capture_output=True, text=True,
+                             env=helm["env"]).stdout.split()
+        for rel in [r for r in out if r.startswith("killdash-")]:
+            assert uninstall(kube, helm, rel) == [], rel

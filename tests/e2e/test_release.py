@@ -163,3 +163,31 @@ def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes
     assert t.returncode == 0 and "Phase:          Succeeded" in t.stdout, t.stdout[-3000:] + t.stderr[-3000:]
     assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
     print(t.stdout.splitlines()[-1] if t.stdout else "")
+
+
+def test_results_service_takes_writes_only_with_the_release_token(kube, release):
+    """From inside the release (a relay's collector, which writes its records there): a POST
+    without the token is refused 401, with another 403, with the pod's own (the release's
+    Secret) taken; the service logs each refusal with the caller's address."""
+    wait_running(kube, f"{REL}-guard-0")
+    script = r'''/opt/torbed/bin/python - <<'PY'
+import os, urllib.request, urllib.error
+url = os.environ["TORBED_RESULTS_URL"] + "/append/e2e-token-check.jsonl"
+for name, token in (("none", None), ("wrong", "x" * 40), ("own", os.environ["TORBED_RESULTS_TOKEN"])):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, data=b'{"check": "%s"}\n' % name.encode(), method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            print(name, r.status)
+    except urllib.error.HTTPError as e:
+        print(name, e.code)
+PY'''
+    out = exec_in(kube, f"{REL}-guard-0", "collector", script)
+    assert out.split() == ["none", "401", "wrong", "403", "own", "200"], out
+    core = kube.CoreV1Api()
+    results_pod = core.list_namespaced_pod(
+        "default", label_selector=f"app.kubernetes.io/instance={REL},app.kubernetes.io/component=results").items[0]
+    log = core.read_namespaced_pod_log(results_pod.metadata.name, "default", container="results")
+    assert log.count("refused POST '/append/e2e-token-check.jsonl'") == 2, log[-2000:]
+    got = exec_in(kube, results_pod.metadata.name, "results", "cat /results/e2e-token-check.jsonl")
+    assert got.strip() == '{"check": "own"}', got

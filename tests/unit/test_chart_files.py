@@ -69,3 +69,28 @@ def test_schema_rejects_a_group_name_outside_the_pattern():
     v["network"]["relays"]["Guard_1"] = v["network"]["relays"].pop("guard")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(v, chart.values_schema())
+
+
+def test_default_requests_are_the_measured_figures_rounded_up():
+    """values.yaml's resources are the model's defaults, which cover what each component
+    was measured to use (chart.MEASURED): a figure raised without the chart following fails."""
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())["resources"]
+    assert values == chart.Resources().model_dump()
+    mib = {"Mi": 1, "Gi": 1024}
+    for component, m in chart.MEASURED.items():
+        req = values[component]["requests"]
+        assert set(values[component]) == {"requests"}, f"{component}: no limits by default"
+        memory = float(req["memory"][:-2]) * mib[req["memory"][-2:]]
+        assert m.memory_mib <= memory < m.memory_mib + 16, (component, req)
+        assert m.cpu_cores * 1000 <= float(req["cpu"].rstrip("m")) < m.cpu_cores * 1000 + 10, (component, req)
+    assert values["load"] == {}
+
+
+@pytest.mark.parametrize("measured, want", [
+    (chart.Measured(44.4, 0.037, ""), {"cpu": "40m", "memory": "48Mi"}),
+    (chart.Measured(48.0, 0.040, ""), {"cpu": "40m", "memory": "48Mi"}),     # exact: not one step more
+    (chart.Measured(48.1, 0.0401, ""), {"cpu": "50m", "memory": "64Mi"}),
+    (chart.Measured(0.0, 0.0, ""), {"cpu": "10m", "memory": "16Mi"}),
+])
+def test_request_for_rounds_up(measured, want):
+    assert chart.request_for(measured) == want

@@ -79,22 +79,46 @@ def test_a_runs_dashboards_are_one_configmap_each_labelled_for_grafanas_sidecar(
     assert all(len(c["metadata"]["name"]) <= 63 and c["metadata"]["labels"]["dash"] == "yes" for c in cms)
 
 
-def test_dashboards_live_for_the_run_not_the_release(tmp_path):
+def test_dashboards_live_for_the_run_not_the_release(tmp_path, monkeypatch):
+    from torbed import constants
+    monkeypatch.setattr(constants, "STATE_DIR", tmp_path / "state")
+    claim = tmp_path / "state" / "k8s" / "qs-1.json"
     made, deleted = [], []
     core = NS(create_namespaced_config_map=lambda ns, cm: made.append(cm["metadata"]["name"]),
               delete_namespaced_config_map=lambda name, ns: deleted.append(name))
     b = backend.K8sBackend.__new__(backend.K8sBackend)
     b.cluster = NS(core=core, ns="default", ApiException=Exception, TransportError=(OSError,))
-    b.extra_set, b.traces, b.console = ["images.tag=t"], None, NS(log=print)
+    b.extra_set, b.traces, b.console, b.context = ["images.tag=t"], None, NS(log=print), None
     run = NS(run_dir=tmp_path / "qs-1", scenario=NS(model_dump=lambda **kw: {"name": "qs"}), info={})
     (tmp_path / "qs-1").mkdir()
     b.start_run(run)
     assert len(made) == 3 and run.info["k8s"]["dashboards"] == made
     assert b.extra_set == ["dashboards.enabled=false", "images.tag=t"]   # releases ship none of their own
+    assert claim.exists()                 # for `torbed clean`, should this torbed be killed now
     b.finish_run(run)
-    assert deleted == made
+    assert deleted == made and not claim.exists()
     # --set dashboards.enabled=false: none at all
     made.clear()
     b.extra_set = ["dashboards.enabled=false"]
     b.start_run(run)
     assert made == [] and b.extra_set == ["dashboards.enabled=false"]
+
+
+def test_a_failed_deletion_keeps_the_claim_for_torbed_clean(tmp_path, monkeypatch):
+    from torbed import constants
+    monkeypatch.setattr(constants, "STATE_DIR", tmp_path / "state")
+
+    class Refused(Exception):
+        status = 403
+
+    def refuse(name, ns):
+        raise Refused()
+    core = NS(create_namespaced_config_map=lambda ns, cm: None, delete_namespaced_config_map=refuse)
+    b = backend.K8sBackend.__new__(backend.K8sBackend)
+    b.cluster = NS(core=core, ns="default", ApiException=Refused, TransportError=(OSError,))
+    b.extra_set, b.traces, b.console, b.context = [], None, NS(log=lambda *a: None), None
+    run = NS(run_dir=tmp_path / "qs-2", scenario=NS(model_dump=lambda **kw: {"name": "qs"}), info={})
+    (tmp_path / "qs-2").mkdir()
+    b.start_run(run)
+    b.finish_run(run)
+    assert (tmp_path / "state" / "k8s" / "qs-2.json").exists()

@@ -5,7 +5,8 @@ identities into a ConfigMap; pre-delete: removes them), ``client`` (waits for th
 runs the measurement driver), ``relayside`` (the relay pods' collector sidecar), ``server``
 (file server), ``results`` (the service results are streamed to) and ``shaper`` (per-link
 tc shaping). They share the scenario (``load_scenario``), node naming (``node_name``) and
-the streaming of JSON-lines files to the results service (``Shipper``).
+the streaming of JSON-lines files to the results service (``Shipper``) and how every write
+to it is made (``results_post``: a POST carrying the release's token).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from ..scenario import Scenario, parse
 
 SCENARIO_FILE = Path("/etc/torbed/scenario/scenario.json")
 IDENTITIES_DIR = Path("/etc/torbed/identities")
+# The release's results token, in the results service and in every pod that writes to it.
+RESULTS_TOKEN_ENV = "TORBED_RESULTS_TOKEN"
 
 
 def log(msg: str) -> None:
@@ -113,6 +116,18 @@ def fingerprints() -> dict[str, str]:
     return json.loads((IDENTITIES_DIR / "fingerprints.json").read_text())
 
 
+def results_post(url: str, data: bytes = b"", content_type: str = "application/octet-stream",
+                 token: str | None = None) -> urllib.request.Request:
+    """A POST to the results service carrying the release's token (``token``, else
+    TORBED_RESULTS_TOKEN, which the chart sets from its Secret in every writing pod): the
+    service refuses writes without it (torbed.pods.results)."""
+    token = token if token is not None else os.environ.get(RESULTS_TOKEN_ENV, "")
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token.strip()}"
+    return urllib.request.Request(url, data=data, method="POST", headers=headers)
+
+
 class Shipper:
     """Streams the JSON-lines files of a directory to the results service as they grow:
     only whole lines, each byte once, in order; what the service could not take yet is
@@ -145,8 +160,7 @@ class Shipper:
             end = data.rfind(b"\n") + 1
             if end == 0:
                 continue
-            req = urllib.request.Request(f"{self.url}/append/{path.name}", data=data[:end], method="POST",
-                                         headers={"Content-Type": "application/octet-stream"})
+            req = results_post(f"{self.url}/append/{path.name}", data[:end])
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     r.read()

@@ -38,7 +38,7 @@ import stem.control
 
 from .. import constants, readiness
 from ..network import Plan
-from . import log
+from . import log, results_post
 
 ONLINE_MARGIN_S = 30.0
 POLL_S = 0.5
@@ -124,7 +124,7 @@ def wait_for_caches(results_url: str, want: int, deadline: float) -> tuple[int, 
 
 def _post(url: str) -> bool:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5) as r:
+        with urllib.request.urlopen(results_post(url), timeout=5) as r:
             r.read()
         return True
     except (urllib.error.URLError, OSError):
@@ -189,8 +189,7 @@ def wait_start(url: str, *, node: str | None = None, deadline: float | None = No
     while (deadline is None or time.time() < deadline) and (alive is None or alive()):
         try:
             if not reported:
-                req = urllib.request.Request(f"{url}/ready/{node}", data=b"", method="POST")
-                with urllib.request.urlopen(req, timeout=5) as r:
+                with urllib.request.urlopen(results_post(f"{url}/ready/{node}"), timeout=5) as r:
                     r.read()
                 reported = True
             with urllib.request.urlopen(f"{url}/start", timeout=5) as r:

@@ -23,16 +23,25 @@ GET  /start           200 {"t_workload": t} once every one of --clients clients 
                       the local backend), 204 before
 GET  /healthz         readiness
 GET  /metrics         Prometheus exposition: bytes and lines appended per file, clients ready,
-                      shapers reported, whether the start barrier opened
+                      shapers reported, whether the start barrier opened (and writes
+                      refused, by status)
 The directory is fetched with ``kubectl exec ... tar`` (NOTES.txt, torbed run --backend k8s).
+
+Every POST must carry the release's token (``Authorization: Bearer <token>``; the chart's
+Secret <release>-results-token, TORBED_RESULTS_TOKEN in every writing pod): without one the
+service answers 401, with a wrong one 403, and logs the refusal with the writer's address.
+GETs stay open: they are how `torbed run` and `helm test` read, through the API server's
+Service proxy, and the records are no secret from the release's own pods.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import http.server
 import ipaddress
 import json
+import os
 import re
 import signal
 import sys
@@ -43,23 +52,30 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_BAD_INPUT, EXIT_OK
+from . import RESULTS_TOKEN_ENV
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 START_LEAD_S = 2.0
+TOKEN_ENV = RESULTS_TOKEN_ENV
+# Shorter tokens are refused at start: the chart's own are 40 random characters.
+MIN_TOKEN_CHARS = 16
 
 
-def make_handler(directory: Path, clients: int = 0, shapers: int = 0):
+def make_handler(directory: Path, clients: int = 0, shapers: int = 0, token: str | None = None):
     """The request handler class of a results service over ``directory`` whose start barrier
-    waits for ``clients`` clients and ``shapers`` shapers."""
-    return type("Handler", (_Handler,), {"state": _State(directory, clients, shapers)})
+    waits for ``clients`` clients and ``shapers`` shapers. ``token``: what every POST must
+    present as ``Authorization: Bearer``; None accepts any writer (in-process tests only:
+    ``main`` always has one)."""
+    return type("Handler", (_Handler,), {"state": _State(directory, clients, shapers, token)})
 
 
 class _State:
     """What one service holds across requests (under ``lock``), and its Prometheus metrics."""
 
-    def __init__(self, directory: Path, clients: int, shapers: int):
+    def __init__(self, directory: Path, clients: int, shapers: int, token: str | None = None):
         self.directory, self.clients, self.shapers = directory, clients, shapers
+        self.token = token.encode() if token is not None else None
         self.lock = threading.Lock()
         self.ready: dict[str, float] = {}
         self.shaped: dict[str, float] = {}
@@ -71,6 +87,8 @@ class _State:
                                       registry=registry)
         self.appended_lines = Counter("torbed_results_appended_lines", "Records (lines) appended", ["file"],
                                       registry=registry)
+        self.refused = Counter("torbed_results_refused_writes", "POSTs refused for a missing (401) or wrong (403) "
+                               "token", ["code"], registry=registry)
         Gauge("torbed_results_clients_ready", "Clients that reported ready", registry=registry).set_function(
             lambda: len(self.ready))
         Gauge("torbed_results_shapers_reported", "Shapers that reported", registry=registry).set_function(
@@ -128,7 +146,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             data = (st.directory / name).read_bytes()
         self._send(200, "application/octet-stream", data)
 
+    def _authorized(self) -> bool:
+        """Whether this POST presents the service's token; answers 401/403 and logs when not."""
+        want = self.state.token
+        if want is None:
+            return True
+        got = self.headers.get("Authorization") or ""
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), want):
+            return True
+        code, why = (401, "no token") if not got else (403, "wrong token")
+        # Drain a small body, so the writer reads the answer rather than a reset connection.
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        if 0 < length <= 1 << 20:
+            self.rfile.read(length)
+        self.state.refused.labels(str(code)).inc()
+        print(f"{time.strftime('%H:%M:%S')} results: refused POST {self.path[:200]!r} from "
+              f"{self.client_address[0]}: {why}", file=sys.stderr, flush=True)
+        self._reply(code, {"error": f"{why}: writes need the release's results token "
+                                    f"(Authorization: Bearer, from {TOKEN_ENV})"})
+        return False
+
     def do_POST(self):
+        if not self._authorized():
+            self.close_connection = True
+            return
         if self.path.startswith("/peer/"):
             return self._announce(self.path[len("/peer/"):])
         if self.path.startswith("/cache/"):
@@ -197,8 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=1, help="clients the start barrier waits for")
     ap.add_argument("--shapers", type=int, default=0, help="shapers the start barrier waits for")
     args = ap.parse_args(argv)
+    token = (os.environ.get(TOKEN_ENV) or "").strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        print(f"torbed.pods.results: environment variable {TOKEN_ENV}: "
+              f"{'not set' if not token else f'{len(token)} characters'}; the service needs the release's "
+              f"token of at least {MIN_TOKEN_CHARS} characters (the chart passes its Secret "
+              "<release>-results-token, or the value results.token)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args.dir.mkdir(parents=True, exist_ok=True)
-    server = http.server.ThreadingHTTPServer((args.bind, args.port), make_handler(args.dir, args.clients, args.shapers))
+    server = http.server.ThreadingHTTPServer((args.bind, args.port),
+                                             make_handler(args.dir, args.clients, args.shapers, token))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.5)

@@ -45,7 +45,7 @@ from pathlib import Path
 from .. import shaping
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..network import LinkSpec
-from . import load_scenario, log, plan
+from . import load_scenario, log, plan, results_post
 
 
 class TcError(RuntimeError):
@@ -96,8 +96,7 @@ def report_complete(url: str, pod: str) -> bool:
     import urllib.error
     import urllib.request
     try:
-        req = urllib.request.Request(f"{url.rstrip('/')}/shaped/{pod}", data=b"", method="POST")
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(results_post(f"{url.rstrip('/')}/shaped/{pod}"), timeout=5) as r:
             r.read()
         return True
     except (urllib.error.URLError, OSError):
@@ -125,9 +124,8 @@ def announce(url: str, pod: str, group: str, ip: str) -> bool:
     import urllib.error
     import urllib.request
     try:
-        req = urllib.request.Request(f"{url.rstrip('/')}/peer/{pod}", method="POST",
-                                     data=json.dumps({"group": group, "ip": ip}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = results_post(f"{url.rstrip('/')}/peer/{pod}", json.dumps({"group": group, "ip": ip}).encode(),
+                           "application/json")
         with urllib.request.urlopen(req, timeout=5) as r:
             r.read()
         return True

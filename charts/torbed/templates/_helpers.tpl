@@ -166,7 +166,7 @@ Args: (list $root $group).
          {{- range $root.Values.isolation.allowedCIDRs }}, "--allow", {{ . | quote }}{{ end }}]
   env:
     {{- include "torbed.env" $root | nindent 4 }}
-    - {name: TORBED_RESULTS_URL, value: "http://{{ include "torbed.fullname" $root }}-results:8080"}
+    {{- include "torbed.resultsEnv" $root | nindent 4 }}
   securityContext:
     runAsNonRoot: false
     runAsUser: 0

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from . import chart
+from . import chart, leftovers
 from ... import constants, engine, network
 from . import faults as k8s_faults
 from ...pods import UNKNOWN_ARCH, bringup
@@ -91,7 +91,8 @@ class Cluster:
             if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
                 config.load_incluster_config()
             else:
-                config.load_kube_config(context=context)
+                # KUBECONFIG as it is now: the client reads it once, when first imported.
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
         except Exception as e:  # the loaders raise several unrelated types
             raise RunFailed(f"no usable Kubernetes configuration (KUBECONFIG / ~/.kube/config): {e}") from None
         self.ns = namespace
@@ -440,24 +441,39 @@ class K8sBackend:
         # Grafana dashboards once for the whole run, not per release: the chart's per-release
         # ConfigMaps went with each repetition's uninstall, so the run's dashboards came and
         # went between repetitions and were gone when one looked at the run afterwards.
+        # A claim first (leftovers.py), so `torbed clean` removes them if this torbed is killed.
         settings = _set_values(self.extra_set, "dashboards.")
         self.dashboards: list[str] = []
+        self.dashboards_claim = None
         if settings.get("enabled", "true") != "false":
             self.extra_set = ["dashboards.enabled=false", *self.extra_set]
+            self.dashboards_claim = leftovers.write_claim(run.run_dir.name, self.cluster.ns, self.context, run.run_dir)
+            # Inside a pod (the nightly runner: read-only root) no `torbed clean` outlives it to use one.
+            if self.dashboards_claim is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                self.console.log(f"[yellow]warning[/yellow]: cannot write under {leftovers.claim_dir()}: if this run is "
+                                 f"killed, `torbed clean` will not find its dashboards (delete them with kubectl delete "
+                                 f"configmap -l {leftovers.selector(leftovers.run_label(run.run_dir.name))})")
             self.dashboards = create_run_dashboards(self.cluster, run.run_dir.name, settings)
             run.info.setdefault("k8s", {})["dashboards"] = self.dashboards
 
     def finish_run(self, run: engine.Run) -> None:
-        """Remove the run's dashboards (engine: after the last repetition, also when it failed)."""
+        """Remove the run's dashboards (engine: after the last repetition, also when it failed),
+        then their claim; one not deleted keeps the claim, for `torbed clean`."""
+        kept = 0
         for name in getattr(self, "dashboards", []):
             try:
                 self.cluster.core.delete_namespaced_config_map(name, self.cluster.ns)
             except self.cluster.ApiException as e:
                 if e.status != 404:
+                    kept += 1
                     self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: HTTP {e.status}")
             except self.cluster.TransportError as e:
+                kept += 1
                 self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: {e}")
         self.dashboards = []
+        if not kept:
+            leftovers.remove_claim(getattr(self, "dashboards_claim", None))
+        self.dashboards_claim = None
 
     def prepare(self, rep: engine.Repetition) -> None:
         s, st = rep.scenario, rep.state
@@ -796,7 +812,7 @@ def run_dashboards(run_id: str, settings: dict[str, str] | None = None) -> list[
     labelled as the chart labels them (dashboards.label/labelValue/folder, overridable with
     --set) and with torbed.io/run, for Grafana's dashboard sidecar."""
     settings = settings or {}
-    run_label = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[-63:].strip("-_.") or "run"
+    run_label = leftovers.run_label(run_id)
     out = []
     for path in sorted((CHART / "files" / "grafana" / "dashboards").glob("*.json")):
         name = f"torbed-run-{run_label.lower()}"[:63 - len(path.stem) - 1].rstrip("-.") + f"-{path.stem}"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import yaml
 from pydantic import Field
@@ -150,14 +150,69 @@ class NightlyValues(Strict):
     resources: dict = Field(default_factory=dict, description="resources of the runner container")
 
 
+class Measured(NamedTuple):
+    """One container's measured use: memory (MiB) and CPU (cores), and where each came from."""
+    memory_mib: float
+    cpu_cores: float
+    source: str
+
+
+# What each component's container was measured to use (docs/performance.md, `make bench`,
+# this machine). The default requests are these, rounded up (``request_for``); the chart
+# README's "Resource requests" table repeats the sources. Where a value is used by several
+# containers (client: tor and driver; sidecar: collector, shaper, results service), the
+# largest one's figure.
+MEASURED = {
+    "authority": Measured(56.5, 0.027, "RSS at ready in the 750-tor density run 56.5 MiB (peak 48.2 MiB at 100 "
+                                       "relays, 19.9 after 5 min); CPU after ready 0.5-2.7 % of a core "
+                                       "(docs/performance.md: Density, Bring-up)"),
+    "relay": Measured(44.4, 0.037, "peak RSS (VmHWM) median 38.9-44.4 MiB at the first consensus, 13-19 MiB "
+                                   "steady; tor CPU 0.037 cores relaying the quickstart's transfers "
+                                   "(docs/performance.md: Density, Cost of observing)"),
+    "client": Measured(54.3, 0.037, "the measurement driver's Python RSS at start 54.3 MiB (its tor: 12.3 MiB "
+                                    "after 5 min, docs/performance.md Bring-up); CPU: a client's tor carries "
+                                    "what a relay does, 0.037 cores (drivers 0.5 % each: Cost of observing)"),
+    "server": Measured(36.6, 0.02, "the file server's Python RSS at start 36.6 MiB; CPU not measured apart: "
+                                   "20m, half a relay's, for serving at link rate"),
+    "sidecar": Measured(55.5, 0.009, "the results service's peak RSS 55.5 MiB serving an 8.8 MB records file "
+                                     "(it reads a file whole to serve it: more for larger ones); the collector's "
+                                     "Python RSS at start 52.7 MiB, the shaper's 38.1; collector CPU 0.9 % of a "
+                                     "core (docs/performance.md: Cost of observing)"),
+}
+
+
+def request_for(m: Measured) -> dict[str, str]:
+    """Kubernetes requests covering a measurement: memory up to the next 16 MiB, CPU up to
+    the next 10 millicores (never 0)."""
+    memory = max(16, -(-m.memory_mib // 16) * 16)
+    cpu = max(10, -(-round(m.cpu_cores * 1000, 3) // 10) * 10)
+    return {"cpu": f"{int(cpu)}m", "memory": f"{int(memory)}Mi"}
+
+
+def default_resources(component: str) -> dict:
+    """The chart's default resources of a component: requests only. No memory limit (a tor
+    over its request at the first consensus's peak must not be killed) and no CPU limit
+    (cpu faults set one themselves)."""
+    return {"requests": request_for(MEASURED[component])}
+
+
+def _resources_field(component: str, description: str):
+    return Field(default_factory=lambda: default_resources(component),
+                 description=f"{description}; default: requests from measured use ({MEASURED[component].source})")
+
+
 class Resources(Strict):
-    authority: dict = Field(default_factory=dict, description="resources of authority tor containers")
-    relay: dict = Field(default_factory=dict, description="resources of relay tor containers (overridden by nothing: the scenario has no per-group resources)")
-    client: dict = Field(default_factory=dict, description="resources of client pods' containers")
-    server: dict = Field(default_factory=dict, description="resources of server containers")
-    sidecar: dict = Field(default_factory=dict, description="resources of collector, shaper and shipper sidecars")
+    authority: dict = _resources_field("authority", "resources of authority tor containers")
+    relay: dict = _resources_field("relay", "resources of relay tor containers (the scenario has no per-group "
+                                            "resources)")
+    client: dict = _resources_field("client", "resources of each of a client pod's containers (tor, driver)")
+    server: dict = _resources_field("server", "resources of server containers (file server, replay server)")
+    sidecar: dict = _resources_field("sidecar", "resources of collector and shaper sidecars, the results service "
+                                                "and helm test's pod")
     load: dict = Field(default_factory=dict, description="resources of the background-load pods' containers (Locust "
-                                                         "master, each load worker's tor and Locust worker)")
+                                                         "master, each load worker's tor and Locust worker); no "
+                                                         "default: their use grows with load.users (docs/performance.md: "
+                                                         "Background load)")
 
 
 # Inline traces travel in the Helm release (a Secret, at most 1 MiB with the chart) and in a
@@ -182,6 +237,13 @@ class TestValues(Strict):
                                 "helm test --timeout of at least this plus 20 s (helm's default wait is 5 minutes)")
 
 
+class ResultsValues(Strict):
+    token: str = Field("", pattern=r"^$|^[A-Za-z0-9._~+/=-]{16,256}$",
+                       description="Token every write to the results service presents (16-256 characters of "
+                                   "A-Za-z0-9._~+/=-); empty: 40 random characters made at install. Kept in the "
+                                   "Secret <release>-results-token; writes without it are refused (401/403)")
+
+
 class ChartValues(Strict):
     """Keys of the chart's values that are not part of a scenario."""
     variant: str = Field("", description="Which of the scenario's variants this release deploys (empty: the baseline)")
@@ -195,6 +257,7 @@ class ChartValues(Strict):
     dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
     chaosMesh: ChaosMeshValues = Field(default_factory=ChaosMeshValues)
     resources: Resources = Field(default_factory=Resources)
+    results: ResultsValues = Field(default_factory=ResultsValues)
     replayTraces: ReplayTraces = Field(default_factory=ReplayTraces)
     clusterDomain: str = Field("cluster.local", description="The cluster's DNS domain (authority Services are resolved at pod start)")
     nightly: NightlyValues = Field(default_factory=NightlyValues)

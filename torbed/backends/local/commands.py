@@ -79,9 +79,18 @@ def register_prometheus(sub, fmt) -> None:
 
 def cmd_clean(args) -> int:
     from . import lifetime
+    from ..k8s import leftovers
+    k8s = leftovers.clean(console, force=args.force)
+    if k8s["runs"] or k8s["failed"] or k8s["live"]:
+        console.print(f"Kubernetes: removed the dashboards of {k8s['runs']} run(s) whose torbed was gone "
+                      f"({k8s['configmaps']} ConfigMap(s)); left {k8s['live']} live run(s) alone"
+                      + (f"; {len(k8s['failed'])} cluster(s) not reachable, try again" if k8s["failed"] else ""),
+                      highlight=False)
+    # A cluster not reached: its dashboards may still be there (the claim is kept): exit 1.
+    code = EXIT_FAILED if k8s["failed"] else EXIT_OK
     if os.geteuid() != 0:
         console.print("nothing to clean: unprivileged runs live in a user namespace that dies with them")
-        return EXIT_OK
+        return code
     out = lifetime.clean(console, force=args.force)
     console.print(f"cleaned {out['runs']} run(s) whose torbed was gone, removed {out['namespaces']} namespace(s); "
                   f"left {out['live']} live run(s) alone", highlight=False)
@@ -89,16 +98,18 @@ def cmd_clean(args) -> int:
         console.print(f"[yellow]left alone[/yellow]: {len(out['unclaimed'])} namespace(s) no run claims, which may "
                       f"still be in use ({', '.join(out['unclaimed'][:5])}{', ...' if len(out['unclaimed']) > 5 else ''});"
                       " --force removes them", highlight=False)
-    return EXIT_OK
+    return code
 
 
 def register_clean(sub, fmt) -> None:
     p = sub.add_parser("clean", help="remove what runs killed with SIGKILL left behind", formatter_class=fmt,
                        description="Stop and remove the processes, namespaces, scratch directories and fault "
                                    "cgroups of every run whose torbed is gone (its lock is free), and mark its "
-                                   "meta.json and run.json 'killed'. Runs still going are left alone, so it is "
+                                   "meta.json and run.json 'killed'; for a `--backend k8s` run, the Grafana "
+                                   "dashboard ConfigMaps it made for the run. Runs still going are left alone, so it is "
                                    "safe beside other runs. A killed run normally does this itself (its watchdog); "
-                                   "this covers a watchdog killed too.")
+                                   "this covers a watchdog killed too. Exit 1 when a cluster holding a killed "
+                                   "run's dashboards cannot be reached (they are tried again next time).")
     p.add_argument("--force", action="store_true",
                    help="also remove runs that look alive and namespaces no run claims")
     p.set_defaults(func=cmd_clean)
