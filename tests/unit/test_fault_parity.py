@@ -103,8 +103,8 @@ class PodCtx:
     def signal_tor(self, pod, sig, hold=False):
         return k8s.Ctx.signal_tor(self, pod, sig, hold)
 
-    def hold(self, pod, on):
-        return k8s.Ctx.hold(self, pod, on)
+    def hold(self, pod, on, wait_s=0.0):
+        return k8s.Ctx.hold(self, pod, on, wait_s)
 
     def create(self, obj):
         self.calls.append(("create", obj["spec"]["action"]))
@@ -154,11 +154,23 @@ def test_k8s_restart_is_sigterm_held_for_its_duration_and_released_only_on_time(
     assert "touch" not in ctx.calls[0][1] and "kill -TERM" in ctx.calls[0][1]
 
 
-def test_a_failed_hold_fails_the_fault():
+def test_a_failed_hold_fails_the_fault_and_a_container_not_yet_started_is_waited_for():
     ctx = PodCtx()
     ctx.exec_tor = lambda pod, script, what: "rm: cannot remove: Read-only file system"
     with pytest.raises(RunFailed, match="could not remove"):
         k8s.Ctx.hold(ctx, "r-middle-0", False)
+    answers = [RunFailed('exec in r-middle-0 (fault hold): container not found ("tor")')] * 2 + ["held:0"]
+
+    def exec_tor(pod, script, what):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    ctx.exec_tor = exec_tor
+    assert k8s.Ctx.hold(ctx, "r-middle-0", False, wait_s=5) >= 1.0 and answers == []
+    answers[:] = [RunFailed('exec in r-middle-0 (fault hold): container not found ("tor")')] * 3
+    with pytest.raises(RunFailed, match="container not found"):
+        k8s.Ctx.hold(ctx, "r-middle-0", False, wait_s=0.6)
 
 
 def test_the_mechanism_is_in_faults_jsonl_and_the_report(tmp_path):

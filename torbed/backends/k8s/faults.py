@@ -59,6 +59,7 @@ SIGNAL_TOR = ('%s p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" =
 # The chart's tor container waits while this exists instead of starting tor (kill, restart's downtime).
 HOLD = "/run/torbed/fault-hold"
 HOLD_ON = f"touch {HOLD} &&"
+HOLD_WAIT_S = 60.0   # for the kubelet to start a held container again (its back-off is refused longer)
 # The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
 CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
 SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper", "fault"]   # the chart's shaper image
@@ -223,11 +224,22 @@ class Ctx:
             raise RunFailed(f"SIG{sig} to tor in {pod}: {out.strip()[-300:]}")
         return " ".join(out.split("signalled:", 1)[1].split()) or "?"
 
-    def hold(self, pod: str, on: bool) -> None:
-        """Mark the pod held (its tor container does not start tor) or release it."""
-        out = self.exec_tor(pod, f"{'touch' if on else 'rm -f'} {HOLD} && echo held:{int(on)}", "fault hold")
+    def hold(self, pod: str, on: bool, wait_s: float = 0.0) -> float:
+        """Mark the pod held (its tor container does not start tor) or release it; waits up to
+        ``wait_s`` for a tor container that is not running yet (the kubelet starts it again
+        after the signal: on a loaded node that took over 3 s). Returns how long it waited."""
+        t0 = time.time()
+        while True:
+            try:
+                out = self.exec_tor(pod, f"{'touch' if on else 'rm -f'} {HOLD} && echo held:{int(on)}", "fault hold")
+                break
+            except RunFailed as e:
+                if "container not found" not in str(e) and "not running" not in str(e) or time.time() - t0 > wait_s:
+                    raise
+                time.sleep(0.5)
         if f"held:{int(on)}" not in out:
             raise RunFailed(f"pod {pod}: could not {'set' if on else 'remove'} {HOLD}: {out.strip()[-300:]}")
+        return time.time() - t0
 
     def tor_exits(self, pod: str) -> dict:
         """The tor container's restarts so far and when it last exited (Unix s, or None)."""
@@ -333,10 +345,13 @@ class Restart(Action):
             return "nothing to undo (the kubelet starts tor again)"
         if reason != "duration":   # the run is over: as locally, not started again
             return f"not started again ({reason}): {', '.join(self.pods)} stay held"
-        for pod in self.pods:
-            ctx.hold(pod, False)
+        waited = {pod: ctx.hold(pod, False, wait_s=HOLD_WAIT_S) for pod in self.pods}
         self.held = False
-        return "hold released (tor starts again): " + ", ".join(self.pods)
+        # The undo record's time is the release: later than planned when the kubelet had not
+        # started the container again by then (the downtime then ran longer: recorded).
+        return "hold released (tor starts again): " + ", ".join(
+            p + (f" (its container started again only {w:.1f} s after the planned end)" if w >= 0.5 else "")
+            for p, w in waited.items())
 
 
 class Pause(Action):
