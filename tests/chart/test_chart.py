@@ -161,7 +161,7 @@ def chaos_manifests(tools, values: Path) -> list[dict]:
 
 def test_chaos_mesh_controller_manifests_validate(tools):
     """hack/cluster/chaos-mesh.sh's manifests for Chaos Mesh's controller-manager (e2e runs them:
-    tests/e2e/test_chaos_mesh_k8s.py) against the Kubernetes schemas, strictly."""
+    tests/e2e/test_faults_k8s.py) against the Kubernetes schemas, strictly."""
     m = run(tools, "bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh"), "manifests")
     assert m.returncode == 0, show(m)
     env = tools["env"]
