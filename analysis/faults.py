@@ -72,7 +72,7 @@ def fault_rows(run: Run) -> list[dict]:
                                and t_off is not None and (t.get("t_last_byte") or 0) >= t_off)
             rows.append({
                 "variant": r.variant, "rep": r.index, "fault": i, "kind": a.get("kind"),
-                "what": _describe(p), "done": a.get("done"),
+                "what": _describe(p), "done": a.get("done"), "mechanism": a.get("mechanism"),
                 "apply_s": t_on - r.t0, "apply_late_s": t_on - a["t_planned"] if a.get("t_planned") else None,
                 "undo_s": None if t_off is None else t_off - r.t0,
                 "undo_late_s": None if t_off is None or not u.get("t_planned") else t_off - u["t_planned"],

@@ -373,10 +373,12 @@ def _fault_blocks(s: dict) -> list[tuple]:
                   "Transfers are split by their start: before the fault was applied, during it, after it "
                   "was undone, up to the next fault (warm-up transfers included, cancelled ones not). Recovery: from the undo to "
                   "the last byte of the first successful transfer completing after it. A fault without a "
-                  "duration lasts to the end of the workload (no 'after'); a kill is never undone."),
-            ("table", ["variant", "rep", "fault", "applied (s)", "undone (s)", "before", "during", "after",
-                       "recovery (s)"],
-             [[r["variant"], str(r["rep"]), f"{r['fault']}: {r['what']}", num(r["apply_s"]),
+                  "duration lasts to the end of the workload (no 'after'); a kill is never undone. "
+                  "Mechanism: how this backend carried the fault out (a kind means the same on every backend)."),
+            ("table", ["variant", "rep", "fault", "mechanism", "applied (s)", "undone (s)", "before", "during",
+                       "after", "recovery (s)"],
+             [[r["variant"], str(r["rep"]), f"{r['fault']}: {r['what']}", r.get("mechanism") or DASH,
+               num(r["apply_s"]),
                num(r["undo_s"]) if r["undo_s"] is not None else ("end" if r["undone_at_end"] else "never"),
                phase(r["before"]), phase(r["during"]), phase(r["after"]), num(r["recover_s"], "{:.2f}")]
               for r in rows])]

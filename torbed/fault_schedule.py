@@ -24,8 +24,10 @@ from .scenario import Fault, fault_nodes
 
 
 class Action:
-    """One fault in force. ``apply`` and ``undo`` return what they did (one line)."""
+    """One fault in force. ``apply`` and ``undo`` return what they did (one line);
+    ``mechanism`` says how the backend carried it out (faults.jsonl, the report's timeline)."""
     undoable = True
+    mechanism: str | None = None
 
     def __init__(self, index: int, fault: Fault, nodes: list[str]):
         self.index, self.fault, self.nodes = index, fault, nodes
@@ -114,6 +116,8 @@ class FaultRunner:
             self._record(i, f, "apply", t_planned=due, t_done=time.time(), error=str(e))
             raise RunFailed(f"faults[{i}] ({f.kind} {f.target or ' / '.join(f.between)}) could not be applied: {e}")
         extra = getattr(action, "record", {})   # what else an action wants kept (k8s: pods, objects)
+        # How the fault was carried out on this backend (the kind's meaning is the same on each).
+        extra = {"mechanism": getattr(action, "mechanism", None), **extra}
         self._record(i, f, "apply", t_planned=due, t_done=time.time(), done=done, t=t,
                      pids=getattr(action, "pids", None),
                      cgroup=str(action.group) if getattr(action, "group", None) else None, **extra)

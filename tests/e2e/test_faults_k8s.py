@@ -1,46 +1,91 @@
-"""pause, restart and cpu faults on Kubernetes without Chaos Mesh (the paths that run on this
-cluster; docs/faults.md): one `torbed run --backend k8s` of the quickstart with a CPU limit
-lowered in place on exit0, then a pause of exit0, then a restart of guard0. What the test
-sees from outside the run: the tor container's CFS quota (read in the pod while the run
-goes on), the transfers (none completes while exit0, on every path, is stopped), the guard's
-container restart count, and faults.jsonl."""
+"""Process and cpu faults on Kubernetes mean what they mean locally, with Chaos Mesh enabled
+too (issue 42; docs/faults.md "One meaning per kind"): one `torbed run --backend k8s --set
+chaosMesh.enabled=true` of the quickstart, with Chaos Mesh's controller-manager (built from
+its Go module by hack/cluster/chaos-mesh.sh) running: a CPU cap on exit0 (a CFS quota, not a
+StressChaos), a pause of exit0, a restart of guard0 with 4 s of downtime (SIGTERM, the pod
+held), then a kill of guard0 (SIGKILL, and it stays down; the chart renders a container-kill,
+and without chaos-daemon torbed sends the same SIGKILL itself and says why). What the test
+sees from outside the run: the tor container's CFS quota and guard0's tor process and
+container status (read in the pods while the run goes on), the transfers, and faults.jsonl.
+One release for all of it: CI time (issue 44)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 import time
 
 import pytest
 import yaml
 
-from conftest import QUICKSTART, exec_in, leftovers, records, torbed_run
+from conftest import QUICKSTART, REPO, exec_in, leftovers, records, torbed_run
 
 pytestmark = pytest.mark.e2e
+CHAOS_MESH = ["bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh")]
+# guard0's tor processes and its tor container's exits, from inside and from the API.
+TOR_PROCS = "n=0; for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = tor ] && n=$((n+1)); done; echo $n"
 CPU_QUOTA = ("cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || "
              "cut -d' ' -f1 /sys/fs/cgroup/cpu.max")   # cgroup v1 here; v2 elsewhere
 
 
-class QuotaWatch:
-    """(t0, t1, CFS quota of exit0's tor container) about once a second during the run: the
-    quota was read at some time between t0 and t1 (an exec takes a while)."""
+@pytest.fixture(scope="module")
+def chaos_mesh(cluster):
+    """The controller-manager running in namespace chaos-mesh; removed afterwards."""
+    t0 = time.time()
+    b = subprocess.run([*CHAOS_MESH, "build"], capture_output=True, text=True)
+    if b.returncode != 0:
+        pytest.fail(f"Chaos Mesh's controller-manager could not be built from its Go module:\n"
+                    f"{b.stderr[-3000:]}", pytrace=False)
+    tarball = b.stdout.strip().splitlines()[-1]
+    print(f"controller-manager image ready after {time.time() - t0:.1f} s ({b.stderr.strip()[-200:]})")
+    if cluster["local"]:   # also when KUBECONFIG already points at it (make e2e-cluster)
+        ld = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "cluster.sh"), "load-image", tarball],
+                            capture_output=True, text=True)
+        assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
+    env = {**os.environ, "KUBECONFIG": cluster["kubeconfig"]}
+    t0 = time.time()
+    up = subprocess.run([*CHAOS_MESH, "up"], capture_output=True, text=True, env=env)
+    try:
+        assert up.returncode == 0, f"hack/cluster/chaos-mesh.sh up failed:\n{up.stdout[-2000:]}\n{up.stderr[-4000:]}"
+        print(f"controller-manager running {time.time() - t0:.1f} s after `up`")
+        yield env
+    finally:
+        subprocess.run([*CHAOS_MESH, "down"], capture_output=True, text=True, env=env)
+
+
+class Watch:
+    """About once a second during the run: (t0, t1, value) for exit0's CFS quota and guard0's
+    number of tor processes (each read in the pod at some time between t0 and t1: an exec
+    takes a while), and (t, restart count, last exit code) of guard0's tor container."""
 
     def __init__(self, kube):
-        self.kube, self.samples, self.stop = kube, [], threading.Event()
+        self.kube, self.stop = kube, threading.Event()
+        self.quota, self.tors, self.exits = [], [], []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def _sample(self, core, group, script, into):
+        pods = core.list_namespaced_pod("default", label_selector=f"app.kubernetes.io/component=relay,torbed.io/group={group}")
+        running = [p for p in pods.items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        if not running:
+            return None
+        t0 = time.time()
+        out = exec_in(self.kube, running[0].metadata.name, "tor", script).strip()
+        into.append((t0, time.time(), out))
+        return running[0]
 
     def _run(self):
         core = self.kube.CoreV1Api()
         while not self.stop.is_set():
             try:
-                pods = core.list_namespaced_pod(
-                    "default", label_selector="app.kubernetes.io/component=relay,torbed.io/group=exit").items
-                running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-                if running:
-                    t0 = time.time()
-                    out = exec_in(self.kube, running[0].metadata.name, "tor", CPU_QUOTA).strip()
-                    self.samples.append((t0, time.time(), out))
+                self._sample(core, "exit", CPU_QUOTA, self.quota)
+                pod = self._sample(core, "guard", TOR_PROCS, self.tors)
+                st = next((c for c in (pod.status.container_statuses or []) if c.name == "tor"), None) if pod else None
+                if st is not None:
+                    term = st.last_state.terminated if st.last_state else None
+                    self.exits.append((time.time(), st.restart_count, term.exit_code if term else None))
             except Exception:
                 pass
             self.stop.wait(1.0)
@@ -50,47 +95,71 @@ class QuotaWatch:
         self.thread.join()
 
 
-def test_pause_restart_and_cpu_faults_on_kubernetes(kube, tmp_path):
+def test_process_and_cpu_faults_mean_the_same_on_kubernetes(kube, chaos_mesh, tmp_path):
     data = yaml.safe_load(QUICKSTART.read_text())
-    # Gaps sized from a run on the 2-core machine: the kubelet resized the quota 0.5 s after
+    # Gaps sized from runs on the 2-core machine: the kubelet resized the quota 0.5 s after
     # the patch and back in 0.2 s (the watch reads it about once a second: 7 s during, 5 s
-    # after), and the first transfer succeeded 1.4 s after guard0's restart (11 s left here).
+    # after), and the first transfer succeeded 1.4 s after guard0's restart.
     data["faults"] = [{"at": "5s", "kind": "cpu", "target": "exit0", "cpu": "5%", "duration": "9s"},
                       {"at": "19s", "kind": "pause", "target": "exit0", "duration": "8s"},
-                      {"at": "31s", "kind": "restart", "target": "guard0"}]
+                      {"at": "31s", "kind": "restart", "target": "guard0", "duration": "4s"},
+                      {"at": "50s", "kind": "kill", "target": "guard0"}]
     scenario = tmp_path / "faults.yaml"
     scenario.write_text(yaml.safe_dump(data))
-    watch = QuotaWatch(kube)
+    watch = Watch(kube)
     try:
-        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "42s")
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "58s",
+                                "--set", "chaosMesh.enabled=true")
     finally:
         watch.close()
     assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]
     rep = run_dir / "vanilla" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
     rel = meta["release"]
-    assert meta["chaos_mesh"] is False and not meta.get("teardown_errors"), meta
+    assert meta["chaos_mesh"] is True and not meta.get("teardown_errors"), meta
     recs = records(rep / "faults.jsonl")
     ev = {(r["fault"], r["event"]): r for r in recs}
-    for i in range(3):
+    # On time, within what a loaded 2-core machine allows: the backend's loop copies records
+    # out between faults (a pause came 1.7 s late under load average 20-40), and the first
+    # fault cannot come before the runner exists (bring-up's provenance reads ran until 11 s
+    # after the workload start in one run): lateness from the later of the two.
+    t_runner = ev[(0, "planned")]["t"]
+    for i in range(4):
         assert not [r for r in recs if r["fault"] == i and r.get("error")], recs
-        assert 0 <= ev[(i, "apply")]["t"] - ev[(i, "apply")]["t_planned"] < 1.5, ev[(i, "apply")]
-    for i in (0, 1):   # undone at the end of their duration, on time
-        assert ev[(i, "undo")]["reason"] == "duration" and 0 <= ev[(i, "undo")]["t"] - ev[(i, "undo")]["t_planned"] < 1.5
+        assert 0 <= ev[(i, "apply")]["t"] - max(ev[(i, "apply")]["t_planned"], t_runner) < 5, ev[(i, "apply")]
+    for i in (0, 1, 2):   # undone at the end of their duration, on time
+        assert ev[(i, "undo")]["reason"] == "duration" and 0 <= ev[(i, "undo")]["t"] - ev[(i, "undo")]["t_planned"] < 5
+    print("late by (s): " + ", ".join(f"{ev[(i, 'apply')]['t'] - ev[(i, 'apply')]['t_planned']:.2f}" for i in range(4))
+          + f"; runner created {t_runner - meta['t_workload_start']:.1f} s after the workload start")
+    print("mechanisms: " + "; ".join(f"{ev[(i, 'apply')]['kind']}: {ev[(i, 'apply')]['mechanism']}" for i in range(4)))
+    _check_cpu(watch, meta, ev)
+    _check_pause(rep, ev, rel)
+    _check_restart_and_kill(watch, rep, meta, ev, rel)
+    # No Chaos Mesh object was created: the kill had no chaos-daemon to carry it out.
+    assert "chaos_objects" not in meta, meta.get("chaos_objects")
+    assert [f["kind"] for f in meta["faults"]] == ["cpu", "pause", "restart", "kill"]
+    assert [f["mechanism"] for f in meta["faults"]] == [ev[(i, "apply")]["mechanism"] for i in range(4)]
+    assert leftovers(kube, rel) == []
 
-    # cpu: the kubelet changed the container's CFS quota in place (no restart) and set it back.
+
+def _check_cpu(watch, meta, ev):
+    """A cap with Chaos Mesh too: the kubelet changed the container's CFS quota in place (no
+    restart, no stressor) and set it back."""
     cpu_apply, cpu_undo = ev[(0, "apply")], ev[(0, "undo")]
-    assert cpu_apply["limits_before"] == {f"{rel}-exit-0": "1"}, cpu_apply
-    quota = lambda t0, t1: {q for a, b, q in watch.samples if t0 < a and b < t1}  # noqa: E731
+    assert cpu_apply["mechanism"].startswith("torbed: CFS quota 5000 us per 100 ms"), cpu_apply
+    assert cpu_apply["limits_before"] == {f"{meta['release']}-exit-0": "1"}, cpu_apply
+    quota = lambda t0, t1: {q for a, b, q in watch.quota if t0 < a and b < t1}  # noqa: E731
     before = quota(meta["t_workload_start"] - 30, cpu_apply["t"])
     during = quota(cpu_apply["t_done"], cpu_undo["t"])
     after = quota(cpu_undo["t_done"], ev[(1, "apply")]["t"])
     print(f"exit0's tor CFS quota (us per 100 ms): before {before}, during the cpu fault {during}, after {after}; "
           f"the kubelet applied the resize {cpu_apply['resize_s']} s after the patch")
     assert before == {"100000"} and during == {"5000"} and after == {"100000"}, \
-        [(round(a - cpu_apply["t"], 2), round(b - cpu_apply["t"], 2), q) for a, b, q in watch.samples]
+        [(round(a - cpu_apply["t"], 2), round(b - cpu_apply["t"], 2), q) for a, b, q in watch.quota]
 
-    # pause: nothing completes while exit0's tor is stopped (every path ends there), then it does.
+
+def _check_pause(rep, ev, rel):
+    """Nothing completes while exit0's tor is stopped (every path ends there), then it does."""
     pause, resume = ev[(1, "apply")], ev[(1, "undo")]
     assert pause["done"].startswith(f"SIGSTOP tor in {rel}-exit-0 (pid "), pause
     transfers = records(rep / "transfers.jsonl")
@@ -99,14 +168,27 @@ def test_pause_restart_and_cpu_faults_on_kubernetes(kube, tmp_path):
     assert [t for t in transfers if t["status"] == "ok" and t["t_last_byte"] > resume["t_done"]], \
         "no transfer completed after exit0 resumed"
 
-    # restart: guard0's tor container restarted once in the same pod; transfers afterwards.
-    restart = ev[(2, "apply")]
-    assert restart["pods"] == [f"{rel}-guard-0"] and restart["done"].startswith("SIGTERM to tor"), restart
-    assert meta["pod_restarts"].get(f"{rel}-guard-0") == 1, meta["pod_restarts"]
-    ok_after = [t for t in transfers if t["status"] == "ok" and t["t_start"] > restart["t"]]
-    print(f"after the restart of guard0: {len(ok_after)} transfers succeeded (first started "
-          f"{min((t['t_start'] for t in ok_after), default=float('nan')) - restart['t']:.1f} s after it)")
-    assert ok_after, "no transfer succeeded after guard0's tor restarted"
-    # meta.json lists each applied fault with its undo time; the report has a Faults section.
-    assert [f["kind"] for f in meta["faults"]] == ["cpu", "pause", "restart"]
-    assert leftovers(kube, rel) == []
+
+def _check_restart_and_kill(watch, rep, meta, ev, rel):
+    """restart: SIGTERM (tor exits 0), no tor while the pod is held, tor again after; kill:
+    SIGKILL (exit 137), no tor from then on; both in the same pod."""
+    restart, released, kill = ev[(2, "apply")], ev[(2, "undo")], ev[(3, "apply")]
+    assert restart["pods"] == [f"{rel}-guard-0"] and restart["signal"] == "SIGTERM", restart
+    assert restart["mechanism"].startswith("torbed: SIGTERM") and restart["kubelet_backoff_s"] == {f"{rel}-guard-0": 0}
+    assert kill["signal"] == "SIGKILL" and kill["mechanism"].startswith("torbed: SIGKILL"), kill
+    assert "chaos-daemon" in kill["chaos_mesh_not_used"], kill
+    tors = lambda t0, t1: {n for a, b, n in watch.tors if t0 < a and b < t1}  # noqa: E731
+    held, back = tors(restart["t_done"] + 1.5, released["t"]), tors(released["t_done"] + 3, kill["t"])
+    down = tors(kill["t_done"] + 3, float("inf"))   # to the release's uninstall (deleting pods are not read)
+    print(f"guard0's tor processes: held {held}, released {back}, killed {down}; container "
+          f"(restarts, last exit code) {sorted({(n, c) for _, n, c in watch.exits})}")
+    assert held == {"0"} and back == {"1"} and down == {"0"}, \
+        [(round(a - restart["t"], 1), n) for a, _, n in watch.tors if a > restart["t"] - 3]
+    exits = {(n, c) for t, n, c in watch.exits}
+    assert (1, 0) in exits and (2, 137) in exits, exits   # SIGTERM: tor exits 0; SIGKILL: 128 + 9
+    assert meta["pod_restarts"].get(f"{rel}-guard-0") == 2, meta["pod_restarts"]
+    transfers = records(rep / "transfers.jsonl")
+    ok_after = [t for t in transfers if t["status"] == "ok" and released["t"] < t["t_start"] < kill["t"]]
+    print(f"after guard0's release: {len(ok_after)} transfers succeeded (first started "
+          f"{min((t['t_start'] for t in ok_after), default=float('nan')) - released['t']:.1f} s after it)")
+    assert ok_after, "no transfer succeeded after guard0's tor started again"

@@ -204,7 +204,7 @@ def _chaos_dry_run(kube, helm, values: Path, tmp_path: Path) -> None:
                            capture_output=True, text=True, env=helm["env"], check=True).stdout
         cm = yaml.safe_load(t)
         chaos = [yaml.safe_load(v) for _, v in sorted(cm["data"].items())]
-        assert [o["kind"] for o in chaos] == ["PodChaos", "PodChaos", "StressChaos"]
+        assert [(o["kind"], o["spec"]["action"]) for o in chaos] == [("PodChaos", "container-kill")]
         custom = kube.CustomObjectsApi()
         for obj in chaos:
             custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", "default", obj["kind"].lower(), obj,

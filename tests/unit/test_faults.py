@@ -194,7 +194,8 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
     fault = {"type": "fault", "fault": 0, "kind": "link", "target": None, "between": ["web", "guard"],
              "params": {"partition": True}}
     recs = [{**fault, "event": "planned", "t_apply_planned": t0 + 10, "t_undo_planned": t0 + 20},
-            {**fault, "event": "apply", "t": t0 + 10.1, "t_planned": t0 + 10, "done": "linkemu: partition"},
+            {**fault, "event": "apply", "t": t0 + 10.1, "t_planned": t0 + 10, "done": "linkemu: partition",
+             "mechanism": "linkemu: runtime link change"},
             {**fault, "event": "undo", "t": t0 + 20.0, "t_planned": t0 + 20, "reason": "duration"},
             {"type": "fault", "fault": 1, "kind": "kill", "target": "middle0", "between": None, "params": {},
              "event": "apply", "t": t0 + 40, "t_planned": t0 + 40}]
@@ -207,6 +208,7 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
     assert len(rows) == 2
     r = rows[0]
     assert r["what"] == "link web <-> guard (partition)"
+    assert r["mechanism"] == "linkemu: runtime link change" and rows[1]["mechanism"] is None
     assert r["apply_s"] == pytest.approx(10.1) and r["apply_late_s"] == pytest.approx(0.1)
     assert r["undo_s"] == pytest.approx(20.0)
     assert r["before"] == {"transfers": 3, "ok": 2, "errors": 1, "causes": {"timeout": 1}}
@@ -222,7 +224,7 @@ def test_report_splits_transfers_around_each_fault_and_measures_recovery(tmp_pat
 
 def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster():
     """A link fault's delay/jitter/loss (sch_netem), a link fault naming one pod of a
-    server group behind one Service, and a restart's downtime are not done on Kubernetes:
+    server group behind one Service, and a restart the kubelet's back-off would lengthen are not done on Kubernetes:
     refused as input (exit 2) naming the scenario file and the field; the other kinds pass
     (rate and partition link faults too: the shaper sidecar)."""
     from pathlib import Path
@@ -248,10 +250,13 @@ def test_k8s_backend_refuses_kinds_it_cannot_inject_before_touching_the_cluster(
     assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.link.node"]
     with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.between\[1\]: www1: .*name the whole group"):
         K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
+    # A restart's downtime runs there now (the pod held); a second restart of the same relay
+    # within the kubelet's back-off is refused (tests/unit/test_fault_parity.py).
     s = scenario.parse(with_faults({"at": "20s", "kind": "restart", "target": "middle1", "duration": "5s"},
+                                   {"at": "30s", "kind": "restart", "target": "middle1"},
                                    {"at": "40s", "kind": "cpu", "target": "middle0", "cpu": "10%", "duration": "5s"}))
-    assert [f for f, _ in unsupported(s, K8sBackend)] == ["faults.restart.downtime"]
-    with pytest.raises(InputError, match=r"^s\.yaml: faults\[0\]\.duration: a restart's duration"):
+    assert unsupported(s, K8sBackend) == []
+    with pytest.raises(InputError, match=r"^s\.yaml: faults\[1\]\.duration: restart of middle1 at 30s .*exit #2"):
         K8sBackend(console=None, scenario_path=Path("s.yaml")).preflight(s)
 
 

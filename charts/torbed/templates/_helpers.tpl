@@ -256,7 +256,15 @@ Args: (list $root $group).
 - name: tor
   image: {{ $image }}
   imagePullPolicy: {{ $root.Values.images.pullPolicy }}
+  {{- if and (eq $role "relay") (or (include "torbed.hasFault" (list $root "kill" $group)) (include "torbed.hasFault" (list $root "restart" $group))) }}
+  {{- /* A kill keeps the relay down and a restart keeps it down for its duration, as on the
+  local backend: torbed marks the pod held (/run/torbed/fault-hold, an emptyDir that outlives
+  the container) before the signal, and the container the kubelet starts again waits while
+  the mark is there. */}}
+  command: ["/bin/bash", "-c", "trap 'exit 0' TERM; while [ -e /run/torbed/fault-hold ]; do sleep 0.2 & wait $!; done; exec /usr/local/bin/torbed-node"]
+  {{- else }}
   command: ["/usr/local/bin/torbed-node"]
+  {{- end }}
   env:
     {{- include "torbed.env" $root | nindent 4 }}
     - {name: TORBED_ROLE, value: {{ $role | quote }}}
@@ -277,10 +285,11 @@ Args: (list $root $group).
     {{- include "torbed.containerSecurity" $root | nindent 4 }}
   resources:
     {{- $res := deepCopy (index $root.Values.resources $role) }}
-    {{- if and (eq $role "relay") (not $root.Values.chaosMesh.enabled) (include "torbed.hasFault" (list $root "cpu" $group)) }}
+    {{- if and (eq $role "relay") (include "torbed.hasFault" (list $root "cpu" $group)) }}
     {{- /* A cpu fault lowers this limit in place (the pod's resize subresource): the
     container needs one to start with (one core, as the fault's percent is of one core),
-    and keeps the pod's QoS class while it changes. */}}
+    and keeps the pod's QoS class while it changes. With Chaos Mesh too: a cpu fault is
+    a cap on every backend, never a competing stressor. */}}
     {{- $limits := $res.limits | default dict }}
     {{- if not (hasKey $limits "cpu") }}
     {{- $_ := set $limits "cpu" "1" }}

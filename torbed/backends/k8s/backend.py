@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from . import chart, leftovers
+from . import backoff, chart, leftovers
 from ... import constants, engine, network
 from . import faults as k8s_faults
 from ...pods import UNKNOWN_ARCH, bringup
@@ -372,8 +372,6 @@ class K8sBackend:
         "faults.link.node": "a link fault naming one node of a server group of several pods or of the load "
                             "nodes: their pods have no address of their own in the cluster's DNS (a Service "
                             "balances across them); name the whole group",
-        "faults.restart.downtime": "a restart's duration (downtime): on Kubernetes the kubelet starts the tor "
-                                   "container again at once, so only duration 0 (the default) runs there",
         "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
                "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
@@ -410,9 +408,8 @@ class K8sBackend:
                                          "run it with --backend local")
                 for field, name in engine.link_node_names(scenario, f):
                     raise InputError(f"{where}faults[{i}].{field}: {name}: {self.unsupported['faults.link.node']}")
-            if f.kind == "restart" and f.duration is not None and f.duration.seconds > 0:
-                raise InputError(f"{where}faults[{i}].duration: {self.unsupported['faults.restart.downtime']}; "
-                                 "run it with --backend local")
+        for field, why in backoff.problems(scenario):   # the kubelet's crash back-off
+            raise InputError(f"{where}{field}: {why}")
         if any(g.cpu != "native" or g.cpu_per_thread is not None for g in scenario.network.relays.values()):
             raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
         if scenario.samples:   # first: samples need weights, and this is the one to name

@@ -2,16 +2,22 @@
 ``torbed.fault_schedule.FaultRunner`` (the same schedule and faults.jsonl timeline as the local
 backend) with actions that act on pods. Which path each kind takes (docs/faults.md):
 
-- With Chaos Mesh (the chart's ``<release>-faults`` ConfigMap exists, i.e. the rendered
-  values had ``chaosMesh.enabled`` and faults): kill, restart and cpu are the Chaos Mesh
-  objects that ConfigMap holds (PodChaos pod-kill, PodChaos container-kill, StressChaos),
-  created at the fault's time and deleted when it ends (one-shot kinds at teardown). Chaos
-  Mesh carries out a one-shot PodChaos as soon as it exists, so the objects are not created
-  by helm.
-- Without: kill deletes the pods (their StatefulSet recreates them with the same keys);
-  restart sends SIGTERM to tor in the pod (``kubectl exec``), the kubelet starts the
-  container again; cpu lowers the tor container's CPU limit in place (the pod's ``resize``
-  subresource, InPlacePodVerticalScaling) and sets it back.
+One meaning per kind, as on the local backend (docs/faults.md "One meaning per kind"); the
+mechanism used is in each apply record (``mechanism``):
+
+- kill: SIGKILL to tor, and it stays down. torbed first marks the pod held
+  (``/run/torbed/fault-hold``; the chart's tor container waits while it is there instead of
+  starting tor), then sends SIGKILL through ``kubectl exec``, or, with Chaos Mesh (the chart's
+  ``<release>-faults`` ConfigMap has the kill) and its chaos-daemon running, creates the
+  chart's PodChaos container-kill (SIGKILL from chaos-daemon) at the fault's time. Without
+  chaos-daemon the same SIGKILL is sent by torbed, and the record says why.
+- restart: SIGTERM to tor through ``kubectl exec`` (Chaos Mesh has no SIGTERM action); with a
+  duration the pod is held for it, then released; the kubelet starts the container again,
+  after its crash back-off from the second exit of a container on (10 s, 20 s, 40 s ...:
+  ``kubelet_backoff_s``; ``backoff.py`` refuses schedules that would meet it).
+- cpu: the tor container's CPU limit lowered in place (the pod's ``resize`` subresource,
+  InPlacePodVerticalScaling) and set back: a CFS quota as on the local backend, with or
+  without Chaos Mesh (a StressChaos competes for CPU instead of capping it).
 - link, either way: the shaper sidecar of every pod on a side of the fault changes its own
   tc tree (``python -m torbed.pods.shaper fault apply|undo`` through the API's exec into the
   ``shaper`` container; the shaper acknowledges once tc has changed): a rate fault an htb
@@ -41,13 +47,19 @@ from ...fault_schedule import Action, FaultRunner
 from ...pods.shaper import REPLY
 from ...network import LOAD_GROUP
 from ...scenario import fault_nodes
+from .backoff import kubelet_backoff_s
 
 GROUP, VERSION = "chaos-mesh.org", "v1alpha1"
 RESIZE_TIMEOUT_S = 20.0
+DAEMON_LABEL = "app.kubernetes.io/component=chaos-daemon"
 # The tor processes of the pod (tor is PID 1 of its container, or a child of the pod's
 # pause process when the pod shares its process namespace), signalled; prints their pids.
-SIGNAL_TOR = ('p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = tor ] && p="$p ${d#/proc/}"; done; '
+SIGNAL_TOR = ('%s p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = tor ] && p="$p ${d#/proc/}"; done; '
               '[ -n "$p" ] || { echo "no tor process in the container"; exit 0; }; kill -%s $p && echo "signalled:$p"')
+# The chart's tor container waits while this exists instead of starting tor (kill, restart's downtime).
+HOLD = "/run/torbed/fault-hold"
+HOLD_ON = f"touch {HOLD} &&"
+HOLD_WAIT_S = 60.0   # for the kubelet to start a held container again (its back-off is refused longer)
 # The container's CFS quota in us (cgroup v1, else v2's cpu.max), "max" without a limit.
 CPU_QUOTA = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
 SHAPER_FAULT = ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper", "fault"]   # the chart's shaper image
@@ -64,6 +76,20 @@ def chaos_objects(cluster, release: str) -> dict[int, dict] | None:
             return None
         raise RunFailed(f"Kubernetes API: read configmap {release}-faults: HTTP {e.status} {e.reason}") from None
     return {int(k.removeprefix("fault-").removesuffix(".yaml")): yaml.safe_load(v) for k, v in data.items()}
+
+
+def chaos_daemon_problem(cluster) -> str | None:
+    """Why no chaos-daemon runs in the cluster (None: one runs), looked up by Chaos Mesh's own
+    label in every namespace; a ServiceAccount that may not list pods there gets the reason."""
+    try:
+        pods = cluster.core.list_pod_for_all_namespaces(label_selector=DAEMON_LABEL).items
+    except cluster.ApiException as e:
+        return f"chaos-daemon's pods could not be listed (HTTP {e.status} {e.reason})"
+    except cluster.TransportError as e:
+        return f"chaos-daemon's pods could not be listed ({e})"
+    if not any(p.status.phase == "Running" for p in pods):
+        return f"no chaos-daemon pod runs in the cluster (label {DAEMON_LABEL})"
+    return None
 
 
 def check_chaos_mesh(cluster, objects: dict[int, dict]) -> None:
@@ -190,12 +216,44 @@ class Ctx:
             out[f"{LOAD_GROUP}{k}"] = p
         return out
 
-    def signal_tor(self, pod: str, sig: str) -> str:
-        """Send ``sig`` (STOP, CONT, TERM) to tor in the pod's tor container; its pids."""
-        out = self.exec_tor(pod, SIGNAL_TOR % sig, f"SIG{sig} to tor")
+    def signal_tor(self, pod: str, sig: str, hold: bool = False) -> str:
+        """Send ``sig`` (STOP, CONT, TERM, KILL) to tor in the pod's tor container, the pod
+        first marked held when ``hold``; its pids."""
+        out = self.exec_tor(pod, SIGNAL_TOR % (HOLD_ON if hold else "", sig), f"SIG{sig} to tor")
         if "signalled:" not in out:
             raise RunFailed(f"SIG{sig} to tor in {pod}: {out.strip()[-300:]}")
         return " ".join(out.split("signalled:", 1)[1].split()) or "?"
+
+    def hold(self, pod: str, on: bool, wait_s: float = 0.0) -> float:
+        """Mark the pod held (its tor container does not start tor) or release it; waits up to
+        ``wait_s`` for a tor container that is not running yet (the kubelet starts it again
+        after the signal: on a loaded node that took over 3 s). Returns how long it waited."""
+        t0 = time.time()
+        while True:
+            try:
+                out = self.exec_tor(pod, f"{'touch' if on else 'rm -f'} {HOLD} && echo held:{int(on)}", "fault hold")
+                break
+            except RunFailed as e:
+                if "container not found" not in str(e) and "not running" not in str(e) or time.time() - t0 > wait_s:
+                    raise
+                time.sleep(0.5)
+        if f"held:{int(on)}" not in out:
+            raise RunFailed(f"pod {pod}: could not {'set' if on else 'remove'} {HOLD}: {out.strip()[-300:]}")
+        return time.time() - t0
+
+    def tor_exits(self, pod: str) -> dict:
+        """The tor container's restarts so far and when it last exited (Unix s, or None)."""
+        p = self.cluster._call(f"read pod {pod}", self.cluster.core.read_namespaced_pod, pod, self.cluster.ns)
+        st = next((c for c in p.status.container_statuses or [] if c.name == "tor"), None)
+        term = st.last_state.terminated if st is not None and st.last_state is not None else None
+        return {"restarts": st.restart_count if st is not None else 0,
+                "last_exit": term.finished_at.timestamp() if term is not None and term.finished_at else None}
+
+    def daemon_problem(self) -> str | None:
+        """Why Chaos Mesh's chaos-daemon cannot carry out a container-kill here (None: it runs)."""
+        if not hasattr(self, "_daemon"):
+            self._daemon = chaos_daemon_problem(self.cluster)
+        return self._daemon
 
     def tor_cpu(self, pod: str) -> tuple[dict, dict]:
         """The tor container's resources as the spec asks and as the kubelet applied them."""
@@ -234,41 +292,66 @@ def _millicores(q: str | None) -> int | None:
 
 
 class Kill(Action):
+    """SIGKILL to tor and it stays down (the pod held), as on the local backend."""
     undoable = False
 
     def apply(self, ctx):
         self.pods = ctx.pods(self.nodes)
         obj = ctx.chaos_object(self.index)
-        if obj is not None:
-            how = ctx.create(obj) + " (pod-kill)"
-        else:
+        why = None if obj is None else ctx.daemon_problem()
+        exits = {pod: ctx.tor_exits(pod) for pod in self.pods}
+        if obj is not None and why is None:
             for pod in self.pods:
-                ctx.cluster.delete_pod(pod)
-            how = "pod deleted"
-        self.record = {"pods": self.pods, "how": how, "note": "the StatefulSet recreates the pod with the same keys"}
+                ctx.hold(pod, True)
+            how = ctx.create(obj) + " (container-kill: SIGKILL from chaos-daemon)"
+            mechanism = "Chaos Mesh PodChaos container-kill (SIGKILL from chaos-daemon), pod held"
+        else:
+            self.pids = {pod: ctx.signal_tor(pod, "KILL", hold=True) for pod in self.pods}
+            how = "SIGKILL to tor (kubectl exec)"
+            mechanism = "torbed: SIGKILL to tor (kubectl exec), pod held"
+        self.mechanism = mechanism
+        self.record = {"pods": self.pods, "how": how, "signal": "SIGKILL",
+                       "note": "the pod is held: its tor container, started again by the kubelet, waits "
+                               "instead of starting tor",
+                       "tor_exits_before": exits, **({"chaos_mesh_not_used": why} if why else {})}
         return f"{how}: {', '.join(self.pods)}"
 
     def undo(self, ctx, reason):
-        return "nothing to undo (the pod comes back by itself)"
+        return "nothing to undo (a killed tor stays down)"
 
 
 class Restart(Action):
-    undoable = False   # the kubelet starts the container again at once: nothing to undo
+    """SIGTERM to tor (kubectl exec); with a duration the pod is held that long; the kubelet
+    starts the container again (after its crash back-off: ``kubelet_backoff_s``)."""
 
     def apply(self, ctx):
         self.pods = ctx.pods(self.nodes)
-        obj = ctx.chaos_object(self.index)
-        if obj is not None:
-            how = ctx.create(obj) + " (container-kill of tor: carried out by chaos-daemon)"
-        else:
-            pids = {pod: ctx.signal_tor(pod, "TERM") for pod in self.pods}
-            self.pids = pids
-            how = "SIGTERM to tor (kubectl exec); the kubelet starts the container again"
-        self.record = {"pods": self.pods, "how": how}
-        return f"{how}: {', '.join(self.pods)}"
+        self.held = self.fault.duration is not None and self.fault.duration.seconds > 0
+        exits = {pod: ctx.tor_exits(pod) for pod in self.pods}
+        self.pids = {pod: ctx.signal_tor(pod, "TERM", hold=self.held) for pod in self.pods}
+        t = time.time()
+        backoff = {pod: kubelet_backoff_s(e["restarts"] + 1, None if e["last_exit"] is None else t - e["last_exit"])
+                   for pod, e in exits.items()}
+        self.mechanism = "torbed: SIGTERM to tor (kubectl exec)" + (", pod held for the downtime" if self.held else "") \
+            + "; the kubelet starts the container again"
+        how = "SIGTERM to tor (kubectl exec)" + (" and the pod held" if self.held else "")
+        self.record = {"pods": self.pods, "how": how, "signal": "SIGTERM", "tor_exits_before": exits,
+                       "kubelet_backoff_s": backoff}
+        return f"{how}: {', '.join(self.pods)}; kubelet back-off " + \
+            ", ".join(f"{p} {b:.0f} s" for p, b in backoff.items())
 
     def undo(self, ctx, reason):
-        return "nothing to undo"
+        if not getattr(self, "held", False):
+            return "nothing to undo (the kubelet starts tor again)"
+        if reason != "duration":   # the run is over: as locally, not started again
+            return f"not started again ({reason}): {', '.join(self.pods)} stay held"
+        waited = {pod: ctx.hold(pod, False, wait_s=HOLD_WAIT_S) for pod in self.pods}
+        self.held = False
+        # The undo record's time is the release: later than planned when the kubelet had not
+        # started the container again by then (the downtime then ran longer: recorded).
+        return "hold released (tor starts again): " + ", ".join(
+            p + (f" (its container started again only {w:.1f} s after the planned end)" if w >= 0.5 else "")
+            for p, w in waited.items())
 
 
 class Pause(Action):
@@ -279,7 +362,8 @@ class Pause(Action):
         for pod in self.pods:
             self.pids[pod] = ctx.signal_tor(pod, "STOP")
             self.stopped.append(pod)
-        self.record = {"pods": self.pods, "how": "SIGSTOP to tor (kubectl exec)"}
+        self.mechanism = "torbed: SIGSTOP / SIGCONT to tor (kubectl exec)"
+        self.record = {"pods": self.pods, "how": "SIGSTOP to tor (kubectl exec)", "signal": "SIGSTOP"}
         return "SIGSTOP tor in " + ", ".join(f"{p} (pid {self.pids[p]})" for p in self.pods)
 
     def undo(self, ctx, reason):
@@ -299,11 +383,6 @@ class Pause(Action):
 class Cpu(Action):
     def apply(self, ctx):
         self.pods = ctx.pods(self.nodes)
-        self.obj = ctx.chaos_object(self.index)
-        if self.obj is not None:
-            how = ctx.create(self.obj) + " (a stressor next to tor: carried out by chaos-daemon)"
-            self.record = {"pods": self.pods, "how": how}
-            return f"{how}: {', '.join(self.pods)}"
         milli = max(1, round(self.fault.cpu.fraction * 1000))
         self.saved: dict[str, dict] = {}
         took = {}
@@ -319,13 +398,12 @@ class Cpu(Action):
                                **({"requests": {"cpu": spec["requests"]["cpu"]}} if req else {})}
             took[pod] = round(ctx.resize(pod, new), 3)
         how = f"in-place resize of the tor container's CPU limit to {milli}m"
+        self.mechanism = f"torbed: CFS quota {milli * 100} us per 100 ms (in-place resize of the tor container's CPU limit)"
         self.record = {"pods": self.pods, "how": how, "resize_s": took,
                        "limits_before": {p: s["limits"]["cpu"] for p, s in self.saved.items()}}
         return f"{how}: " + ", ".join(f"{p} (applied after {t:.1f} s)" for p, t in took.items())
 
     def undo(self, ctx, reason):
-        if self.obj is not None:
-            return ctx.delete(self.obj["metadata"]["name"])
         saved, self.saved = self.saved, {}
         for pod, res in saved.items():
             ctx.resize(pod, res)
@@ -404,6 +482,7 @@ class Link(Action):
         self.pods = sorted(self.done)
         desc = "partition (drop class)" if f.partition else f"rate {f.rate}"
         how = f"shaper sidecar: {desc} on the pods' egress toward the fault's peers (kubectl exec)"
+        self.mechanism = f"shaper sidecar: htb {desc}"
         self.record = {"pods": self.pods, "how": how, "skipped": self.skipped,
                        "shaper": {p: {k: v for k, v in d.items() if k != "uid"} for p, d in self.done.items()}}
         return f"{how}: {len(self.done)} pods" + (f"; not running: {', '.join(self.skipped)}" if self.skipped else "")

@@ -118,6 +118,7 @@ class _Ctx:
 
 class Kill(Action):
     undoable = False
+    mechanism = "torbed supervisor: SIGKILL to tor"
 
     def apply(self, ctx):
         for n in self.nodes:
@@ -129,6 +130,8 @@ class Kill(Action):
 
 
 class Pause(Action):
+    mechanism = "torbed supervisor: SIGSTOP / SIGCONT to tor's process group"
+
     def apply(self, ctx):
         self.stopped: dict[str, int] = {}
         for n in self.nodes:
@@ -152,6 +155,8 @@ class Pause(Action):
 
 
 class Restart(Action):
+    mechanism = "torbed supervisor: SIGTERM to tor (SIGKILL after 5 s), the same command again after the duration"
+
     def apply(self, ctx):
         self.down = []
         for n in self.nodes:
@@ -193,6 +198,8 @@ def faulted_props(props: dict, f: Fault) -> dict:
 
 
 class Link(Action):
+    mechanism = "linkemu: runtime link change"
+
     def apply(self, ctx):
         if ctx.emulator is None:
             raise RunFailed("a link fault needs linkemu as the shaper (links.emulator: auto or linkemu)")
@@ -215,6 +222,8 @@ class Link(Action):
 
 
 class Cpu(Action):
+    mechanism = "torbed: CFS quota on a cgroup of its own"
+
     def apply(self, ctx):
         self.moved: dict[str, tuple[int, Path]] = {}
         self.group = _cpu_base() / f"torbed-{ctx.run_id}-fault{self.index}"

@@ -18,15 +18,22 @@ pods:
 {{- end }}
 {{- end -}}
 
-{{/* One fault as a Chaos Mesh object, or nothing for kinds Chaos Mesh does not take here
-(pause, link: see docs/faults.md). Args: (list $root $i $fault). No `duration` in the spec:
-torbed creates the object at the fault's time and deletes it when the fault ends. */}}
+{{/* One fault as a Chaos Mesh object, or nothing for kinds whose Chaos Mesh action would be a
+different fault (docs/faults.md "One meaning per kind"). Args: (list $root $i $fault).
+- kill: container-kill, SIGKILL from chaos-daemon, as the local backend's kill; torbed first
+  marks the pod held (the tor container then waits instead of starting tor again).
+- restart: none (Chaos Mesh has no SIGTERM action: pod-kill deletes the pod, container-kill
+  is SIGKILL); torbed sends SIGTERM itself.
+- cpu: none (a StressChaos competes for the CPU instead of capping it); torbed lowers the
+  tor container's CPU limit in place.
+- pause, link: none (see docs/faults.md).
+No `duration` in the spec: torbed creates the object at the fault's time. */}}
 {{- define "torbed.chaosObject" -}}
 {{- $root := index . 0 -}}{{- $i := index . 1 -}}{{- $f := index . 2 -}}
 {{- $fn := include "torbed.fullname" $root -}}
-{{- if has $f.kind (list "kill" "restart" "cpu") }}
+{{- if eq $f.kind "kill" }}
 apiVersion: chaos-mesh.org/v1alpha1
-kind: {{ ternary "StressChaos" "PodChaos" (eq $f.kind "cpu") }}
+kind: PodChaos
 metadata:
   name: {{ $fn }}-fault-{{ $i }}
   namespace: {{ $root.Release.Namespace | quote }}
@@ -39,20 +46,8 @@ spec:
   mode: all
   selector:
     {{- include "torbed.chaosSelector" (list $root $f.target) | nindent 4 }}
-  {{- if eq $f.kind "kill" }}
-  # The StatefulSet recreates the pod with the same keys: the relay comes back as itself.
-  action: pod-kill
-  {{- else if eq $f.kind "restart" }}
-  # chaos-daemon kills the tor container; the kubelet starts it again.
+  # chaos-daemon sends SIGKILL to the tor container; the pod stays, held by torbed's mark.
   action: container-kill
   containerNames: [tor]
-  {{- else }}
-  # A stressor next to tor takes what the fault leaves it: (100 - cpu)% of one core.
-  containerNames: [tor]
-  stressors:
-    cpu:
-      workers: 1
-      load: {{ max 1 (sub 100 (trimSuffix "%" (toString $f.cpu) | float64 | floor | int)) }}
-  {{- end }}
 {{- end }}
 {{- end -}}
