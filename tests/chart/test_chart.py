@@ -29,7 +29,7 @@ CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 # Features the chart refuses (only the local backend carries them out; _validate.tpl): the
 # scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
 # not rendered.
-LOCAL_ONLY = {"cpu", "weights", "samples"}
+LOCAL_ONLY = {"cpu", "weights", "samples", "second_address"}
 
 
 def local_only(path: Path) -> set[str]:
