@@ -51,6 +51,8 @@ def test_second_addresses_come_after_every_first_address_and_only_for_their_grou
     ({"variants": ["circswitch", "circswitch-ownpath"]}, "variants[1]", "no relay group has second_address"),
     ({**OWN, "network.subnet": "10.9.0.0/24", "clients.bulk.count": 236},
      "network.subnet", "2 second addresses"),
+    ({**OWN, "faults": [{"at": "10s", "kind": "link", "target": "guard", "loss": "100%", "duration": "5s"}]},
+     "faults[0].kind", "do not change the links of a second address"),
 ])
 def test_invalid_second_address_is_refused_naming_the_field(changes, field, message):
     with pytest.raises(scenario.ScenarioError) as e:
