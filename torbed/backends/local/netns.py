@@ -1,7 +1,9 @@
 """Network namespaces of the local backend: one switch, one namespace per node.
 
 The switch namespace holds a bridge and the switch-side end of every node's veth; each node
-namespace holds its ``eth0`` (the planned address) and ``lo``. Nothing is created in the
+namespace holds its ``eth0`` (the planned address) and ``lo``, and a relay with a second
+address (``network.relays.<g>.second_address``) an ``eth1`` with it: a switch port of its own,
+and a policy route (table ``SECOND_TABLE``) so that what is sent from that address leaves there. Nothing is created in the
 caller's namespace, and no namespace has a default route or an uplink, so the private
 network cannot reach anything outside it. The bridge carries the control-plane address
 (``plan.control_address``) so collectors running in the switch namespace reach every node.
@@ -20,7 +22,8 @@ so ``torbed clean`` leaves them alone while their owner lives.
 Public API:
 
 - ``Topology(run_id, plan, switch="bridge"|"linkemu")``: ``.create()``, ``.destroy()``,
-  ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per node; linkemu)
+  ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per endpoint: every node,
+  then every second address; linkemu), ``.device(endpoint) -> (namespace, eth0|eth1)``
 - ``exec_prefix(ns) -> list[str]`` argv prefix that runs a command inside a namespace
 - ``mac_address(index) -> str`` the fixed MAC of node ``index`` (plan order + 1; 0 = control)
 - ``list_namespaces(prefix) -> list[str]``, ``namespace_pids(ns) -> list[int]``,
