@@ -130,6 +130,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("weights")
     if s.samples:
         used.add("samples")
+    if any(g.second_address for g in s.network.relays.values()):
+        used.add("second_address")
     return sorted(used)
 
 

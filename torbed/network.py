@@ -8,13 +8,18 @@ Public API:
 - ``plan(scenario, variant) -> Plan``
 - ``Plan.nodes`` (authorities, relays, servers, clients, in that order), ``Plan.node(name)``,
   ``Plan.by_role(role)``, ``Plan.group_nodes(group)``, ``Plan.link(a, b) -> LinkSpec``
-- ``Node``: name, role, group, index, variant, address, ports; ``Node.nickname``
+- ``Node``: name, role, group, index, variant, address, ports; ``Node.nickname``; ``address2``:
+  a relay's second address (``network.relays.<g>.second_address``), allocated after every
+  first address
+- ``Plan.endpoints()``: the nodes, then each second address as a node of its own for the
+  shapers (``second_endpoint(node)``: name ``<node>:second``, group ``<group>:second``, whose
+  links are the group's); ``owner(endpoint) -> (node name, device)`` (``eth0`` / ``eth1``)
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from . import constants, units
 from .scenario import Link, Scenario
@@ -37,6 +42,7 @@ class Node:
     exit: bool = False
     guard: bool = False
     ports: dict = field(default_factory=dict)
+    address2: str | None = None  # relays of a group with second_address: the second connection's address
 
     @property
     def nickname(self) -> str:
@@ -48,6 +54,23 @@ class Node:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+SECOND = ":second"            # suffix of a second address's endpoint (node and group names)
+SECOND_DEV = "eth1"           # its device in the relay's namespace (the first address: eth0)
+
+
+def second_endpoint(node: Node) -> Node:
+    """``node``'s second address as a node of its own: what the shapers and gates see."""
+    return replace(node, name=node.name + SECOND, group=node.group + SECOND, address=node.address2,
+                   address2=None, ports={})
+
+
+def owner(endpoint: Node) -> tuple[str, str]:
+    """(node name, device in its namespace) of an endpoint of ``Plan.endpoints()``."""
+    if endpoint.name.endswith(SECOND):
+        return endpoint.name[:-len(SECOND)], SECOND_DEV
+    return endpoint.name, "eth0"
 
 
 @dataclass(frozen=True)
@@ -131,9 +154,15 @@ class Plan:
     def variants_in_use(self) -> list[str]:
         return sorted({n.variant for n in self.nodes if n.variant})
 
+    def endpoints(self) -> list[Node]:
+        """The nodes, then every relay's second address as a node of its own (``second_endpoint``)."""
+        return self.nodes + [second_endpoint(n) for n in self.nodes if n.address2]
+
     def link(self, a: Node, b: Node) -> LinkSpec:
-        """Properties of the link between two nodes (symmetric)."""
-        return self.group_links.get(frozenset((a.group, b.group)), self.default_link)
+        """Properties of the link between two nodes or endpoints (symmetric); a second
+        address's links are its group's."""
+        ga, gb = a.group.removesuffix(SECOND), b.group.removesuffix(SECOND)
+        return self.group_links.get(frozenset((ga, gb)), self.default_link)
 
     def shaped_pairs(self) -> list[tuple[Node, Node, LinkSpec]]:
         """Every ordered (src, dst) node pair whose link has any property set."""
@@ -149,11 +178,12 @@ class Plan:
     def shaped_pair_count(self) -> int:
         """len(shaped_pairs()), counted per group pair (shaped_pairs takes ~1 s at 750 nodes)."""
         sizes: dict[str, int] = {}
-        for n in self.nodes:
+        for n in self.endpoints():
             sizes[n.group] = sizes.get(n.group, 0) + 1
         return sum(na * (nb - (ga == gb))
                    for ga, na in sizes.items() for gb, nb in sizes.items()
-                   if self.group_links.get(frozenset((ga, gb)), self.default_link) != LinkSpec())
+                   if self.group_links.get(frozenset((ga.removesuffix(SECOND), gb.removesuffix(SECOND))),
+                                           self.default_link) != LinkSpec())
 
     def needs_delay_emulation(self) -> bool:
         return self.default_link.needs_delay_emulation or any(
@@ -200,7 +230,21 @@ def plan(scenario: Scenario, variant: str) -> Plan:
             add(f"{LOAD_GROUP}{i}", "loadworker", LOAD_GROUP, i,
                 ports={"socks": constants.SOCKS_PORT, "control": constants.CONTROL_PORT})
 
+    nodes = _second_addresses(scenario, nodes, net, base)
     default = _linkspec(scenario.links.default)
     group_links = {frozenset(p.between): _linkspec(p, default) for p in scenario.links.pairs}
     return Plan(scenario=scenario, variant=variant, nodes=nodes, subnet=str(net),
                 control_address=control, default_link=default, group_links=group_links)
+
+
+def _second_addresses(scenario: Scenario, nodes: list[Node], net: ipaddress.IPv4Network, base: int) -> list[Node]:
+    """Relays of groups with ``second_address`` get one each, numbered on after every node's first."""
+    out, k = [], len(nodes)
+    for n in nodes:
+        if n.role == "relay" and scenario.network.relays[n.group].second_address:
+            address = ipaddress.IPv4Address(base + k)
+            if address not in net or address == net.broadcast_address:
+                raise ValueError(f"network.subnet {net} is too small for {k + 1} addresses")
+            n, k = replace(n, address2=str(address)), k + 1
+        out.append(n)
+    return out

@@ -110,6 +110,12 @@ class RelayGroup(Strict):
                           "v2 in threaded mode) from the start of the workload; threads started later are capped "
                           "within 1 s. The caps are upper bounds: threads x cap must fit the host's idle cores. "
                           "Combines with cpu: qemu; local backend only")
+    second_address: bool = Field(
+        False, description="Give each relay of the group a second address on a link of its own (a second veth, "
+                           "shaped as a node of its own with the group's link properties); a variant whose tor "
+                           "opens a second connection to a peer (circswitch) binds that connection to it "
+                           "(CircSwitchBindAddress), so the second connection of a pair crosses its own link. "
+                           "Local backend only")
 
 
 # The testbed's address range: inside one of RFC 1918's, /24 or larger. torbed's check below
@@ -730,11 +736,46 @@ def _subnet_problems(s: Scenario) -> list[tuple[str, str]]:
         return [("network.subnet", f"'{s.network.subnet}' must be a private (RFC 1918: "
                  f"{', '.join(PRIVATE_RANGES)}) range of /{SMALLEST_PREFIX} or larger")]
     # Nodes take consecutive addresses from .FIRST_NODE_HOST up (network.plan).
+    # Second addresses (network.relays.*.second_address) come after every first one.
+    seconds = sum(rg.count for rg in s.network.relays.values() if rg.second_address)
     nodes, room = sum(group_sizes(s).values()), net.num_addresses - 1 - constants.FIRST_NODE_HOST
-    if nodes > room:
+    if nodes + seconds > room:
+        also = f" and {seconds} second addresses" if seconds else ""
         return [("network.subnet", f"'{s.network.subnet}' has room for {room} nodes (addresses "
-                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}: use a larger range")]
+                 f"from .{constants.FIRST_NODE_HOST} up); the scenario has {nodes}{also}: use a larger range")]
     return []
+
+
+def binds_second_address(variant: str, variants_dir: Path = constants.VARIANTS_DIR) -> bool:
+    """Does this variant's tor bind the second connection of a pair to the relay's second
+    address (CircSwitchBindAddress; circswitch's own_path, e.g. circswitch-ownpath)?"""
+    try:
+        return load_variant(variant, variants_dir).parameters.get("own_path") == 1
+    except VariantError:
+        return False
+
+
+def _second_address_problems(s: Scenario, variants_dir: Path) -> list[tuple[str, str]]:
+    """A second address does something only for a variant that binds its second connection
+    to it, and such a variant needs a relay group with a second address."""
+    problems = []
+    for g, rg in s.network.relays.items():
+        names = [rg.variant] if rg.variant is not None else s.variants
+        if rg.second_address and not any(binds_second_address(n, variants_dir) for n in names):
+            problems.append((f"network.relays.{g}.second_address",
+                             f"no variant this group runs ({', '.join(names)}) binds a connection to it; a "
+                             f"variant with own_path 1 does (e.g. circswitch-ownpath)"))
+    if any(rg.second_address for rg in s.network.relays.values()):
+        # linkemu's runtime changes name nodes; <node>:second would keep its link.
+        problems += [(f"faults[{i}].kind", "link faults do not change the links of a second address "
+                                           "(network.relays.*.second_address) yet: a cut link would stay open there")
+                     for i, f in enumerate(s.faults) if f.kind == "link"]
+    else:
+        for i, v in enumerate(s.variants):
+            if binds_second_address(v, variants_dir):
+                problems.append((f"variants[{i}]", f"{v} binds the second connection of a pair to a relay's "
+                                                   f"second address, and no relay group has second_address: true"))
+    return problems
 
 
 def _network_problems(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
@@ -764,7 +805,7 @@ def _network_problems(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, 
         if rg.cpu_per_thread is not None and not 0.01 <= rg.cpu_per_thread.fraction <= 1.0:
             problems.append((f"network.relays.{g}.cpu_per_thread",
                              f"{rg.cpu_per_thread} is outside 1%..100% of one core"))
-    problems += _weight_problems(s) + _sample_problems(s)
+    problems += _weight_problems(s) + _sample_problems(s) + _second_address_problems(s, variants_dir)
     if not any(rg.exit for rg in relays.values()):
         problems.append(("network.relays", "no relay group has 'exit: true'; clients cannot bootstrap without exits"))
     return problems, warnings

@@ -15,8 +15,10 @@ Public API:
 - ``probe_kernel() -> KernelCaps`` which qdiscs this kernel has (tested in a throwaway netns)
 - ``choose_shaper(plan, caps) -> str`` "none" | "htb" | "htb+netem" | "linkemu"; raises
   ``ShapingError`` when ``links.emulator: tc`` asks for what the kernel cannot do
-- ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0
-- ``shaped_classes(plan, node) -> [(minor, destination, LinkSpec)]`` its htb classes
+- ``tc_batch(plan, node, netem=bool) -> str`` the tc batch file for one node's eth0 (or for
+  a relay's second address, ``Plan.endpoints()``: its eth1)
+- ``shaped_classes(plan, node) -> [(minor, destination, LinkSpec)]`` its htb classes; the
+  destinations are ``Plan.endpoints()``, so a peer's second address is a class of its own
 - ``torbed plan``'s shaper line is the local backend's (``torbed.backends.local.plan_lines``)
 """
 
@@ -27,7 +29,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from .network import LinkSpec, Node, Plan
+from .network import LinkSpec, Node, Plan, owner
 from .errors import InputError
 
 UNLIMITED = "10gbit"
@@ -191,8 +193,9 @@ def shaped_classes(plan: Plan, node: Node) -> list[tuple[int, Node, LinkSpec]]:
     """(htb minor number, destination, link) of every class ``tc_batch`` gives ``node``:
     what the mechanism gate reads back (torbed.gates: class 1:<minor> is node -> destination)."""
     out, minor = [], 2
-    for dst in plan.nodes:
-        if dst is node:
+    me = owner(node)[0]
+    for dst in plan.endpoints():
+        if owner(dst)[0] == me:     # itself, and a relay's two addresses never talk
             continue
         spec = plan.link(node, dst)
         if spec == LinkSpec():

@@ -252,6 +252,13 @@ def fragments_for(node: Node) -> list[str]:
     raise ValueError(f"{node.name}: role {node.role} runs no tor")
 
 
+def _binds_second(node: Node) -> bool:
+    """Does this relay's variant bind the second connection to its second address (own_path)?
+    Other relays keep the address unused (a stock tor would refuse the option)."""
+    from .scenario import binds_second_address
+    return node.variant is not None and binds_second_address(node.variant)
+
+
 def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) -> str:
     lines = [HEADER.rstrip("\n"), f"# Node {node.name}: {node.role} of group '{node.group}'"
              + (f", variant {node.variant}" if node.variant else "")]
@@ -287,6 +294,9 @@ def render_node(node: Node, plan: Plan, paths: NodePaths, fragments_dir: str) ->
             # authorities); a cache recompresses consensus diffs at every 10 s vote, which
             # costs a relay more CPU than an idle testbed does.
             lines.append("DirCache 0")
+        if node.address2 and _binds_second(node):
+            lines.append("# The second connection of a pair leaves from the second address (second_address)")
+            lines.append(f"CircSwitchBindAddress {node.address2}")
         if group.bandwidth:
             bytes_per_s = group.bandwidth.bps // 8
             lines.append(f"BandwidthRate {bytes_per_s} bytes")

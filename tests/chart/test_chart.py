@@ -29,7 +29,7 @@ CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 # Features the chart refuses (only the local backend carries them out; _validate.tpl): the
 # scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
 # not rendered.
-LOCAL_ONLY = {"cpu", "weights", "samples"}
+LOCAL_ONLY = {"cpu", "weights", "samples", "second_address"}
 
 
 def local_only(path: Path) -> set[str]:
@@ -391,7 +391,9 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
       "samples": [{"seed": 2, "relays": {g: {"bandwidth": "2mbit", "weights": [w]}
                                          for g, w in (("guard", 1), ("middle", 2), ("exit", 3))}}]},
      "samples: a network sampled anew per block is built by the local backend only"),
-], ids=["cpu-qemu", "weights", "samples"])
+    ({"variants": ["circswitch", "circswitch-ownpath"], "network.relays.middle.second_address": True},
+     "network.relays.middle.second_address: a relay's second address on a link of its own"),
+], ids=["cpu-qemu", "weights", "samples", "second-address"])
 def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
     """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
     refuses them, naming the field, instead of deploying without them (torbed run --backend k8s

@@ -40,12 +40,14 @@ def test_tor_unit_tests_with_our_patches_pass_under_werror(tmp_path):
     info, log = checked_build("circswitch", tmp_path)
     ours = re.findall(r"^torchestra/circswitch/(\S+): \[forking\] OK", log, re.M)
     theirs = re.findall(r"^torchestra/(?!circswitch/)(\S+): \[forking\] OK", log, re.M)
-    assert len(ours) == 8 and len(theirs) == 8, log[-3000:]
+    assert len(ours) == 9 and len(theirs) == 8, log[-3000:]
     assert re.search(r"^\d+ tests ok", log, re.M), log[-3000:]
     assert info["check"] is True
     assert "--enable-fatal-warnings" in info["configure_flags"]
     assert [x["file"] for x in info["patches"]] == [p.name for p in v.patches]
     assert "torchestra/circswitch/moves_busiest_and_back: [forking] OK" in log
+    # CircSwitchBindAddress: a real socket's local address (README A.8).
+    assert "torchestra/circswitch/binds_second_connection: [forking] OK" in log
     assert "torchestra/classifier_both_ways: [forking] OK" in log
 
 

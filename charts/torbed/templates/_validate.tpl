@@ -71,6 +71,7 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- if and $rg.cpu (ne (toString $rg.cpu) "native") }}{{ $problems = append $problems (printf "network.relays.%s.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
 {{- if $rg.cpu_per_thread }}{{ $problems = append $problems (printf "network.relays.%s.cpu_per_thread: per-thread CPU caps are set by the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
 {{- if $rg.weights }}{{ $problems = append $problems (printf "network.relays.%s.weights: the authorities vote these weights from a bandwidth file the local backend writes (local backend only); on Kubernetes the authorities measure the relays themselves" $g) }}{{ end -}}
+{{- if $rg.second_address }}{{ $problems = append $problems (printf "network.relays.%s.second_address: a relay's second address on a link of its own is a second veth in its network namespace, on the local backend only (a pod has one address)" $g) }}{{ end -}}
 {{- end -}}
 {{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
 

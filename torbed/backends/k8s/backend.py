@@ -379,6 +379,8 @@ class K8sBackend:
                    "(local backend only); "
                    "on Kubernetes the authorities measure the relays themselves",
         "samples": "a network sampled anew per block is built by the local backend only",
+        "second_address": "a relay's second address on a link of its own is a second veth in its network "
+                          "namespace, on the local backend only (a pod has one address)",
     }
     bringup_estimate_s = 60.0
 
@@ -415,6 +417,9 @@ class K8sBackend:
         if scenario.samples:   # first: samples need weights, and this is the one to name
             raise InputError(f"{where}samples: {self.unsupported['samples']}; run it with --backend local")
         for name, g in scenario.network.relays.items():
+            if g.second_address:
+                raise InputError(f"{where}network.relays.{name}.second_address: {self.unsupported['second_address']}; "
+                                 "run it with --backend local")
             if g.weights:
                 raise InputError(f"{where}network.relays.{name}.weights: {self.unsupported['weights']}; "
                                  "run it with --backend local")

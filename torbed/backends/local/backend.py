@@ -426,17 +426,18 @@ class LocalBackend:
             st.emulator = emulator.start(st.sup, topo, plan, st.scratch, rep.logs / "linkemu.log",
                                             stats_file=rep.dir / "linkemu.stats.json")
         elif self.shaper != "none":
-            for n in plan.nodes:
+            for n in plan.endpoints():     # a relay's second address: its eth1, shaped alike
+                ns, dev = topo.device(n)
                 # One MTU-sized frame per skb, as on a real link (linkemu turns offloads off for
                 # the same reason): with the veth's segmentation offload TCP hands htb frames of
                 # up to 64 KB, which a bounded queue drops whole (a 50 ms queue at 2 mbit is 12.5
                 # KB: one flow got 12 kB/s) and a slow class sends in 250 ms lumps.
-                p = subprocess.run(["ip", "-n", topo.ns(n.name), "link", "set", "dev", "eth0",
+                p = subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev,
                                     *shaping.ONE_FRAME_PER_SKB], capture_output=True, text=True)
                 if p.returncode != 0:
                     raise RunFailed(f"ip link on {n.name}: {p.stderr.strip()}")
-                batch = shaping.tc_batch(plan, n, netem=self.shaper == "htb+netem")
-                p = subprocess.run(["tc", "-n", topo.ns(n.name), "-batch", "-"], input=batch,
+                batch = shaping.tc_batch(plan, n, dev=dev, netem=self.shaper == "htb+netem")
+                p = subprocess.run(["tc", "-n", ns, "-batch", "-"], input=batch,
                                    capture_output=True, text=True)
                 if p.returncode != 0:
                     raise RunFailed(f"tc on {n.name}: {p.stderr.strip()}")

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from ... import constants, resources
 from . import netns
-from ...network import LinkSpec, Plan
+from ...network import LinkSpec, Plan, owner
 from .supervise import Supervisor, tail
 from ...linkemu_control import EmulatorError, request  # linkemu's control protocol (shared with the collectors)
 
@@ -177,9 +177,10 @@ def link_table(plan: Plan, topo: netns.Topology, control_socket: Path | None, st
             ports.append({"dev": dev, "node": node.name, "ipv4": [node.address]})
     default = link_props(plan.default_link)
     links = []
-    for a in plan.nodes:
-        for b in plan.nodes:
-            if a is not b:
+    ends = plan.endpoints()     # a relay's second address is a port and a node of its own
+    for a in ends:
+        for b in ends:
+            if owner(a)[0] != owner(b)[0]:
                 props = link_props(plan.link(a, b))
                 if props != default:
                     links.append({"src": a.name, "dst": b.name, "props": props})
@@ -197,7 +198,8 @@ def disable_offloads(topo: netns.Topology, binary: Path) -> None:
     args = [str(binary), "offloads-off"]
     for dev, node in topo.ports():
         if node is not None:
-            args += ["--netns", str(NETNS_DIR / topo.ns(node.name)), "eth0"]
+            ns, dev = topo.device(node)
+            args += ["--netns", str(NETNS_DIR / ns), dev]
     args += ["--netns", str(NETNS_DIR / topo.switch), netns.Topology.CONTROL_DEV]
     args += [dev for dev, _ in topo.ports()]
     p = subprocess.run(args, capture_output=True, text=True, timeout=60)

@@ -1,7 +1,8 @@
 """The mechanism gates' samples on the local backend (torbed.gates): the shaper's backlog and
 the CPU of every supervised process, once a second, from the workload's start to its end.
 
-- htb: ``tc -s -j class show dev eth0`` in each sender's namespace that has a rate-limited
+- htb: ``tc -s -j class show dev eth0`` (a relay's second address: ``eth1``, labelled
+  ``<node>:second``) in each sender's namespace that has a rate-limited
   class toward a relay, server or client (authorities' links carry the directory protocol,
   not the measured traffic, and leaving them out saves a tc process per second each);
 - linkemu: its control socket's ``backlog`` op;
@@ -29,7 +30,7 @@ def htb_links(plan) -> tuple[dict[tuple[str, int], str], list[dict]]:
     between nodes that carry the measured traffic."""
     from ... import shaping
     links, meta = {}, []
-    for n in plan.nodes:
+    for n in plan.endpoints():      # a relay's second address is a sender of its own (<node>:second)
         if n.role not in DATA_ROLES:
             continue
         for minor, dst, spec in shaping.shaped_classes(plan, n):
@@ -81,8 +82,11 @@ def start(rep, shaper: str) -> gates.Sampler:
     elif shaper in ("htb", "htb+netem"):
         links, meta = htb_links(plan)
 
+        ends = {n.name: n for n in plan.endpoints()}
+
         def run_tc(sender: str) -> str:
-            p = subprocess.run(["tc", "-n", st.topo.ns(sender), "-s", "-j", "class", "show", "dev", "eth0"],
+            ns, dev = st.topo.device(ends[sender])
+            p = subprocess.run(["tc", "-n", ns, "-s", "-j", "class", "show", "dev", dev],
                                capture_output=True, text=True, timeout=5)
             if p.returncode:
                 raise OSError(p.stderr.strip() or f"tc exited {p.returncode}")
@@ -92,7 +96,7 @@ def start(rep, shaper: str) -> gates.Sampler:
     # servers': a bulk server's socket toward the exit fills whenever tor's flow control stops
     # reading from it (seen: 7.7 MB), which is the source waiting, not a queue on the path.
     senders = [n.name for n in plan.by_role("relay")]
-    peers = {n.address: n.name for n in plan.nodes if n.role in DATA_ROLES}
+    peers = {n.address: n.name for n in plan.endpoints() if n.role in DATA_ROLES}
 
     def run_ss(sender: str) -> str:
         p = subprocess.run(["ss", "-N", st.topo.ns(sender), "-Htn", "state", "established"],

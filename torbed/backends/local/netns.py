@@ -1,7 +1,9 @@
 """Network namespaces of the local backend: one switch, one namespace per node.
 
 The switch namespace holds a bridge and the switch-side end of every node's veth; each node
-namespace holds its ``eth0`` (the planned address) and ``lo``. Nothing is created in the
+namespace holds its ``eth0`` (the planned address) and ``lo``, and a relay with a second
+address (``network.relays.<g>.second_address``) an ``eth1`` with it: a switch port of its own,
+and a policy route (table ``SECOND_TABLE``) so that what is sent from that address leaves there. Nothing is created in the
 caller's namespace, and no namespace has a default route or an uplink, so the private
 network cannot reach anything outside it. The bridge carries the control-plane address
 (``plan.control_address``) so collectors running in the switch namespace reach every node.
@@ -20,7 +22,8 @@ so ``torbed clean`` leaves them alone while their owner lives.
 Public API:
 
 - ``Topology(run_id, plan, switch="bridge"|"linkemu")``: ``.create()``, ``.destroy()``,
-  ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per node; linkemu)
+  ``.ns(node_name)``, ``.switch``, ``.ports()`` (switch-side device per endpoint: every node,
+  then every second address; linkemu), ``.device(endpoint) -> (namespace, eth0|eth1)``
 - ``exec_prefix(ns) -> list[str]`` argv prefix that runs a command inside a namespace
 - ``mac_address(index) -> str`` the fixed MAC of node ``index`` (plan order + 1; 0 = control)
 - ``list_namespaces(prefix) -> list[str]``, ``namespace_pids(ns) -> list[int]``,
@@ -44,12 +47,15 @@ import threading
 from pathlib import Path
 
 from ... import constants
-from ...network import Node, Plan
+from ...network import Node, Plan, owner
 from ...errors import RunFailed
 
 
 class NetnsError(RunFailed):
     pass
+
+
+SECOND_TABLE = 2    # routing table of a relay's second address (eth1)
 
 
 def _ip(*args: str, batch: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -156,8 +162,14 @@ class Topology:
         return f"{self.prefix}{node_name}"
 
     def ports(self) -> list[tuple[str, Node | None]]:
-        """Switch-side device of every node, then the control plane's port (node None)."""
-        return [(f"s{i}", n) for i, n in enumerate(self.plan.nodes)] + [(self.CONTROL_PORT, None)]
+        """Switch-side device of every endpoint (``Plan.endpoints()``: the nodes, then the
+        relays' second addresses), then the control plane's port (node None)."""
+        return [(f"s{i}", n) for i, n in enumerate(self.plan.endpoints())] + [(self.CONTROL_PORT, None)]
+
+    def device(self, endpoint: Node) -> tuple[str, str]:
+        """(namespace, device) of an endpoint: a node's eth0, a second address's eth1."""
+        name, dev = owner(endpoint)
+        return self.ns(name), dev
 
     def create(self) -> None:
         net = ipaddress.IPv4Network(self.plan.subnet)
@@ -183,8 +195,9 @@ class Topology:
                   f"link set {port} arp off addrgenmode none",
                   f"link set {port} up",
                   f"link set {ctl} up"]
-        for i, node in enumerate(self.plan.nodes):
-            sw.append(f"link add s{i} type veth peer name eth0 netns {self.ns(node.name)}")
+        for i, node in enumerate(self.plan.endpoints()):
+            ns, dev = self.device(node)
+            sw.append(f"link add s{i} type veth peer name {dev} netns {ns}")
             if self.switch_kind == "bridge":
                 sw.append(f"link set s{i} master br0")
             else:
@@ -196,18 +209,37 @@ class Topology:
         # of ~100 nodes overflows it ("neighbor table overflow"; connects fail with
         # EHOSTUNREACH). Permanent entries do not count against that limit and no ARP runs.
         peers = [(self.plan.control_address, mac_address(0))] + \
-            [(n.address, mac_address(i + 1)) for i, n in enumerate(self.plan.nodes)]
+            [(n.address, mac_address(i + 1)) for i, n in enumerate(self.plan.endpoints())]
         ctl_dev = "br0" if self.switch_kind == "bridge" else self.CONTROL_DEV
         _ip("-n", self.switch, batch=f"link set {ctl_dev} address {mac_address(0)}\n" + "".join(
             f"neigh replace {ip} lladdr {mac} dev {ctl_dev} nud permanent\n" for ip, mac in peers[1:]))
-        for i, node in enumerate(self.plan.nodes):
+        macs = {n.name: mac_address(i + 1) for i, n in enumerate(self.plan.endpoints())}
+        for node in self.plan.nodes:
+            own = {node.address, node.address2}
             _ip("-n", self.ns(node.name), batch=(
                 "link set lo up\n"
-                f"link set eth0 address {mac_address(i + 1)}\n"
+                f"link set eth0 address {macs[node.name]}\n"
                 f"addr add {node.address}/{plen} dev eth0\n"
                 "link set eth0 up\n" + "".join(
                     f"neigh replace {ip} lladdr {mac} dev eth0 nud permanent\n"
-                    for ip, mac in peers if ip != node.address)))
+                    for ip, mac in peers if ip not in own)
+                + (self._second_lines(node, macs, peers, net) if node.address2 else "")))
+
+    @staticmethod
+    def _second_lines(node: Node, macs: dict[str, str], peers: list[tuple[str, str]],
+                      net: ipaddress.IPv4Network) -> str:
+        """A relay's second address on eth1, and a policy route so that what is sent from it
+        (a socket bound to it: tor's CircSwitchBindAddress) leaves by eth1. No prefix route in
+        the main table: everything else still leaves by eth0."""
+        a2 = node.address2
+        own = {node.address, a2}
+        return (f"link set eth1 address {macs[node.name + ':second']}\n"
+                f"addr add {a2}/{net.prefixlen} dev eth1 noprefixroute\n"
+                "link set eth1 up\n"
+                f"rule add from {a2} lookup {SECOND_TABLE} pref 100\n"
+                f"route add {net} dev eth1 src {a2} table {SECOND_TABLE}\n" + "".join(
+                    f"neigh replace {ip} lladdr {mac} dev eth1 nud permanent\n"
+                    for ip, mac in peers if ip not in own))
 
     def port_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes each node has sent and received so far, read from its switch-side veth end
