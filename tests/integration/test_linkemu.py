@@ -71,6 +71,7 @@ def _rtt(topo, src, dst, n=10, timeout=5.0) -> float:
     return float(p.stdout)
 
 
+@pytest.mark.serial   # RTT upper bounds (+40 ms) and goodput: linkemu is a user-space switch, a CPU-bound one
 def test_forwarding_delay_rate_control_plane_runtime_changes_and_cleanup(tmp_path):
     data = small_scenario("it-linkemu", **{"links.emulator": "linkemu",
                                            "links.default": {"delay": "20ms"},
