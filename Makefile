@@ -37,8 +37,11 @@ test: setup  ## unit and integration tests (integration: real tor in network nam
 unit: setup
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
+# Two tests at a time (each in a network of its own; a module stays on one worker, its shared
+# run with it), then the `serial` ones alone (docs/testing.md).
 integration: setup
-	$(BIN)/pytest -q -m "not experiment" tests/integration $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not experiment and not serial" tests/integration $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "serial and not experiment" tests/integration $(PYTEST_ARGS)
 
 experiments: setup  ## tests that measure an effect (a ratio between arms, a delay added); part of make bench, not of CI
 	$(BIN)/pytest -ra -m experiment tests/integration tests/e2e $(PYTEST_ARGS)

@@ -67,4 +67,15 @@ stage wait-background wait_background || exit 1
 stage tor-builds "$bin/python" -m tests.integration.prebuild || exit 1
 stage images "$bin/python" -m torbed.images || exit 1
 # tests/e2e needs a Kubernetes cluster: `make e2e` (which .ci/run also calls).
-stage integration pytest_stage integration -m "not experiment" tests/integration tests/images "$@" || exit 1
+# Two at a time: each test runs its own network and checks only its own run's leftovers, so
+# two can share the machine; a module stays on one worker (--dist loadfile: a module's shared
+# run is made once). Tests whose bounds another network's load could break are marked
+# `serial` and run alone afterwards (docs/testing.md).
+integration_tests() {   # both parts run (every failure reported); either failing fails the stage
+  local rc=0
+  pytest_stage integration -n 2 --dist loadfile -m "not experiment and not serial" tests/integration tests/images \
+    "$@" || rc=1
+  pytest_stage integration-serial -m "serial and not experiment" tests/integration "$@" || rc=1
+  return $rc
+}
+stage integration integration_tests "$@" || exit 1

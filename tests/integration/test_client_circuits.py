@@ -23,6 +23,9 @@ pytestmark = pytest.mark.integration
 DATA_CELLS = 20     # a hop "carried data" from this many relay cells (10 KB) over the window
 
 
+# serial: it asserts on the report's per-group waits, and the report leaves out a repetition the CPU gate
+# called starved (analysis/gates.py exclude_invalid), as it did here beside another network.
+@pytest.mark.serial
 def test_web_and_bulk_circuits_are_labelled_at_guard_middle_and_exit(tmp_path):
     data = small_scenario("it-client-circuits", **{
         "network.relays.middle": {"torrc": "ConstrainedSockets 1\nConstrainedSockSize 8192"},

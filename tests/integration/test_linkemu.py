@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -70,13 +71,16 @@ def _rtt(topo, src, dst, n=10, timeout=5.0) -> float:
     return float(p.stdout)
 
 
+@pytest.mark.serial   # RTT upper bounds (+40 ms) and goodput: linkemu is a user-space switch, a CPU-bound one
 def test_forwarding_delay_rate_control_plane_runtime_changes_and_cleanup(tmp_path):
     data = small_scenario("it-linkemu", **{"links.emulator": "linkemu",
                                            "links.default": {"delay": "20ms"},
                                            "links.pairs": [{"between": ["web", "www"], "rate": "8mbit"}]})
     plan = network.plan(scenario.parse(data, "it-linkemu"), "kist")
-    topo = netns.Topology("itle", plan, switch="linkemu")
-    sup = Supervisor("itle", {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
+    # Names of its own (a run id's shape): another test or checkout may run a linkemu topology now.
+    run_id = secrets.token_hex(3)
+    topo = netns.Topology(run_id, plan, switch="linkemu")
+    sup = Supervisor(run_id, {"namespaces": [topo.switch] + [topo.ns(n.name) for n in plan.nodes],
                               "scratch": str(tmp_path), "run_dir": str(tmp_path)})
     guard, middle, web, www = (plan.node(n) for n in ("guard0", "middle0", "web0", "www0"))
     try:
@@ -131,7 +135,7 @@ def test_forwarding_delay_rate_control_plane_runtime_changes_and_cleanup(tmp_pat
         sup.forget()
     # linkemu wrote its counters when it was stopped; nothing is left behind.
     assert json.loads((tmp_path / "stats.json").read_text())["links"]
-    assert not [n for n in namespaces() if n.startswith("tb-itle-")]
+    assert not [n for n in namespaces() if n.startswith(topo.prefix)]
     assert not processes_mentioning(str(tmp_path / "linkemu.json"))
 
 

@@ -425,8 +425,12 @@ def test_user_namespace_mode(tmp_path):
     assert meta["tor_user"]["uid"] == 0 and "user namespace" in meta["tor_user"]["why"], meta["tor_user"]
     # Real-time scheduling needs CAP_SYS_NICE in the initial namespace: recorded as not applied.
     assert meta["bootstrap"]["authority_realtime_until_ready"] is None
-    ok = [t for t in records(run / "kist" / "rep-0" / "transfers.jsonl") if t["status"] == "ok"]
-    assert len(ok) == 3
+    # Traffic crossed the network; a transfer the 20 s window cut off (bring-up and the first
+    # circuit slow on a loaded machine: none of three finished once beside another network at
+    # load average ~90) is censored, never an error.
+    recs = records(run / "kist" / "rep-0" / "transfers.jsonl")
+    assert [t for t in recs if t["status"] == "ok"], recs
+    assert all(t["status"] == "ok" or (t["status"] == "cancelled" and t.get("t_censor")) for t in recs), recs
     # This run's ids only: other runs on the machine may come and go meanwhile.
     assert namespaces(run) == [], "a user-namespace run must not create host namespaces"
     assert not run_processes(run)

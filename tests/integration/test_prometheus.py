@@ -167,22 +167,26 @@ def _tsdb_state(path: Path) -> dict:
     return {str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns) for f in path.rglob("*") if f.is_file()}
 
 
-def test_cli_serves_the_tsdb_read_only(run):
+def test_cli_serves_the_tsdb_read_only(run, tmp_path):
     tsdb = run["rep"] / "prometheus"
     before = _tsdb_state(tsdb)
-    copies = set(Path("/tmp").glob("torbed-prometheus-*"))
+    # The served copy goes under TMPDIR (tempfile): a directory of this test's own, so what
+    # is left there is this command's (other tests or checkouts may serve a run now too).
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
     proc = subprocess.Popen(TORBED + ["prometheus", str(run["dir"])], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**env(), "TMPDIR": str(tmpdir)}, cwd=REPO)
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url
         assert query(url, 'up{job="tor"}', run["meta"]["t_end"] - 5)
+        assert [d.name[:len("torbed-prometheus-")] for d in tmpdir.iterdir()] == ["torbed-prometheus-"]
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(30)
     assert rc == 0, proc.stderr.read()
     assert _tsdb_state(tsdb) == before
-    assert set(Path("/tmp").glob("torbed-prometheus-*")) <= copies, "the served copy was left behind"
+    assert not list(tmpdir.iterdir()), "the served copy was left behind"
 
 
 def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path):

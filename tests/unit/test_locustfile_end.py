@@ -130,6 +130,7 @@ def test_end_record_includes_the_workers_last_reports(tmp_path, loopback, how):
     assert final["web"]["num_requests"] > 0
     assert total["requests"] == final["web"]["num_requests"], (total, final["web"]["num_requests"])
     assert total["bytes"] == final["web"]["total_content_length"] == total["requests"] * len(BODY)
-    # The last periodic record was taken while the workers' last interval was still out.
+    # The last periodic record was taken before the stop began (none while the users stop),
+    # while the workers' last interval was still out: the end record has more.
     periodic = [r for r in records if r["label"] == "periodic"]
     assert periodic and periodic[-1]["total"]["requests"] < total["requests"]

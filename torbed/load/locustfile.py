@@ -11,7 +11,7 @@ names the load node a worker runs on, so SOCKS credentials are unique across wor
 - Each iteration picks one request of the mix by weight (weights are connection shares),
   downloads the whole body, checks its size, then pauses for that request's think time.
 - The master (or a stand-alone Locust) appends its statistics to load.jsonl every
-  stats_interval_s while a test runs and once when it stops: cumulative counts and bytes, current requests/s
+  stats_interval_s while a test runs (until its stop begins) and once when it stops: cumulative counts and bytes, current requests/s
   and failures/s, response-time percentiles over Locust's current window (10 s) and over
   the whole run so far. The 'end' record is written once the workers' final reports are
   in (every request the master ever counted), or at the latest when Locust quits.
@@ -152,7 +152,12 @@ class _StatsWriter:
     def _loop(self):
         while True:
             gevent.sleep(CFG["stats_interval_s"])
-            _write(_record(self.environment, "periodic"))
+            # From the stop on (test_stopping) the users are stopping: only the 'end' record.
+            # A master waits for its workers' users to stop before test_stop, seconds on a
+            # loaded machine, and a worker's regular report can bring its last interval in
+            # then: a periodic record there was the end record's counts under another label.
+            if self.end is None:
+                _write(_record(self.environment, "periodic"))
 
     def _running(self) -> bool:
         return self.greenlet is not None and not self.greenlet.dead
