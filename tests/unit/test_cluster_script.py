@@ -50,8 +50,12 @@ def test_start_returns_at_once_when_the_command_dies(tmp_path):
         """)
     assert p.returncode == 0, p.stderr
     assert "gone" in p.stdout
+    # It noticed the exit instead of waiting out its 5 s for an exec that never comes (that
+    # path logs "has not exec'd"); the time is only a loose bound: on a loaded machine each of
+    # the loop's probes forks, and `SECONDS` counts whole seconds (it took 3 once in CI).
+    assert "has not exec'd" not in p.stderr, p.stderr
     took = int(p.stdout.split("took ")[1].split()[0])
-    assert took <= 2, p.stdout
+    assert took < 5, p.stdout
 
 
 def test_the_pi_node_gets_its_own_runtime_state_cgroups_and_labels(tmp_path):
