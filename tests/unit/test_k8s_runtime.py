@@ -21,6 +21,8 @@ from torbed import scenario as scenario_mod
 from torbed.pods import Shipper, keygen, results, shaper
 from torbed.network import plan
 
+from tests.conftest import scratch_veth
+
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
 
@@ -180,12 +182,7 @@ def test_shaper_tree_matches_the_scenario_links():
 @pytest.mark.integration
 def test_shaper_commands_are_accepted_by_the_kernel():
     """The same batch the sidecar runs, applied by real tc to a veth in a throwaway netns."""
-    ns = f"tb-shaper-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        ex = ["ip", "netns", "exec", ns]
-        subprocess.run(ex + ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], check=True)
-        subprocess.run(ex + ["ip", "link", "set", "eth0", "up"], check=True)
+    with scratch_veth("tb-shaper") as ex:
         cmds, ids = shaper.classes("eth0", _quickstart_specs("middle"))
         first = {"10.1.0.5": ids["guard"], "10.1.0.6": ids["exit"]}
         for batch in (cmds, shaper.filters("eth0", first, {}),
@@ -198,8 +195,6 @@ def test_shaper_commands_are_accepted_by_the_kernel():
         assert "0a010007" in shown and "0a010005" not in shown and "0a010006" not in shown
         classes = subprocess.run(ex + ["tc", "class", "show", "dev", "eth0"], capture_output=True, text=True).stdout
         assert "rate 4Mbit" in classes
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def _rx_packets(ns: str, dev: str) -> int:

@@ -7,7 +7,6 @@ a malformed argument. On a kernel with sch_netem the same batch is accepted whol
 
 import copy
 import subprocess
-import uuid
 
 import pytest
 
@@ -17,6 +16,7 @@ from torbed.network import plan
 from torbed.pods import shaper
 
 from tests.unit.test_faults import BASE
+from tests.conftest import scratch_veth
 
 LINKS = {"default": {"rate": "10mbit", "delay": "20ms", "jitter": "5ms", "loss": "1%"},
          "pairs": [{"between": ["guard", "middle"], "rate": "4mbit", "delay": "50ms", "loss": "2%", "loss_burst": 4},
@@ -55,12 +55,7 @@ def test_real_tc_parses_every_rendered_netem_line():
     s = _scenario()
     p = plan(s, s.variants[0])
     cmds, _ = shaper.classes("eth0", shaper._link_specs(s, p, "middle"))
-    ns = f"tb-netem-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        ex = ["ip", "netns", "exec", ns]
-        subprocess.run(ex + ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], check=True)
-        subprocess.run(ex + ["ip", "link", "set", "eth0", "up"], check=True)
+    with scratch_veth("tb-netem") as ex:
         netem_here = shaping.probe_kernel().netem
         for line in cmds:
             proc = subprocess.run(ex + ["tc", *line.split()], capture_output=True, text=True)
@@ -74,5 +69,3 @@ def test_real_tc_parses_every_rendered_netem_line():
         bad = subprocess.run(ex + ["tc", "qdisc", "add", "dev", "eth0", "parent", "1:2", "handle", "99:", "netem",
                                    "delay", "20ms", "bogus", "3"], capture_output=True, text=True)
         assert bad.returncode == 1 and "bogus" in bad.stderr, bad.stderr
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
