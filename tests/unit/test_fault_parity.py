@@ -195,3 +195,31 @@ def test_the_mechanism_is_in_faults_jsonl_and_the_report(tmp_path):
            "after": None, "recover_s": None}
     table = [b for b in _fault_blocks({"faults": [row]}) if b[0] == "table"][0]
     assert table[1][3] == "mechanism" and table[2][0][3] == "torbed supervisor: SIGKILL to tor"
+
+
+def test_kill_on_kubernetes_notices_a_tor_that_survived_its_signal():
+    """Ctx.check_gone's script, run by real bash over real processes: a process still running
+    is reported (a SIGKILL from inside a PID namespace to its init is ignored without error),
+    a zombie or a pid that is gone counts as ended."""
+    import subprocess
+    import types
+
+    from torbed.backends.k8s import faults as k8s_faults
+    from torbed.errors import RunFailed
+
+    def exec_tor(pod, script, what):
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
+    ctx = types.SimpleNamespace(exec_tor=exec_tor)
+    live = subprocess.Popen(["sleep", "30"])
+    zombie = subprocess.Popen(["true"])          # not waited for: a zombie until the test ends
+    try:
+        zombie_pid = zombie.pid
+        import time
+        time.sleep(0.3)
+        k8s_faults.Ctx.check_gone(ctx, "pod", f"{zombie_pid} 999999", "SIGKILL", wait_s=1.0)
+        with pytest.raises(RunFailed, match=f"still runs .*alive:{live.pid}"):
+            k8s_faults.Ctx.check_gone(ctx, "pod", f"{live.pid} {zombie_pid}", "SIGKILL", wait_s=1.0)
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()

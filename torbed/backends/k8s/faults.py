@@ -224,6 +224,25 @@ class Ctx:
             raise RunFailed(f"SIG{sig} to tor in {pod}: {out.strip()[-300:]}")
         return " ".join(out.split("signalled:", 1)[1].split()) or "?"
 
+    def check_gone(self, pod: str, pids: str, sig: str, wait_s: float = 3.0) -> None:
+        """Raise unless the tor processes ``pids`` of the pod ended (or became zombies) within
+        ``wait_s`` of ``sig``: a signal sent from inside a PID namespace to its init is ignored
+        without an error, so a tor that is its container's PID 1 would survive a "kill"."""
+        script = ('for p in %s; do s=$(sed -n "s/^State:\\s*//p" /proc/$p/status 2>/dev/null); '
+                  '[ -n "$s" ] && [ "${s#Z}" = "$s" ] && echo "alive:$p"; done; echo checked') % pids
+        t0, out = time.time(), ""
+        while time.time() - t0 < wait_s:
+            try:
+                out = self.exec_tor(pod, script, f"after {sig}")
+            except RunFailed:
+                return           # the container is gone with its tor: the kubelet is restarting it
+            if "checked" in out and "alive:" not in out:
+                return
+            time.sleep(0.5)
+        raise RunFailed(f"{sig} to tor in {pod}: tor (pid {pids}) still runs {wait_s:.0f} s later; a signal "
+                        f"sent to its PID namespace's init from inside is ignored (the chart shares the pod's "
+                        f"process namespace for kill faults: is the release from an older chart?) {out.strip()[-200:]}")
+
     def hold(self, pod: str, on: bool, wait_s: float = 0.0) -> float:
         """Mark the pod held (its tor container does not start tor) or release it; waits up to
         ``wait_s`` for a tor container that is not running yet (the kubelet starts it again
@@ -307,6 +326,8 @@ class Kill(Action):
             mechanism = "Chaos Mesh PodChaos container-kill (SIGKILL from chaos-daemon), pod held"
         else:
             self.pids = {pod: ctx.signal_tor(pod, "KILL", hold=True) for pod in self.pods}
+            for pod, pids in self.pids.items():
+                ctx.check_gone(pod, pids, "SIGKILL")
             how = "SIGKILL to tor (kubectl exec)"
             mechanism = "torbed: SIGKILL to tor (kubectl exec), pod held"
         self.mechanism = mechanism
