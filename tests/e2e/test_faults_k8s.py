@@ -182,11 +182,16 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
     down = tors(kill["t_done"] + 3, float("inf"))   # to the release's uninstall (deleting pods are not read)
     print(f"guard0's tor processes: held {held}, released {back}, killed {down}; container "
           f"(restarts, last exit code) {sorted({(n, c) for _, n, c in watch.exits})}")
-    assert held == {"0"} and back == {"1"} and down == {"0"}, \
+    # After the kill the tor container is either in the kubelet's crash back-off (its second
+    # exit: 10 s, longer than the window has left, so no exec reads it) or started again and
+    # held: never a tor process.
+    assert held == {"0"} and back == {"1"} and down <= {"0"}, \
         [(round(a - restart["t"], 1), n) for a, _, n in watch.tors if a > restart["t"] - 3]
     exits = {(n, c) for t, n, c in watch.exits}
-    assert (1, 0) in exits and (2, 137) in exits, exits   # SIGTERM: tor exits 0; SIGKILL: 128 + 9
-    assert meta["pod_restarts"].get(f"{rel}-guard-0") == 2, meta["pod_restarts"]
+    # SIGTERM: tor exits 0 and the kubelet starts it again at once (restart count 1); SIGKILL:
+    # 128 + 9, seen as the last exit during the back-off (count 1) or after it (count 2).
+    assert (1, 0) in exits and ((1, 137) in exits or (2, 137) in exits), exits
+    assert meta["pod_restarts"].get(f"{rel}-guard-0") in (1, 2), meta["pod_restarts"]
     transfers = records(rep / "transfers.jsonl")
     ok_after = [t for t in transfers if t["status"] == "ok" and released["t"] < t["t_start"] < kill["t"]]
     print(f"after guard0's release: {len(ok_after)} transfers succeeded (first started "
