@@ -396,9 +396,9 @@ def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
         left = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
         assert sorted(left) == sorted(names), "the dashboards went without torbed clean"
         c = subprocess.run([*TORBED, "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        said = " ".join(c.stdout.split())       # rich wraps long lines
+        said = " ".join((c.stdout + c.stderr).split())       # rich wraps long lines; progress goes to stderr
         assert c.returncode == 0, c.stdout + c.stderr
-        assert "removed the dashboards of 1 run(s) whose torbed was gone (3 ConfigMap(s))" in said, c.stdout
+        assert "removed the dashboards of 1 run(s) whose torbed was gone (3 ConfigMap(s))" in said, said
         assert core.list_namespaced_config_map("default", label_selector=sel).items == []
         assert not list((tmp_path / "state" / "k8s").glob("*.json"))
     finally:
