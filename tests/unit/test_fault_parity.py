@@ -80,6 +80,7 @@ class PodCtx:
 
     def __init__(self, chaos=None, daemon_problem=None, restarts=0):
         self.calls, self.chaos, self._daemon, self.restarts = [], chaos or {}, daemon_problem, restarts
+        self.checked = []
         self.plan = SimpleNamespace(node=lambda n: SimpleNamespace(group=n.rstrip("0123456789"), index=n[-1]))
 
     def pods(self, nodes):
@@ -106,6 +107,9 @@ class PodCtx:
     def hold(self, pod, on, wait_s=0.0):
         return k8s.Ctx.hold(self, pod, on, wait_s)
 
+    def check_gone(self, pod, pids, sig, wait_s=3.0):
+        self.checked.append((pod, pids, sig))
+
     def create(self, obj):
         self.calls.append(("create", obj["spec"]["action"]))
         return f"Chaos Mesh PodChaos {obj['metadata']['name']} created"
@@ -123,6 +127,7 @@ def test_k8s_kill_is_sigkill_with_the_pod_held_on_either_path():
     [(pod, script)] = ctx.calls
     assert pod == "r-middle-0" and script.startswith(f"touch {k8s.HOLD} &&") and "kill -KILL $p" in script
     assert act.record["signal"] == "SIGKILL" and act.mechanism.startswith("torbed: SIGKILL")
+    assert ctx.checked == [("r-middle-0", "42", "SIGKILL")]   # the signalled tor is checked gone
     obj = {"metadata": {"name": "x-fault-0"}, "spec": {"action": "container-kill"}}
     ctx = PodCtx(chaos={0: obj})   # chaos-daemon runs: it sends the SIGKILL, after the hold
     act = k8s.Kill(0, f, ["middle0"])
