@@ -63,7 +63,9 @@ def stubs(tmp_path, monkeypatch):
     log = tmp_path / "calls"
     for tool in ("kind", "minikube"):
         _stub(bindir, tool, f'echo "{tool} $*" >> {log}\n')
-    _stub(bindir, "k3s", f'echo "k3s $*" >> {log}\ncat > {tmp_path}/imported.tar\n')
+    # k3s logs after reading its stdin to the end, i.e. after docker save exited: the two run
+    # at once in a pipe, and logging first made the order of the two lines a race
+    _stub(bindir, "k3s", f'cat > {tmp_path}/imported.tar\necho "k3s $*" >> {log}\n')
     _stub(bindir, "docker", f'echo "docker $*" >> {log}\nprintf "TAR:%s" "$*"\n')
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     return tmp_path
