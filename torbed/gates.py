@@ -53,6 +53,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -167,6 +169,31 @@ def parse_ss_send_queues(text: str) -> dict[str, int]:
     return out
 
 
+TCP_ESTABLISHED = "01"     # the kernel's state code in /proc/net/tcp's "st" column
+
+
+def parse_proc_net_tcp(text: str) -> dict[str, int]:
+    """/proc/PID/net/tcp (the sockets of PID's network namespace): the established sockets'
+    send queues (``tx_queue``: write_seq - snd_una, the number ``ss`` prints as Send-Q) summed
+    per peer IPv4 address. Addresses are the kernel's network-order words printed as native
+    integers, hence the native-order pack."""
+    out: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 5 or f[3] != TCP_ESTABLISHED:
+            continue
+        peer = socket.inet_ntoa(struct.pack("=I", int(f[2].split(":")[0], 16)))
+        out[peer] = out.get(peer, 0) + int(f[4].split(":")[0], 16)
+    return out
+
+
+def parse_send_queues(text: str) -> dict[str, int]:
+    """Either reading of a sender's send queues: /proc/PID/net/tcp (its header names
+    ``local_address``) or ``ss -Htn state established``."""
+    head = text.split("\n", 1)[0]
+    return parse_proc_net_tcp(text) if "local_address" in head else parse_ss_send_queues(text)
+
+
 def parse_schedstat(text: str) -> tuple[int, int, int]:
     """/proc/PID/schedstat: (ns on a CPU, ns runnable but waiting on a run queue, times scheduled)."""
     f = text.split()
@@ -262,10 +289,10 @@ def _read_senders(senders: list[str], run: Callable[[str], str], parse: Callable
 
 
 class SocketSource:
-    """The kernel's TCP send queues of each sender toward each node (``ss`` in the sender's
-    namespace): data tor has handed to the kernel that the link has not carried yet, where
-    neither the shaper's statistics nor CELL_STATS see it. ``peers``: {IPv4 address: node};
-    ``run_ss(sender) -> text``. Records ``{"type": "sockets", "t", "send_q": {"SRC>DST":
+    """The kernel's TCP send queues of each sender toward each node (/proc/PID/net/tcp of a
+    process in the sender's namespace, or ``ss`` there): data tor has handed to the kernel that
+    the link has not carried yet, where neither the shaper's statistics nor CELL_STATS see it.
+    ``peers``: {IPv4 address: node}; ``run_ss(sender) -> text`` in either format. Records ``{"type": "sockets", "t", "send_q": {"SRC>DST":
     bytes}, ["failed": [SRC]]}`` (only non-zero queues)."""
 
     def __init__(self, senders: list[str], peers: dict[str, str], run_ss: Callable[[str], str], writer):
@@ -274,7 +301,7 @@ class SocketSource:
 
     def __call__(self, now: float) -> None:
         send_q: dict[str, int] = {}
-        read, failed = _read_senders(self.senders, self.run_ss, parse_ss_send_queues, self.errors)
+        read, failed = _read_senders(self.senders, self.run_ss, parse_send_queues, self.errors)
         for sender, queues in read.items():
             for addr, q in queues.items():
                 if q and addr in self.peers:

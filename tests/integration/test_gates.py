@@ -65,6 +65,9 @@ def run_gates(tmp_path, name: str, queue: str | None) -> dict:
     assert r.returncode == 0, r.stderr[-3000:]
     report = (run_dir / "report" / "report.md").read_text()
     assert "## Mechanism gates" in report
+    # the relays' send queues were read from /proc/PID/net/tcp of their tors, never by ss
+    reader = meta["gate_sampling"]["socket_reader"]
+    assert reader["proc"] >= 25 and reader["ss"] == 0, reader
     g["_rep"] = run_dir / "ewma-66" / "rep-0"
     return g
 

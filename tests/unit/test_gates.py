@@ -4,6 +4,7 @@ scenario's measure.mechanism; the class numbers the samples map back to node pai
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,54 @@ def test_ss_send_queues_and_the_socket_source():
     src(5.0)
     assert w.records == [{"type": "sockets", "t": 5.0, "send_q": {"exit0>middle0": 127456}, "failed": ["www0"]}]
     assert src.errors == ["www0: no ss"]
+
+
+PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0C00000A:1388 0D00000A:A028 01 0001E240:00000FA0 01:00000014 00000000  1000        0 2 1 0 20 4 30 10 -1
+   2: 0C00000A:98EE 0D00000A:1388 01 0000004D:00000000 00:00000000 00000000  1000        0 3 1 0 20 4 30 10 -1
+   3: 0C00000A:98EF 6300000A:0050 06 00000100:00000000 00:00000000 00000000     0        0 0 3 0 0 0 0 0 0
+"""
+
+
+def test_proc_net_tcp_send_queues_per_peer_established_only():
+    # a listener and a TIME_WAIT socket (st 06) count for nothing; addresses in the kernel's
+    # little-endian print on this machine (0D00000A is 10.0.0.13)
+    assert gates.parse_proc_net_tcp(PROC_NET_TCP) == {"10.0.0.13": 0x1E240 + 0x4D}
+    assert gates.parse_send_queues(PROC_NET_TCP) == gates.parse_proc_net_tcp(PROC_NET_TCP)
+    assert gates.parse_send_queues(SS) == gates.parse_ss_send_queues(SS)
+
+
+def test_proc_net_tcp_reads_the_queue_ss_reads_on_a_real_blocked_socket():
+    """A real TCP connection whose receiver never reads: the bytes stuck in the sender's
+    send queue, as /proc/self/net/tcp tells them and as ss tells them, are the same number."""
+    import shutil
+    import socket as so
+    if not shutil.which("ss"):
+        pytest.fail("ss (iproute2) is missing: make setup installs it")
+    lst = so.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    snd = so.create_connection(lst.getsockname())
+    rcv, _ = lst.accept()
+    rcv.setsockopt(so.SOL_SOCKET, so.SO_RCVBUF, 4096)
+    snd.setblocking(False)
+    sent = 0
+    try:
+        while True:
+            sent += snd.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    port = snd.getsockname()[1]
+    try:
+        # only the sender's socket: the listener's port is the peer of that one socket here
+        mine = [ln for ln in Path("/proc/self/net/tcp").read_text().splitlines()[1:]
+                if ln.split()[1].endswith(f":{port:04X}")]
+        from_proc = gates.parse_proc_net_tcp("header\n" + "\n".join(mine))["127.0.0.1"]
+        out = subprocess.run(["ss", "-Htn", "state", "established", f"sport = :{port}"],
+                             capture_output=True, text=True, check=True).stdout
+        from_ss = gates.parse_ss_send_queues(out)["127.0.0.1"]
+        assert from_proc > 0 and from_proc == from_ss, (from_proc, from_ss, sent)
+    finally:
+        for s in (snd, rcv, lst):
+            s.close()
