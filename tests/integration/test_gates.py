@@ -26,6 +26,7 @@ flagged, rightly. The Vanilla scheduler writes whatever the socket takes.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,9 @@ def run_gates(tmp_path, name: str, queue: str | None) -> dict:
     # the relays' send queues were read from /proc/PID/net/tcp of their tors, never by ss
     reader = meta["gate_sampling"]["socket_reader"]
     assert reader["proc"] >= 25 and reader["ss"] == 0, reader
+    # ... from namespaces with a TCP hash of their own (the sysctl put back on the host after)
+    assert meta["gate_sampling"]["tcp_hash_per_namespace"] == "private 2048 buckets", meta["gate_sampling"]
+    assert Path("/proc/sys/net/ipv4/tcp_child_ehash_entries").read_text().strip() == "0"
     g["_rep"] = run_dir / "ewma-66" / "rep-0"
     return g
 

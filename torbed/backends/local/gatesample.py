@@ -151,5 +151,6 @@ def start(rep, shaper: str) -> gates.Sampler:
     reader = SendQueueReader(sup, st.topo.ns, run_ss)
     sources.append(gates.SocketSource(senders, peers, reader, RecordWriter(rep.dir / "sockets.jsonl")))
     rep.meta["gate_sampling"] = {"interval_s": gates.SAMPLE_INTERVAL_S, "shaper": shaper, "socket_senders": senders,
-                                 "cpu_bound_target": list(target), "socket_reader": reader.how}
+                                 "cpu_bound_target": list(target), "socket_reader": reader.how,
+                                 "tcp_hash_per_namespace": st.topo.tcp_hash}
     return gates.Sampler(gates.SAMPLE_INTERVAL_S, sources).start()

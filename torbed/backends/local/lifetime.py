@@ -232,6 +232,8 @@ def clean(console, force: bool = False) -> dict:
         netns.delete_namespace(ns)
         out["namespaces"] += 1
         console.log(f"removed namespace {ns}" + (f" and {n} process(es)" if n else ""))
+    if netns.restore_tcp_hash():
+        console.log("put back net.ipv4.tcp_child_ehash_entries, left set by a run killed while creating namespaces")
     for d in Path("/tmp").glob("torbed-*"):
         if not d.is_dir() or str(d) in live_scratch:
             continue
