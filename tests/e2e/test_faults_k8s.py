@@ -73,7 +73,8 @@ class Watch:
             return None
         t0 = time.time()
         out = exec_in(self.kube, running[0].metadata.name, "tor", script).strip()
-        into.append((t0, time.time(), out))
+        if out:     # both scripts always print; empty: the exec found no running container (back-off)
+            into.append((t0, time.time(), out))
         return running[0]
 
     def _run(self):
