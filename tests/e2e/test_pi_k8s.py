@@ -174,8 +174,15 @@ def test_a_relay_group_on_the_emulated_pi_carries_traffic_shaped_and_isolated_ac
         # The exits' channel with the Pi relay, either direction too: an exit that first reached
         # the Pi relay itself (as a middle of another circuit, or for its own directory
         # fetches) holds the channel it opened, and tor then reuses it for extends from the Pi.
+        # The Pi relay's extends run under qemu-user (ntor handshakes emulated), so its channel
+        # to an exit may come some seconds after the guard's first 100 kB: polled, not read once.
         either = "ss -Htn state established '( sport = :5000 or dport = :5000 )'"
-        seen = "".join(exec_in(kube, f"{rel}-exit-{i}", "shaper", either) for i in range(2))
+        deadline, seen = time.time() + 90, ""
+        while time.time() < deadline:
+            seen = "".join(exec_in(kube, f"{rel}-exit-{i}", "shaper", either) for i in range(2))
+            if f"{midarm_ip}:" in seen:
+                break
+            time.sleep(3)
         assert f"{midarm_ip}:" in seen, (midarm_ip, seen)
     finally:
         left = uninstall(kube, helm, rel)
