@@ -47,9 +47,9 @@ def htb_links(plan) -> tuple[dict[tuple[str, int], str], list[dict]]:
 
 class SendQueueReader:
     """A relay's TCP send queues, read from /proc/PID/net/tcp of its tor (the file lists the
-    sockets of the reader's network namespace) instead of forking ``ss`` into the namespace:
-    with 60 relays the fork-per-relay-per-second cost a third of a core in torbed itself and
-    starved the relays it measured. The pid is used only once its namespace is checked to be
+    sockets of the reader's network namespace) instead of forking ``ss`` into the namespace
+    once per relay per second (60 forks a second on the sampled network; the larger cost, the
+    walk of a shared socket hash, is gone with netns.private_tcp_hash). The pid is used only once its namespace is checked to be
     the relay's (the inode of /proc/PID/ns/net is that of /run/netns/NS); otherwise, and for a
     relay whose tor is not running, ``ss`` reads it. ``how``: {"proc": n, "ss": n} readings so far."""
 
