@@ -72,21 +72,36 @@ class Watch:
         if not running:
             return None
         t0 = time.time()
-        out = exec_in(self.kube, running[0].metadata.name, "tor", script).strip()
+        try:
+            out = exec_in(self.kube, running[0].metadata.name, "tor", script).strip()
+        except Exception:   # the container is not running (killed, in back-off): no reading
+            out = ""
         if out:     # both scripts always print; empty: the exec found no running container (back-off)
             into.append((t0, time.time(), out))
         return running[0]
+
+    def _exit(self, pod):
+        """(t, restart count, exit code) of guard0's tor container: the code of the exit it is
+        in now (terminated, before the kubelet starts it again), else of its last one."""
+        st = next((c for c in (pod.status.container_statuses or []) if c.name == "tor"), None)
+        if st is None:
+            return
+        now = st.state.terminated if st.state else None
+        last = st.last_state.terminated if st.last_state else None
+        term = now or last
+        self.exits.append((time.time(), st.restart_count, term.exit_code if term else None))
 
     def _run(self):
         core = self.kube.CoreV1Api()
         while not self.stop.is_set():
             try:
                 self._sample(core, "exit", CPU_QUOTA, self.quota)
+            except Exception:
+                pass
+            try:    # the status is read even when the exec found no tor: it says why
                 pod = self._sample(core, "guard", TOR_PROCS, self.tors)
-                st = next((c for c in (pod.status.container_statuses or []) if c.name == "tor"), None) if pod else None
-                if st is not None:
-                    term = st.last_state.terminated if st.last_state else None
-                    self.exits.append((time.time(), st.restart_count, term.exit_code if term else None))
+                if pod is not None:
+                    self._exit(pod)
             except Exception:
                 pass
             self.stop.wait(1.0)
@@ -190,7 +205,8 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
         [(round(a - restart["t"], 1), n) for a, _, n in watch.tors if a > restart["t"] - 3]
     exits = {(n, c) for t, n, c in watch.exits}
     # SIGTERM: tor exits 0 and the kubelet starts it again at once (restart count 1); SIGKILL:
-    # 128 + 9, seen as the last exit during the back-off (count 1) or after it (count 2).
+    # 128 + 9, seen as the exit it is in (count 1), the last exit during the back-off (count 1)
+    # or after it (count 2).
     assert (1, 0) in exits and ((1, 137) in exits or (2, 137) in exits), exits
     assert meta["pod_restarts"].get(f"{rel}-guard-0") in (1, 2), meta["pod_restarts"]
     transfers = records(rep / "transfers.jsonl")
