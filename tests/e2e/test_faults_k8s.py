@@ -197,7 +197,7 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
     held, back = tors(restart["t_done"] + 1.5, released["t"]), tors(released["t_done"] + 3, kill["t"])
     down = tors(kill["t_done"] + 3, float("inf"))   # to the release's uninstall (deleting pods are not read)
     print(f"guard0's tor processes: held {held}, released {back}, killed {down}; container "
-          f"(restarts, last exit code) {sorted({(n, c) for _, n, c in watch.exits})}")
+          f"(restarts, exit code) {sorted({(n, c) for _, n, c in watch.exits}, key=lambda e: (e[0], -1 if e[1] is None else e[1]))}")
     # After the kill the tor container is either in the kubelet's crash back-off (its second
     # exit: 10 s, longer than the window has left, so no exec reads it) or started again and
     # held: never a tor process.
