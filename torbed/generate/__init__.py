@@ -115,10 +115,15 @@ def _parameters(smp: sample_mod.Sample, fit: Fit, budget: Budget, tors: dict[str
     params = {
         "relays": tors["relay"], "clients": tors["client"], "authorities": tors["authority"],
         "bin_ratio": round(bin_ratio, 4), "perf_probes": perf, "rate_scale": fit.scale, "relays_at_min_rate": fit.floored,
-        "relayed_budget_bytes_per_s": round(fit.relayed_budget), "cpu_idle_cores": round(fit.cpu_idle, 4),
+        "relayed_budget_bytes_per_s": round(fit.relayed_budget), "cpu_running_network_cores": round(fit.cpu_idle, 4),
+        "expected_relayed_bytes_per_s": round(fit.expected_load), "expected_cpu_cores": round(fit.cpu_expected, 3),
+        "expected_utilization": round(fit.expected_load / max(sum(fit.rates), 1), 3), "rate_scale_set_by": fit.binding,
         "memory_mib": round(fit.memory_mib, 1), "machine_cores": budget.cores,
         "machine_memory_mib": round(budget.memory_mib), "mem_per_tor_mib": budget.mem_per_tor_mib,
-        "cpu_per_relayed_mbps": budget.cpu_per_relayed_mbps, "cpu_share": budget.cpu_share,
+        "cpu_per_relayed_mbps": budget.cpu_per_relayed_mbps, "cpu_shaper_per_relayed_mbps": budget.cpu_shaper_per_mbps,
+        "cpu_per_client": budget.cpu_client, "cpu_observe_per_relay": budget.cpu_observe_relay,
+        "relayed_per_offered": budget.relayed_per_offered, "min_utilization": budget.min_utilization,
+        "cpu_share": budget.cpu_share, "budget_model": "per-role costs measured on the 60-relay pilot, expected load from the traffic model (docs/generate.md)",
         "budget_source": budget.source, "consensus_relays_without_descriptor": missing,
         "consensus_weights": "voted as sampled (authorities' V3BandwidthsFile)",
         "capacity_source": CAPACITY_FROM_DESCRIPTORS if descriptors else CAPACITY_FROM_CONSENSUS,
@@ -145,7 +150,9 @@ def _header(inp: _Inputs, seed: int, fit: Fit, budget: Budget, summary: list[dic
             *([f"Descriptors {d.path} ({d.entries}, published {d.published}) sha256 {d.sha256}"
                for d in inp.desc_infos] or [f"No server descriptors: capacity = {CAPACITY_FROM_CONSENSUS}"]),
             f"Seed {seed}; rate scale {fit.scale:.4g} ({fit.floored} relay(s) raised to tor's 75 KiB/s minimum); "
-            f"budget: {fit.relayed_budget / 1e6:.2f} MB/s relayed on {budget.cores:g} cores",
+            f"budget: {fit.relayed_budget / 1e6:.2f} MB/s relayed on {budget.cores:g} cores; expected "
+            f"{fit.expected_load / 1e6:.2f} MB/s relayed ({fit.expected_load / max(sum(fit.rates), 1):.0%} of the rates' "
+            f"{sum(fit.rates) / 1e6:.2f} MB/s), {fit.cpu_expected:.2f} cores; scale set by {fit.binding}",
             "",
             "Sampled relays: group  class  nickname  fingerprint  consensus weight  capacity B/s  -> rate B/s",
             *[f"  {s['group']}  {s['class']}  {s['nickname']}  {s['fingerprint']}  {s['weight']}  "
@@ -163,13 +170,13 @@ def _latency(model: latency_mod.Model | None, relays: list[sources.Relay], seed:
 
 def _block_samples(inp: _Inputs, relays: int, seed: int, networks: int, groups: list[build.RelayGroupSpec],
                    budget: Budget, tors: dict[str, int], total_rate: int | None, source: str,
-                   lat: build.Latency | None) -> list[dict]:
+                   lat: build.Latency | None, dem: budget_mod.Demand) -> list[dict]:
     """``networks`` independently drawn networks (seeds seed, seed+1, ...), each fitted to the
     budget on its own and cut into the groups of the first (build.rank_groups)."""
     out = [build.sample_entry(seed, groups, lat)]
     for k in range(1, networks):
         smp = sample_mod.draw(inp.joined, relays, seed + k, source)
-        fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
+        fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate, dem)
         lat_k = lat and _latency(lat.model, smp.relays, seed, {c: {} for c in lat.clients})
         out.append(build.sample_entry(seed + k, build.rank_groups(smp.relays, fit.rates, groups), lat_k))
     return out
@@ -204,7 +211,8 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     client_specs = _clients(n_clients, mix, perf)
     tors = {"authority": authorities, "relay": relays, "client": sum(c["count"] for c in client_specs.values())}
     budget = budget or budget_mod.machine()
-    fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate)
+    dem = budget_mod.demand(client_specs, build.FILES)
+    fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate, dem)
     groups = build.capacity_groups(smp.relays, fit.rates, bin_ratio)
     name = name or f"tor-sample-{relays}"
     generated = {
@@ -223,7 +231,7 @@ def generate(consensus: str | Path, descriptors: list[str | Path], relays: int |
     if networks > 1:
         data["repetitions"] = networks
         data["samples"] = _block_samples(inp, relays, seed, networks, groups, budget, tors, total_rate,
-                                         str(consensus), lat)
+                                         str(consensus), lat, dem)
     if check:
         _parse_check(data, name)
     summary = _summary(groups)

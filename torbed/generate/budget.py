@@ -1,32 +1,59 @@
 """The machine's budget for a generated network, and fitting relay rates into it.
 
 A sampled relay's real capacity (tens of MB/s) cannot run on one machine: every relayed
-byte costs CPU (TLS, AES, cell handling), and every tor costs memory. The budget says what
-this machine can carry; ``fit_rates`` scales the sample's capacities into it, keeping their
-ratios, and refuses (``BudgetError``, exit 2, with the numbers) what cannot fit.
+byte costs CPU (in tor, and again in the shaper that carries it between namespaces), every tor
+and every measurement client costs CPU while the network runs, the observers (collector,
+Prometheus, torbed itself) cost CPU per relay, and every tor costs memory. ``fit_rates``
+scales the sample's capacities into what this machine can carry, keeping their ratios, and
+refuses (``BudgetError``, exit 2, with the numbers) what cannot fit.
 
-Figures (constants below; each overridable on the command line, ``torbed generate --help``):
+The model (docs/generate.md, "The budget"): the testbed's CPU while it measures is
 
-- memory per tor: the machine-level peak of the 750-tor density run (README "Density": 14.2 GiB
-  used at the first consensus for 751 tors with 150 drivers, ~19.4 MiB per tor), rounded up
-  to 20 MiB; the newest ``runs/bench/backend-*.json`` replaces it by the measured median
-  relay RSS peak when that is larger
-- idle CPU per tor after ready (README "Density", 300 tors): relay 0.2 %, authority 2.7 %
-  (the larger of the measured 0.5-2.7 %), client tor plus its measurement driver 0.7 % (0.2 % +
-  the three drivers' 1.6 % / 3, README "Observing costs little"); bench results replace the
-  relay figure when present
-- CPU per relayed MB/s: 0.04 cores. The mtrelay experiment's native run (images/relay/variants/
-  mtrelay/README.md, C) saturated this 2-core machine at 16.6 MB/s end to end through 3 hops:
-  2 cores / (3 x 16.6 MB/s), with clients, servers, drivers and the kernel included (the
-  machine was shared then, so the figure errs on the expensive side)
-- share of the cores the network may use at full load: 50 % (the rest: torbed, collectors,
-  Prometheus, and headroom so measured latencies describe the relays, not a saturated machine)
+    fixed = relays x (idle + observe) + authorities x idle + clients x client + torbed/Prometheus
+    load  = min(sum of rates, relayed_per_offered x offered(median rate))
+    cpu   = fixed + load x (relay + shaper cost per relayed MB/s)
+
+where ``offered`` is what the traffic model's clients ask for (a fetch client: its file over
+its pause plus the file's time at the median relay rate; a bulk client: the median relay
+rate, back to back) and ``load`` is the bytes the relays write, all relays together. The
+rates are scaled by the largest factor (never above 1, never below tor's minimum) for which
+``cpu`` stays within ``cpu_share`` of the cores and the expected load is at least
+``min_utilization`` of the rates' sum (rates far above the load leave relays that never
+queue: no scheduler has anything to do).
+
+Figures (constants below; each overridable on the command line, ``torbed generate --help``).
+Measured on the 60-relay pilot (scenarios/tor-sample-60.yaml, 2026-11-27, this 2-core machine
+with nothing else running, median over 9 repetitions of the CPU gate's per-process readings;
+docs/generate.md has the table):
+
+- CPU per relayed MB/s in tor: 0.09 cores (60 relays used 0.39 cores, 0.12 of them idle, while
+  writing 2.94 MB/s together); in the shaper (linkemu): 0.075 cores (0.22 / 2.94)
+- observing one relay (the collector's CELL_STATS and bandwidth events): 0.0035 cores (0.21 / 60)
+- one measuring client (its tor 0.08 / 63 and its driver 0.23 / 63): 0.005 cores
+- torbed itself and Prometheus: 0.10 cores (0.06 + 0.04)
+- an authority (with the file server: 0.03 for four processes): 0.01 cores
+- relayed bytes per offered byte: 2.3. The pilot's relays wrote 2.94 MB/s while its clients,
+  by the traffic model at its median rate of 114 kB/s, offered 1.29 MB/s: each delivered byte
+  crosses three relays with cell and TLS overhead (4.6 relay bytes per delivered byte), and
+  about half the offered load was delivered (bulk circuits shared the congested relays)
+- share of the cores the testbed may use: 70 %. The pilot used 66 % (64-77 %); its CPU-wait
+  fractions had a median of 3.7 % and reached 10.2 % once, the gate's threshold: more than that
+  and repetitions measure CPU queueing
+- minimum expected utilization: 0.3 (the pilot: 2.94 / 8.95 = 0.33)
+- idle CPU per relay after ready: 0.2 % (README "Density", 300 tors); bench results replace it
+- memory per tor: the machine-level peak of the 750-tor density run (~19.4 MiB per tor),
+  rounded up to 20 MiB; the newest ``runs/bench/backend-*.json`` replaces it by the measured
+  median relay RSS peak when that is larger
 - share of the available memory: 50 %
 - tor's smallest relay rate: 75 KiB/s (RELAY_REQUIRED_MIN_BANDWIDTH, or.h; tor refuses a
   smaller BandwidthRate on a relay)
 
-Public API: ``Budget``, ``machine(...) -> Budget``, ``fit_rates(capacities, budget, tors) -> Fit``,
-``BudgetError``.
+One pilot calibrates these; a very different mix (all bulk, thousands of clients) or another
+machine can differ, so a new sample's first run should be checked with the CPU gate, as the
+pilot was (the reproduction records say whether a repetition waited for CPU).
+
+Public API: ``Budget``, ``machine(...) -> Budget``, ``Demand``, ``demand(clients, files) -> Demand``,
+``fit_rates(capacities, budget, tors, total=None, demand=None) -> Fit``, ``BudgetError``.
 """
 
 from __future__ import annotations
@@ -41,9 +68,15 @@ from ..errors import InputError
 
 MIB = 1024 * 1024
 MEM_PER_TOR_MIB = 20.0
-CPU_IDLE = {"relay": 0.002, "authority": 0.027, "client": 0.007}
-CPU_PER_RELAYED_MBPS = 0.04
-CPU_SHARE = 0.5
+CPU_IDLE = {"relay": 0.002, "authority": 0.01}
+CPU_CLIENT = 0.005
+CPU_OBSERVE_RELAY = 0.0035
+CPU_FIXED = 0.10
+CPU_PER_RELAYED_MBPS = 0.09
+CPU_SHAPER_PER_MBPS = 0.075
+RELAYED_PER_OFFERED = 2.3
+MIN_UTILIZATION = 0.3
+CPU_SHARE = 0.7
 MEM_SHARE = 0.5
 MIN_RELAY_RATE = 75 * 1024          # bytes/s
 
@@ -59,8 +92,13 @@ class Budget:
     mem_per_tor_mib: float = MEM_PER_TOR_MIB
     cpu_idle_relay: float = CPU_IDLE["relay"]
     cpu_idle_authority: float = CPU_IDLE["authority"]
-    cpu_idle_client: float = CPU_IDLE["client"]
+    cpu_client: float = CPU_CLIENT
+    cpu_observe_relay: float = CPU_OBSERVE_RELAY
+    cpu_fixed: float = CPU_FIXED
     cpu_per_relayed_mbps: float = CPU_PER_RELAYED_MBPS
+    cpu_shaper_per_mbps: float = CPU_SHAPER_PER_MBPS
+    relayed_per_offered: float = RELAYED_PER_OFFERED
+    min_utilization: float = MIN_UTILIZATION
     cpu_share: float = CPU_SHARE
     mem_share: float = MEM_SHARE
     source: str = "documented defaults (docs/generate.md)"
@@ -119,25 +157,83 @@ def machine(cores: float | None = None, memory_mib: float | None = None, bench_d
 
 
 @dataclass(frozen=True)
+class Demand:
+    """What the clients ask for: fetch clients as (count, file bytes, pause s) and the number
+    of bulk clients (downloads back to back)."""
+    fetches: tuple[tuple[int, int, float], ...] = ()
+    bulk: int = 0
+
+    def offered(self, rate: float) -> float:
+        """Bytes/s the clients ask for when a path carries ``rate`` bytes/s (a fetch takes its
+        pause plus its file's time at that rate; a bulk client takes the rate)."""
+        rate = max(rate, 1.0)
+        return sum(n * size / (pause + size / rate) for n, size, pause in self.fetches) + self.bulk * rate
+
+
+def demand(clients: dict[str, dict], files: dict[str, str]) -> Demand:
+    """The Demand of a scenario's client groups (the generator's: fetch with ``think`` (its
+    mean) or ``pause``, or bulk) and its server's files."""
+    from ..units import parse_duration, parse_size
+    fetches, bulk = [], 0
+    for spec in clients.values():
+        w, n = spec["workload"], int(spec["count"])
+        if w["kind"] == "bulk":
+            bulk += n
+        elif w["kind"] == "fetch":
+            gap = parse_duration(w["think"]["mean"]) if "think" in w else parse_duration(w.get("pause", "0s"))
+            fetches.append((n, parse_size(files[w["file"]]), gap))
+    return Demand(tuple(fetches), bulk)
+
+
+@dataclass(frozen=True)
 class Fit:
     rates: list[int]            # bytes/s per relay, same order as the capacities
     scale: float                # rate = capacity x scale, except relays raised to the floor
     floored: int                # relays raised to tor's minimum rate
-    relayed_budget: float       # bytes/s all relays together may forward
-    cpu_idle: float             # cores the idle network needs
+    relayed_budget: float       # bytes/s the relays may write together (what the CPU allows)
+    cpu_idle: float             # cores the running network needs before it relays a byte
     memory_mib: float           # memory the tors need
+    expected_load: float = 0.0  # bytes/s the relays are expected to write (the traffic model)
+    cpu_expected: float = 0.0   # cores the testbed is expected to use
+    binding: str = ""           # what set the scale: cpu, utilization, capacity or total-rate
 
     def to_dict(self) -> dict:
         return {"scale": self.scale, "floored": self.floored, "relayed_budget_Bps": round(self.relayed_budget),
-                "cpu_idle_cores": round(self.cpu_idle, 4), "memory_mib": round(self.memory_mib, 1)}
+                "cpu_idle_cores": round(self.cpu_idle, 4), "memory_mib": round(self.memory_mib, 1),
+                "expected_load_Bps": round(self.expected_load), "cpu_expected_cores": round(self.cpu_expected, 3),
+                "binding": self.binding}
 
 
-def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total: int | None = None) -> Fit:
-    """Scale ``capacities`` (bytes/s) so that together they cost at most the budget's CPU
-    share (minus what the idle network costs), keeping their ratios; never above the real
-    capacity (scale <= 1) and never below tor's minimum relay rate. ``tors``: how many tors
-    per role (relay, authority, client). ``total``: the user's sum of rates instead of the
-    budget's (refused if larger). Raises BudgetError with the numbers."""
+def _water_fill(capacities: list[int], total: float) -> tuple[list[int], float, int]:
+    """Rates summing to ``total``: relays the common scale would put below tor's floor sit at
+    the floor, the others share what is left in proportion to their capacity (scale <= 1)."""
+    n = len(capacities)
+    floored: set[int] = set()
+    order = sorted(range(n), key=lambda i: capacities[i])
+    while True:
+        rest = total - len(floored) * MIN_RELAY_RATE
+        free = sum(capacities[i] for i in range(n) if i not in floored)
+        scale = min(1.0, rest / free) if free else 1.0
+        newly = [i for i in order if i not in floored and capacities[i] * scale < MIN_RELAY_RATE]
+        if not newly:
+            break
+        floored.update(newly)
+    rates = [MIN_RELAY_RATE if i in floored else max(MIN_RELAY_RATE, int(capacities[i] * scale)) for i in range(n)]
+    return rates, scale, len(floored)
+
+
+def _median(xs: list[int]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total: int | None = None,
+              demand: Demand | None = None) -> Fit:
+    """Scale ``capacities`` (bytes/s) into the budget, keeping their ratios: never above the
+    real capacity (scale <= 1), never below tor's minimum relay rate. ``tors``: how many tors
+    per role (relay, authority, client). ``demand``: the clients' traffic (default: none
+    beyond the clients' own cost, so the rates fill the CPU at full load). ``total``: the
+    rates' sum instead of the fitted one (refused if the CPU cannot carry what it brings).
+    Raises BudgetError with the numbers."""
     n_tors = sum(tors.values())
     mem_need = n_tors * budget.mem_per_tor_mib
     mem_have = budget.memory_mib * budget.mem_share
@@ -147,43 +243,65 @@ def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total
             f"{budget.mem_per_tor_mib:g} MiB per tor; this machine's budget is {mem_have:.0f} MiB "
             f"({budget.mem_share:.0%} of {budget.memory_mib:.0f} MiB available). Use fewer relays or clients "
             f"(at most {int(mem_have // budget.mem_per_tor_mib)} tors)")
-    idle = (tors.get("relay", 0) * budget.cpu_idle_relay + tors.get("authority", 0) * budget.cpu_idle_authority
-            + tors.get("client", 0) * budget.cpu_idle_client)
+    relays = tors.get("relay", 0)
+    fixed = (relays * (budget.cpu_idle_relay + budget.cpu_observe_relay)
+             + tors.get("authority", 0) * budget.cpu_idle_authority
+             + tors.get("client", 0) * budget.cpu_client + budget.cpu_fixed)
     cores = budget.cores * budget.cpu_share
-    if idle >= cores:
+    per_byte = (budget.cpu_per_relayed_mbps + budget.cpu_shaper_per_mbps) / 1e6
+    costs = (f"{budget.cpu_idle_relay + budget.cpu_observe_relay:g} per relay, {budget.cpu_idle_authority:g} per "
+             f"authority, {budget.cpu_client:g} per client, {budget.cpu_fixed:g} for torbed and Prometheus")
+    if fixed >= cores:
         raise BudgetError(
-            f"{n_tors} tors need {idle:.2f} cores when idle ({budget.cpu_idle_relay:.1%} per relay, "
-            f"{budget.cpu_idle_authority:.1%} per authority, {budget.cpu_idle_client:.1%} per client); the "
+            f"{n_tors} tors and their observers need {fixed:.2f} cores before relaying a byte ({costs}); the "
             f"budget is {cores:.2f} cores ({budget.cpu_share:.0%} of {budget.cores:g}): use fewer relays or clients")
-    relayed = (cores - idle) / budget.cpu_per_relayed_mbps * 1e6
+    relayed = (cores - fixed) / per_byte
+    per_mbps = f"{budget.cpu_per_relayed_mbps + budget.cpu_shaper_per_mbps:g} cores per relayed MB/s (tor and shaper)"
     n = len(capacities)
-    if total is not None:
-        if total > relayed:
-            raise BudgetError(
-                f"--total-rate {total / 1e6:.2f} MB/s exceeds this machine's budget of {relayed / 1e6:.2f} MB/s "
-                f"relayed ({cores:.2f} cores: {budget.cpu_share:.0%} of {budget.cores:g}, minus {idle:.2f} idle, "
-                f"at {budget.cpu_per_relayed_mbps:g} cores per relayed MB/s)")
-        relayed = float(total)
-    if n * MIN_RELAY_RATE > relayed:
+    if n * MIN_RELAY_RATE > relayed and demand is None:
         raise BudgetError(
             f"{n} relays at tor's smallest relay rate ({MIN_RELAY_RATE // 1024} KiB/s each) need "
             f"{n * MIN_RELAY_RATE / 1e6:.2f} MB/s relayed, this machine's budget is {relayed / 1e6:.2f} MB/s "
-            f"({cores:.2f} cores: {budget.cpu_share:.0%} of {budget.cores:g}, minus {idle:.2f} for the idle "
-            f"network, at {budget.cpu_per_relayed_mbps:g} cores per relayed MB/s): use at most "
-            f"{int(relayed // MIN_RELAY_RATE)} relays")
-    # Water-filling: the relays the scale would put below the floor sit at the floor, the
-    # others share what is left in proportion to their capacity.
-    floored: set[int] = set()
-    order = sorted(range(n), key=lambda i: capacities[i])
-    scale = 1.0
-    while True:
-        rest = relayed - len(floored) * MIN_RELAY_RATE
-        free = sum(capacities[i] for i in range(n) if i not in floored)
-        scale = min(1.0, rest / free) if free else 1.0
-        newly = [i for i in order if i not in floored and capacities[i] * scale < MIN_RELAY_RATE]
-        if not newly:
-            break
-        floored.update(newly)
-    rates = [MIN_RELAY_RATE if i in floored else max(MIN_RELAY_RATE, int(capacities[i] * scale)) for i in range(n)]
-    return Fit(rates=rates, scale=scale, floored=len(floored), relayed_budget=relayed, cpu_idle=idle,
-               memory_mib=mem_need)
+            f"({cores:.2f} cores: {budget.cpu_share:.0%} of {budget.cores:g}, minus {fixed:.2f} for the running "
+            f"network, at {per_mbps}): use at most {int(relayed // MIN_RELAY_RATE)} relays")
+
+    def at(total_rate: float) -> tuple[list[int], float, int, float]:
+        rates, scale, floored = _water_fill(capacities, total_rate)
+        full = float(sum(rates))
+        load = full if demand is None else min(full, budget.relayed_per_offered * demand.offered(_median(rates)))
+        return rates, scale, floored, load
+
+    def fits(total_rate: float) -> bool:
+        rates, _, _, load = at(total_rate)
+        return load <= relayed and load >= budget.min_utilization * sum(rates) - 1e-6 * sum(rates)
+
+    lo, hi = float(n * MIN_RELAY_RATE), float(sum(max(c, MIN_RELAY_RATE) for c in capacities))
+    if total is not None:
+        chosen, binding = float(total), "total-rate"
+        if at(chosen)[3] > relayed:
+            raise BudgetError(
+                f"--total-rate {total / 1e6:.2f} MB/s: the relays would write {at(chosen)[3] / 1e6:.2f} MB/s, more than "
+                f"this machine's budget of {relayed / 1e6:.2f} MB/s relayed ({cores:.2f} cores: "
+                f"{budget.cpu_share:.0%} of {budget.cores:g}, minus {fixed:.2f} for the running network, at {per_mbps})")
+    elif at(lo)[3] > relayed:
+        rates, _, _, load = at(lo)
+        raise BudgetError(
+            f"{n} relays at tor's smallest relay rate ({MIN_RELAY_RATE // 1024} KiB/s each) would write "
+            f"{load / 1e6:.2f} MB/s for {tors.get('client', 0)} clients, this machine's budget is "
+            f"{relayed / 1e6:.2f} MB/s ({cores:.2f} cores: {budget.cpu_share:.0%} of {budget.cores:g}, minus "
+            f"{fixed:.2f} for the running network ({costs}), at {per_mbps}): use fewer relays or clients")
+    elif fits(hi):
+        chosen, binding = hi, "capacity"
+    elif not fits(lo):
+        # Even at the floor the clients load less than min_utilization of the rates: the
+        # floor it is (tor allows no smaller rate); the expected utilization is recorded.
+        chosen, binding = lo, "utilization"
+    else:
+        for _ in range(60):     # the largest total that fits (cpu and utilization bind above it)
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        chosen = lo
+        binding = "cpu" if at(hi)[3] > relayed else "utilization"
+    rates, scale, floored, load = at(chosen)
+    return Fit(rates=rates, scale=scale, floored=floored, relayed_budget=relayed, cpu_idle=fixed,
+               memory_mib=mem_need, expected_load=load, cpu_expected=fixed + load * per_byte, binding=binding)

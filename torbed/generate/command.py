@@ -102,7 +102,8 @@ def cmd_generate(args) -> int:
     budget = budget_mod.machine(
         cores=args.cores, memory_mib=args.memory_mib,
         bench_dir=Path(args.bench_dir) if args.bench_dir else None,
-        mem_per_tor_mib=args.mem_per_tor, cpu_per_relayed_mbps=args.cpu_per_mbps, cpu_share=args.cpu_share)
+        mem_per_tor_mib=args.mem_per_tor, cpu_per_relayed_mbps=args.cpu_per_mbps, cpu_share=args.cpu_share,
+        min_utilization=args.min_utilization)
     res = generate(args.consensus, args.descriptors, relays=args.relays, scale=args.scale, seed=args.seed,
                    clients=args.clients, mix=args.mix, perf=not args.no_perf, name=args.name,
                    variants=args.variants.split(",") if args.variants else None, duration=args.duration,
@@ -118,8 +119,15 @@ def cmd_generate(args) -> int:
         rates = ", ".join(f"{g.name} {len(g.relays)}x{g.rate // 1024} KiB/s" for g in gs)
         t.add_row(p, str(res.sample.available[p]), str(res.sample.per_class[p]), str(len(gs)), rates)
     console.print(t)
-    console.print(f"budget: {res.fit.relayed_budget / 1e6:.2f} MB/s relayed, {res.fit.cpu_idle:.2f} cores idle, "
-                  f"{res.fit.memory_mib:.0f} MiB for tors ({budget.source})", highlight=False)
+    f = res.fit
+    console.print(f"budget: {f.relayed_budget / 1e6:.2f} MB/s relayed at most; expected {f.expected_load / 1e6:.2f} MB/s "
+                  f"({f.expected_load / max(sum(f.rates), 1):.0%} of the rates' {sum(f.rates) / 1e6:.2f} MB/s) and "
+                  f"{f.cpu_expected:.2f} of {budget.cores:g} cores ({f.cpu_idle:.2f} before relaying); rate scale set by "
+                  f"{f.binding}; {f.memory_mib:.0f} MiB for tors ({budget.source})", highlight=False)
+    if f.expected_load >= 0.9 * sum(f.rates):
+        console.print("note: the clients ask for about as much as the relays can carry, or more: queues will grow "
+                      "through the window (fewer clients, or more cores, keep the relays below saturation)",
+                      highlight=False)
     if args.output in (None, "-"):
         sys.stdout.write(res.yaml)
     else:
@@ -182,9 +190,13 @@ def register(sub, fmt) -> None:
     p.add_argument("--mem-per-tor", type=_positive, default=None,
                    help=f"MiB per tor (default: {budget_mod.MEM_PER_TOR_MIB:g}, or the bench results' relay peak)")
     p.add_argument("--cpu-per-mbps", type=_positive, default=None,
-                   help=f"cores per relayed MB/s (default: {budget_mod.CPU_PER_RELAYED_MBPS:g}, docs/generate.md)")
+                   help=f"cores tor spends per relayed MB/s (default: {budget_mod.CPU_PER_RELAYED_MBPS:g}; the shaper's "
+                        f"{budget_mod.CPU_SHAPER_PER_MBPS:g} comes on top; docs/generate.md)")
     p.add_argument("--cpu-share", type=_fraction, default=None,
-                   help=f"share of the cores the network may use (default: {budget_mod.CPU_SHARE:g})")
+                   help=f"share of the cores the testbed may use while it measures (default: {budget_mod.CPU_SHARE:g})")
+    p.add_argument("--min-utilization", type=_fraction, default=None,
+                   help=f"smallest expected load as a share of the rates' sum (default: {budget_mod.MIN_UTILIZATION:g}): "
+                        "caps the rates so relays queue")
     p.add_argument("--bench-dir", default="runs/bench",
                    help="where `make bench` results are; the newest backend-*.json's figures are used ('' : none)")
     p.add_argument("-o", "--output", default=None, help="scenario file to write (default: stdout)")
