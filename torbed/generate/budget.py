@@ -226,14 +226,39 @@ def _median(xs: list[int]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
-def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total: int | None = None,
-              demand: Demand | None = None) -> Fit:
-    """Scale ``capacities`` (bytes/s) into the budget, keeping their ratios: never above the
-    real capacity (scale <= 1), never below tor's minimum relay rate. ``tors``: how many tors
-    per role (relay, authority, client). ``demand``: the clients' traffic (default: none
-    beyond the clients' own cost, so the rates fill the CPU at full load). ``total``: the
-    rates' sum instead of the fitted one (refused if the CPU cannot carry what it brings).
-    Raises BudgetError with the numbers."""
+def _at(capacities: list[int], budget: Budget, demand: Demand | None,
+        total_rate: float) -> tuple[list[int], float, int, float]:
+    """Rates summing to ``total_rate``, their scale, how many sit at the floor, and the load
+    the relays are expected to write with them (their sum without a traffic model)."""
+    rates, scale, floored = _water_fill(capacities, total_rate)
+    full = float(sum(rates))
+    load = full if demand is None else min(full, budget.relayed_per_offered * demand.offered(_median(rates)))
+    return rates, scale, floored, load
+
+
+def _largest_total(capacities: list[int], budget: Budget, demand: Demand | None,
+                   relayed: float) -> tuple[float, str]:
+    """The largest rates' sum whose expected load the CPU carries (``relayed``) and that is at
+    least min_utilization of the sum, and which condition set it."""
+    def fits(total_rate: float) -> bool:
+        rates, _, _, load = _at(capacities, budget, demand, total_rate)
+        return load <= relayed and load >= budget.min_utilization * sum(rates) * (1 - 1e-6)
+
+    lo, hi = float(len(capacities) * MIN_RELAY_RATE), float(sum(max(c, MIN_RELAY_RATE) for c in capacities))
+    if fits(hi):
+        return hi, "capacity"
+    if not fits(lo):
+        # Even at the floor the clients load less than min_utilization of the rates: the
+        # floor it is (tor allows no smaller rate); the expected utilization is recorded.
+        return lo, "utilization"
+    for _ in range(60):     # bisection: cpu and utilization both bind above the answer
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, "cpu" if _at(capacities, budget, demand, hi)[3] > relayed else "utilization"
+
+
+def _check_memory(budget: Budget, tors: dict[str, int]) -> float:
+    """The tors' memory (MiB); BudgetError with the numbers when it exceeds the budget's."""
     n_tors = sum(tors.values())
     mem_need = n_tors * budget.mem_per_tor_mib
     mem_have = budget.memory_mib * budget.mem_share
@@ -243,6 +268,19 @@ def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total
             f"{budget.mem_per_tor_mib:g} MiB per tor; this machine's budget is {mem_have:.0f} MiB "
             f"({budget.mem_share:.0%} of {budget.memory_mib:.0f} MiB available). Use fewer relays or clients "
             f"(at most {int(mem_have // budget.mem_per_tor_mib)} tors)")
+    return mem_need
+
+
+def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total: int | None = None,
+              demand: Demand | None = None) -> Fit:
+    """Scale ``capacities`` (bytes/s) into the budget, keeping their ratios: never above the
+    real capacity (scale <= 1), never below tor's minimum relay rate. ``tors``: how many tors
+    per role (relay, authority, client). ``demand``: the clients' traffic (default: none
+    beyond the clients' own cost, so the rates fill the CPU at full load). ``total``: the
+    rates' sum instead of the fitted one (refused if the CPU cannot carry what it brings).
+    Raises BudgetError with the numbers."""
+    n_tors = sum(tors.values())
+    mem_need = _check_memory(budget, tors)
     relays = tors.get("relay", 0)
     fixed = (relays * (budget.cpu_idle_relay + budget.cpu_observe_relay)
              + tors.get("authority", 0) * budget.cpu_idle_authority
@@ -266,16 +304,9 @@ def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total
             f"network, at {per_mbps}): use at most {int(relayed // MIN_RELAY_RATE)} relays")
 
     def at(total_rate: float) -> tuple[list[int], float, int, float]:
-        rates, scale, floored = _water_fill(capacities, total_rate)
-        full = float(sum(rates))
-        load = full if demand is None else min(full, budget.relayed_per_offered * demand.offered(_median(rates)))
-        return rates, scale, floored, load
+        return _at(capacities, budget, demand, total_rate)
 
-    def fits(total_rate: float) -> bool:
-        rates, _, _, load = at(total_rate)
-        return load <= relayed and load >= budget.min_utilization * sum(rates) - 1e-6 * sum(rates)
-
-    lo, hi = float(n * MIN_RELAY_RATE), float(sum(max(c, MIN_RELAY_RATE) for c in capacities))
+    lo = float(n * MIN_RELAY_RATE)
     if total is not None:
         chosen, binding = float(total), "total-rate"
         if at(chosen)[3] > relayed:
@@ -290,18 +321,8 @@ def fit_rates(capacities: list[int], budget: Budget, tors: dict[str, int], total
             f"{load / 1e6:.2f} MB/s for {tors.get('client', 0)} clients, this machine's budget is "
             f"{relayed / 1e6:.2f} MB/s ({cores:.2f} cores: {budget.cpu_share:.0%} of {budget.cores:g}, minus "
             f"{fixed:.2f} for the running network ({costs}), at {per_mbps}): use fewer relays or clients")
-    elif fits(hi):
-        chosen, binding = hi, "capacity"
-    elif not fits(lo):
-        # Even at the floor the clients load less than min_utilization of the rates: the
-        # floor it is (tor allows no smaller rate); the expected utilization is recorded.
-        chosen, binding = lo, "utilization"
     else:
-        for _ in range(60):     # the largest total that fits (cpu and utilization bind above it)
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        chosen = lo
-        binding = "cpu" if at(hi)[3] > relayed else "utilization"
+        chosen, binding = _largest_total(capacities, budget, demand, relayed)
     rates, scale, floored, load = at(chosen)
     return Fit(rates=rates, scale=scale, floored=floored, relayed_budget=relayed, cpu_idle=fixed,
                memory_mib=mem_need, expected_load=load, cpu_expected=fixed + load * per_byte, binding=binding)
