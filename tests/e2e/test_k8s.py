@@ -107,7 +107,12 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     docker_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", "torbed/relay:ewma-0.1.0"],
                                capture_output=True, text=True).stdout.strip()
     assert docker_id and guard["containers"]["tor"]["image_id"].endswith(docker_id), (guard, docker_id)
-    assert guard["containers"]["tor"]["image"].endswith("torbed/relay:ewma-0.1.0"), guard
+    # Under its content tag (what this checkout's inputs hash to), recorded in run.json.
+    from torbed import images as image_mod
+    want = image_mod.chart_tags(["relay"], ["ewma"])["relay-ewma"]
+    assert guard["containers"]["tor"]["image"].endswith(f"torbed/relay:{want}"), (guard, want)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["image_tags"]["tags"]["relay-ewma"] == want and "content tags" in info["image_tags"]["source"]
     from torbed import constants
     assert guard["tor_version"] == constants.TOR_VERSION, guard
     assert meta["tor_versions"] == [constants.TOR_VERSION], meta["tor_versions"]
@@ -359,10 +364,11 @@ def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
     assert leftovers(kube, meta["release"]) == []
 
 
-def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
-    """`torbed run --backend k8s` killed with SIGKILL mid-run leaves its dashboard ConfigMaps
-    (nothing in the cluster dies with it); `torbed clean` on the same machine removes them,
-    from the run's claim, and only them. The release it left is uninstalled by the test."""
+def test_clean_removes_what_a_killed_run_left(kube, helm, tmp_path):
+    """`torbed run --backend k8s` killed with SIGKILL mid-run leaves its helm release and its
+    dashboard ConfigMaps (nothing in the cluster dies with it) and records that say "running";
+    `torbed clean` on the same machine uninstalls the release and removes the dashboards, from
+    the run's claim, and only them, and marks the records killed."""
     import os
     import signal
 
@@ -379,28 +385,39 @@ def test_clean_removes_the_dashboards_of_a_killed_run(kube, helm, tmp_path):
                          cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     try:
-        deadline, sel, names = time.time() + 300, None, []
-        while time.time() < deadline and not names:
+        deadline, sel, names, release, pods = time.time() + 300, None, [], None, []
+        while time.time() < deadline and not (names and pods):
             time.sleep(2)
             runs = sorted((tmp_path / "runs").glob("killdash-*"))
             if runs:
                 sel = claims.selector(claims.run_label(runs[-1].name))
                 names = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
+            found = list((tmp_path / "state" / "k8s").glob("*.json"))
+            release = (json.loads(found[0].read_text()).get("releases") or [None])[-1] if found else None
+            if release:     # the release is being installed: its pods exist
+                pods = core.list_namespaced_pod("default", label_selector=f"app.kubernetes.io/instance={release}").items
             assert p.poll() is None, f"torbed run ended early with {p.returncode}"
-        assert len(names) == 3, names
-        assert list((tmp_path / "state" / "k8s").glob("*.json")), "no claim written"
-        time.sleep(10)                      # into the repetition: the release is being installed
+        assert len(names) == 3 and release and pods, (names, release)
+        time.sleep(5)
         os.killpg(p.pid, signal.SIGKILL)     # torbed and its helm with it: no install goes on unwatched
         p.wait(timeout=30)
         time.sleep(3)
         left = [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items]
         assert sorted(left) == sorted(names), "the dashboards went without torbed clean"
-        c = subprocess.run([*TORBED, "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert leftovers(kube, release), "the release went without torbed clean"
+        run_dir = sorted((tmp_path / "runs").glob("killdash-*"))[-1]
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+        c = subprocess.run([*TORBED, "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
         said = " ".join((c.stdout + c.stderr).split())       # rich wraps long lines; progress goes to stderr
         assert c.returncode == 0, c.stdout + c.stderr
-        assert "removed the dashboards of 1 run(s) whose torbed was gone (3 ConfigMap(s))" in said, said
+        assert ("cleaned 1 run(s) whose torbed was gone (uninstalled 1 release(s), removed 3 dashboard "
+                "ConfigMap(s))") in said, said
         assert core.list_namespaced_config_map("default", label_selector=sel).items == []
+        assert leftovers(kube, release) == []
         assert not list((tmp_path / "state" / "k8s").glob("*.json"))
+        info = json.loads((run_dir / "run.json").read_text())
+        meta = json.loads((run_dir / "ewma-66" / "rep-0" / "meta.json").read_text())
+        assert info["status"] == meta["status"] == "killed" and release in info["killed"], (info, meta)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

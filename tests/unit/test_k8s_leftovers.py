@@ -1,6 +1,8 @@
-"""Which killed `torbed run --backend k8s` runs `torbed clean` removes the dashboards of
-(torbed.backends.k8s.leftovers): owners are real processes, alive, exited, or a pid whose
-start time does not match; the selector picks exactly the ConfigMaps the backend makes."""
+"""Which killed `torbed run --backend k8s` runs `torbed clean` acts on, and what a claim
+records (torbed.backends.k8s.leftovers): owners are real processes, alive, exited, or a pid
+whose start time does not match; the selector picks exactly the ConfigMaps the backend makes;
+the claim names the releases still installed. The uninstall itself runs against the local
+cluster in tests/e2e/test_k8s_killed.py."""
 
 from __future__ import annotations
 
@@ -60,6 +62,70 @@ def test_a_claim_names_this_process_and_lives_while_it_does(state_dir, tmp_path)
     assert leftovers.read_claims() == []
 
 
+def test_the_claim_names_the_releases_still_installed(state_dir, tmp_path):
+    path = leftovers.write_claim("run-1", "lab", None, tmp_path / "run")
+    leftovers.set_release(path, "quickstart-vanilla-0-ab12", tmp_path / "run" / "vanilla" / "rep-0")
+    (claim,) = leftovers.read_claims()
+    assert claim["releases"] == ["quickstart-vanilla-0-ab12"] and claim["rep_dir"].endswith("vanilla/rep-0")
+    # Uninstalled: off the claim. One whose uninstall failed stays beside the next one.
+    leftovers.release_gone(path, "quickstart-vanilla-0-ab12")
+    assert leftovers.read_claims()[0]["releases"] == []
+    leftovers.set_release(path, "quickstart-vanilla-1-cd34", tmp_path / "run" / "vanilla" / "rep-1")
+    leftovers.set_release(path, "quickstart-ewma-0-ef56", tmp_path / "run" / "ewma" / "rep-0")
+    (claim,) = leftovers.read_claims()
+    assert claim["releases"] == ["quickstart-vanilla-1-cd34", "quickstart-ewma-0-ef56"]
+    assert claim["rep_dir"].endswith("ewma/rep-0") and claim["owner_pid"] == os.getpid()
+    # No claim (an unwritable state directory): nothing to update, no error.
+    leftovers.set_release(None, "x", tmp_path)
+    leftovers.release_gone(None, "x")
+
+
+def test_clean_uninstalls_marks_killed_and_removes_the_claim(state_dir, tmp_path, monkeypatch):
+    """A dead claim naming a release: the release is uninstalled (the backend's own Release,
+    here with a helm and API stand-in), the repetition's meta.json and the run's run.json
+    become 'killed', and the claim goes."""
+    run = tmp_path / "run"
+    rep = run / "vanilla" / "rep-0"
+    rep.mkdir(parents=True)
+    (rep / "meta.json").write_text(json.dumps({"status": "running"}))
+    (run / "run.json").write_text(json.dumps({"status": "running", "sessions": [{"status": "running"}]}))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    path = leftovers.write_claim("run", "lab", None, run)
+    leftovers.set_release(path, "quickstart-vanilla-0-ab12", rep)
+    claim = json.loads(path.read_text()) | {"owner_pid": gone.pid, "owner_start": None}
+    path.write_text(json.dumps(claim))
+    uninstalled = []
+
+    class StandIn:
+        ApiException = Exception
+
+        def __init__(self, ns, ctx):
+            self.ns = ns
+            self.core = self
+
+        def list_namespaced_config_map(self, ns, label_selector):
+            return type("L", (), {"items": []})()
+
+    monkeypatch.setattr(backend, "Cluster", StandIn)
+    monkeypatch.setattr(leftovers, "_uninstall", lambda cluster, release, console: uninstalled.append((cluster.ns, release)))
+    console = Console(record=True, width=300)
+    out = leftovers.clean(console)
+    assert out == {"runs": 1, "releases": 1, "configmaps": 0, "live": 0, "failed": []}
+    assert uninstalled == [("lab", "quickstart-vanilla-0-ab12")] and not path.exists()
+    meta, info = json.loads((rep / "meta.json").read_text()), json.loads((run / "run.json").read_text())
+    assert meta["status"] == info["status"] == info["sessions"][-1]["status"] == "killed"
+    assert "uninstalled release quickstart-vanilla-0-ab12" in meta["error"] == info["killed"]
+    # A release that stays: the claim stays too, for the next clean.
+    path2 = leftovers.write_claim("run2", "lab", None, run)
+    leftovers.set_release(path2, "stuck-0-0000", rep)
+    path2.write_text(json.dumps(json.loads(path2.read_text()) | {"owner_pid": gone.pid, "owner_start": None}))
+    monkeypatch.setattr(leftovers, "_uninstall", lambda cluster, release, console: "pods still terminating")
+    out = leftovers.clean(console)
+    assert out["failed"] == [str(path2)] and path2.exists() and out["runs"] == 0
+    assert "stuck-0-0000: pods still terminating" in console.export_text()
+
+
 def test_owners_gone_or_replaced_are_cleaned_live_ones_are_not():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -106,15 +172,16 @@ def test_clean_keeps_a_claim_whose_cluster_cannot_be_reached(state_dir, tmp_path
     f.write_text(json.dumps(_claim(gone.pid, _file=None) | {"run_id": "killed-run"}))
     console = Console(record=True, width=400)
     out = leftovers.clean(console)
-    assert out == {"runs": 0, "configmaps": 0, "live": 0, "failed": [str(f)]}
+    assert out == {"runs": 0, "releases": 0, "configmaps": 0, "live": 0, "failed": [str(f)]}
     assert f.exists()
     text = console.export_text()
-    assert "run killed-run" in text and str(f) in text and "not removed" in text
+    assert "run killed-run" in text and str(f) in text and "not all removed" in text
 
 
 def test_clean_without_claims_touches_no_cluster(state_dir, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", "/nonexistent")
-    assert leftovers.clean(Console(record=True)) == {"runs": 0, "configmaps": 0, "live": 0, "failed": []}
+    assert leftovers.clean(Console(record=True)) == {"runs": 0, "releases": 0, "configmaps": 0, "live": 0,
+                                                     "failed": []}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs `torbed clean` as another user (setpriv), which needs root")
@@ -137,7 +204,7 @@ def test_torbed_clean_exits_1_while_a_killed_runs_cluster_is_unreachable():
                            timeout=120)
         out = " ".join((p.stdout + p.stderr).split())
         assert p.returncode == 1, out
-        assert "run gone-run: dashboards in namespace default not removed" in out
+        assert "run gone-run: what it left in namespace default was not all removed" in out
         assert "1 cluster(s) not reachable" in out
         assert claim.exists()
     finally:

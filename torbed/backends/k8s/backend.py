@@ -89,6 +89,7 @@ class Cluster:
     KubernetesError, never the client's own exception types."""
 
     def __init__(self, namespace: str, context: str | None = None):
+        self.context = context   # helm is told too (Release), or it would use the current context
         try:
             from kubernetes import client, config
         except ImportError as e:  # pragma: no cover - a dependency of the package
@@ -307,11 +308,15 @@ class Release:
         self.installed = False
         self.hooks_broken = False   # a hook's pod cannot start: uninstall without hooks
 
+    def _context(self) -> list[str]:
+        ctx = getattr(self.cluster, "context", None)
+        return ["--kube-context", ctx] if ctx else []
+
     def install(self, timeout_s: int) -> None:
         """helm install, watching the release's pods meanwhile: a pod whose image the node
         cannot get (the pre-install key hook's first of all) fails the install within
         seconds, naming image, node and what to do, instead of after helm's timeout."""
-        cmd = [self.helm, "install", self.name, str(CHART), "-n", self.cluster.ns, "-f", str(self.values),
+        cmd = [self.helm, "install", self.name, str(CHART), "-n", self.cluster.ns, *self._context(), "-f", str(self.values),
                "--set", f"variant={self.variant}", "--set", f"repetition={self.rep}",
                # The chart's pull-check pods are for plain helm: this watch names image and node
                # as soon as the kubelet fails a pull, without a pod per image (seconds per install).
@@ -350,7 +355,7 @@ class Release:
         an install stopped half-way, keys the pre-delete hook could not remove): nothing stays."""
         if not self.installed:
             return None
-        cmd = [self.helm, "uninstall", self.name, "-n", self.cluster.ns, "--wait", "--timeout", "180s"]
+        cmd = [self.helm, "uninstall", self.name, "-n", self.cluster.ns, *self._context(), "--wait", "--timeout", "180s"]
         if self.hooks_broken:
             cmd.append("--no-hooks")   # hooks need the image the node lacks (no pre-delete hook now; an older chart had one)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -448,8 +453,11 @@ class K8sBackend:
             self.traces = chart.inline_traces(scenario)   # replay traces the client image lacks
         except (ValueError, OSError) as e:
             raise RunFailed(str(e)) from None
+        image_tags = content_tags(self.extra_set)
+        self.extra_set = [*self.extra_set, *(f"images.tags.{k}={v}" for k, v in image_tags["tags"].items())]
         return {"shaper": "htb (per pod)", "tor_version": constants.TOR_VERSION,
-                "host": {"kubernetes": server_version, "namespace": self.namespace, "context": self.context}}
+                "host": {"kubernetes": server_version, "namespace": self.namespace, "context": self.context},
+                "image_tags": image_tags}
 
     def start_run(self, run: engine.Run) -> None:
         # The values file: the scenario as torbed decoded it (overrides such as --duration applied).
@@ -461,18 +469,18 @@ class K8sBackend:
         # Grafana dashboards once for the whole run, not per release: the chart's per-release
         # ConfigMaps went with each repetition's uninstall, so the run's dashboards came and
         # went between repetitions and were gone when one looked at the run afterwards.
-        # A claim first (leftovers.py), so `torbed clean` removes them if this torbed is killed.
+        # A claim before anything is created (leftovers.py): if this torbed is killed, `torbed
+        # clean` uninstalls the release it names and removes the dashboards.
         settings = _set_values(self.extra_set, "dashboards.")
         self.dashboards: list[str] = []
-        self.dashboards_claim = None
+        self.claim = leftovers.write_claim(run.run_dir.name, self.cluster.ns, self.context, run.run_dir)
+        # Inside a pod (the nightly runner: read-only root) no `torbed clean` outlives it to use one.
+        if self.claim is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            self.console.log(f"[yellow]warning[/yellow]: cannot write under {leftovers.claim_dir()}: if this run is "
+                             f"killed, `torbed clean` will not find its release (helm uninstall it) or its dashboards "
+                             f"(kubectl delete configmap -l {leftovers.selector(leftovers.run_label(run.run_dir.name))})")
         if settings.get("enabled", "true") != "false":
             self.extra_set = ["dashboards.enabled=false", *self.extra_set]
-            self.dashboards_claim = leftovers.write_claim(run.run_dir.name, self.cluster.ns, self.context, run.run_dir)
-            # Inside a pod (the nightly runner: read-only root) no `torbed clean` outlives it to use one.
-            if self.dashboards_claim is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                self.console.log(f"[yellow]warning[/yellow]: cannot write under {leftovers.claim_dir()}: if this run is "
-                                 f"killed, `torbed clean` will not find its dashboards (delete them with kubectl delete "
-                                 f"configmap -l {leftovers.selector(leftovers.run_label(run.run_dir.name))})")
             self.dashboards = create_run_dashboards(self.cluster, run.run_dir.name, settings)
             run.info.setdefault("k8s", {})["dashboards"] = self.dashboards
 
@@ -491,9 +499,9 @@ class K8sBackend:
                 kept += 1
                 self.console.log(f"[yellow]warning[/yellow]: dashboard ConfigMap {name} not deleted: {e}")
         self.dashboards = []
-        if not kept:
-            leftovers.remove_claim(getattr(self, "dashboards_claim", None))
-        self.dashboards_claim = None
+        if not kept and not getattr(self, "release_left", False):
+            leftovers.remove_claim(getattr(self, "claim", None))
+        self.claim = None
 
     def prepare(self, rep: engine.Repetition) -> None:
         s, st = rep.scenario, rep.state
@@ -502,6 +510,7 @@ class K8sBackend:
         st["fetched"] = {}
         st["release"] = Release(self.cluster, self.helm, name, self.values, rep.variant, rep.index,
                                 self.extra_set, self.console)
+        leftovers.set_release(getattr(self, "claim", None), name, rep.dir)
         rep.meta.update(run_id=name, release=name, namespace=self.cluster.ns, shaper="htb (per pod)", nodes=[],
                         pod_restarts={}, failed_pods={})
         self.console.rule(f"[bold]{s.name}[/bold] on Kubernetes: variant [cyan]{rep.variant}[/cyan], "
@@ -656,6 +665,9 @@ class K8sBackend:
                 err = str(e)
             if err:
                 meta["uninstall_error"] = err
+                self.release_left = True   # the claim stays: `torbed clean` tries again
+            else:
+                leftovers.release_gone(getattr(self, "claim", None), rel.name)
 
 
 class _Load:
@@ -821,6 +833,25 @@ def _record_hardware(cluster: Cluster, release: str, rep: engine.Repetition) -> 
                          else constants.MACHINE_ARCH.get(machine[name], machine[name]) != h["arch"])
         h["ran"] = sorted(n["name"] for n in rep.meta["nodes"] if n.get("k8s_node") == name)
     rep.meta["hardware"] = hw
+
+
+def content_tags(sets: list[str]) -> dict:
+    """The chart's images.tags a release installs with: each image's content tag (a hash of
+    what it is built from, torbed.images.content_tag), so a node never runs an image built
+    from other sources under a reused tag; none when the user chose images (any --set
+    images.*: a registry, a tag) or no checkout is here to hash (a wheel install, the nightly
+    runner). {"tags": {key: tag}, "source": why these}."""
+    from ... import images
+    if any(k.startswith("images.") for k, _, _ in (x.partition("=") for x in sets)):
+        return {"tags": {}, "source": "the chart's tags, with the --set images.* given"}
+    if not images.content_tags_available():
+        return {"tags": {}, "source": "the chart's tags: no checkout here to compute content tags from"}
+    try:
+        tags = images.chart_tags()
+    except images.ImageError as e:
+        return {"tags": {}, "source": f"the chart's tags: content tags not computed ({e})"}
+    return {"tags": tags, "source": "content tags of this checkout's build inputs (python -m torbed.images "
+                                    "--content-tags; make images tags every image with its own)"}
 
 
 def _set_values(sets: list[str], prefix: str) -> dict[str, str]:

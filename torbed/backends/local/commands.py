@@ -82,8 +82,9 @@ def cmd_clean(args) -> int:
     from ..k8s import leftovers
     k8s = leftovers.clean(console, force=args.force)
     if k8s["runs"] or k8s["failed"] or k8s["live"]:
-        console.print(f"Kubernetes: removed the dashboards of {k8s['runs']} run(s) whose torbed was gone "
-                      f"({k8s['configmaps']} ConfigMap(s)); left {k8s['live']} live run(s) alone"
+        console.print(f"Kubernetes: cleaned {k8s['runs']} run(s) whose torbed was gone (uninstalled "
+                      f"{k8s['releases']} release(s), removed {k8s['configmaps']} dashboard ConfigMap(s)); left "
+                      f"{k8s['live']} live run(s) alone"
                       + (f"; {len(k8s['failed'])} cluster(s) not reachable, try again" if k8s["failed"] else ""),
                       highlight=False)
     # A cluster not reached: its dashboards may still be there (the claim is kept): exit 1.
@@ -105,11 +106,12 @@ def register_clean(sub, fmt) -> None:
     p = sub.add_parser("clean", help="remove what runs killed with SIGKILL left behind", formatter_class=fmt,
                        description="Stop and remove the processes, namespaces, scratch directories and fault "
                                    "cgroups of every run whose torbed is gone (its lock is free), and mark its "
-                                   "meta.json and run.json 'killed'; for a `--backend k8s` run, the Grafana "
-                                   "dashboard ConfigMaps it made for the run. Runs still going are left alone, so it is "
+                                   "meta.json and run.json 'killed'; for a `--backend k8s` run, the helm release of "
+                                   "the repetition it was running and the Grafana dashboard ConfigMaps it made "
+                                   "for the run (its records marked 'killed' too). Runs still going are left alone, so it is "
                                    "safe beside other runs. A killed run normally does this itself (its watchdog); "
-                                   "this covers a watchdog killed too. Exit 1 when a cluster holding a killed "
-                                   "run's dashboards cannot be reached (they are tried again next time).")
+                                   "this covers a watchdog killed too. Exit 1 when a cluster holding what a killed "
+                                   "run left cannot be reached, or a release does not go (tried again next time).")
     p.add_argument("--force", action="store_true",
                    help="also remove runs that look alive and namespaces no run claims")
     p.set_defaults(func=cmd_clean)
