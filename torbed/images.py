@@ -19,7 +19,10 @@ Public API:
 - ``tag(kind, family=None, arch=None, digest=None) -> str``
 - ``build_inputs(img) -> list[Path]``, ``content_digest(img) -> str``, ``content_tag(img) -> str``:
   the files a build reads and the tag they name (``<version>-<12 hex digits>``), so an image
-  rebuilt from other inputs (a changed tor patch, Dockerfile or torbed source) gets another tag
+  rebuilt from other inputs (a changed tor patch, Dockerfile or torbed source) gets another tag;
+  ``build`` tags every image with it too
+- ``chart_tags(kinds, families) -> dict``: the chart's ``images.tags`` naming those content
+  tags (the Kubernetes backend installs with them); ``content_tags_available() -> bool``
 
 Tags: ``torbed/relay:<family>-<version>``, ``torbed/dirauth:<version>``,
 ``torbed/client:<version>`` (version: pyproject's). dockerd 20.10 keeps one architecture per
@@ -84,6 +87,7 @@ class Result:
     size_bytes: int
     image_id: str
     cached: bool     # the tag already pointed at this image before the build
+    content_tag: str = ""   # the same image under its content-addressed tag (content_tag)
 
 
 def host_arch() -> str:
@@ -162,8 +166,12 @@ def build_inputs(img: Image) -> list[Path]:
 
 
 def content_digest(img: Image) -> str:
-    """sha256 over the image's build inputs (path, executable bit, content), its build
-    arguments (not labels) and architecture: equal inputs, equal digest, on any machine."""
+    """sha256 over the image's build inputs (path, executable bit, content) and its build
+    arguments (not labels): equal inputs, equal digest, on any machine and for either
+    architecture. The architecture is not in it: locally a foreign one's tag carries -<arch>
+    (``tag``), and in a cluster an arm64 node holds its image under the same tag as the amd64
+    nodes (hack/cluster/cluster.sh load-image --node pi), as a multi-architecture manifest
+    lists both under one tag; the chart names one tag for every node."""
     h = hashlib.sha256()
     for f in build_inputs(img):
         h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + (b"x" if os.access(f, os.X_OK) else b"-")
@@ -171,7 +179,6 @@ def content_digest(img: Image) -> str:
     for k, v in sorted(img.build_args.items()):
         if k not in LABEL_ARGS and k != "CLIENT_IMAGE":    # the client's inputs are hashed in already
             h.update(f"{k}={v}\0".encode())
-    h.update(f"arch={img.arch}".encode())
     return h.hexdigest()
 
 
@@ -179,6 +186,31 @@ def content_tag(img: Image) -> str:
     """The tag naming what the image is built from: ``tag`` with ``content_digest``'s first 12
     hex digits (torbed/relay:vanilla-0.1.0-0123456789ab)."""
     return tag(img.kind, img.family, img.arch, content_digest(img))
+
+
+def content_tags_available() -> bool:
+    """Whether this installation can compute content tags: the Dockerfiles and build inputs
+    are here (a checkout), not in a wheel install or the nightly runner's image."""
+    return (REPO / "images" / "relay" / "Dockerfile").is_file()
+
+
+def chart_tags(kinds: tuple[str, ...] | list[str] = DEFAULT_IMAGES, families: list[str] | None = None) -> dict[str, str]:
+    """The chart's ``images.tags`` for the images ``plan`` names (this machine's architecture):
+    {"client": "0.1.0-0123456789ab", "relay-vanilla": "vanilla-0.1.0-...", ...}, each the tag
+    part of ``content_tag``, so a release runs exactly the images built from this checkout."""
+    out = {}
+    for img in plan(None, kinds, families):
+        key = f"relay-{img.family}" if img.kind == "relay" else img.kind
+        out[key] = content_tag(img).split(":", 1)[1]
+    return out
+
+
+def _content_tags_of(img: Image, tags: list[str]) -> list[str]:
+    """Those of ``tags`` that are content tags of ``img`` (any digest)."""
+    base = tag(img.kind, img.family)      # without the foreign architecture's suffix
+    suffix = f"-{img.arch}" if img.arch != host_arch() else ""
+    pattern = re.compile(re.escape(base) + r"-[0-9a-f]{12}" + re.escape(suffix) + "$")
+    return [t for t in tags if pattern.match(t)]
 
 
 def _source_url() -> str:
@@ -348,12 +380,29 @@ def build(images: list[Image], verbose: bool = False, console=None) -> list[Resu
         after = _inspect(docker, img.tag)
         if after is None:
             raise ImageError(f"docker build succeeded but {img.tag} does not exist; log: {log}")
-        results.append(Result(img, seconds, after[1], after[0], cached=before is not None and before[0] == after[0]))
-        if before is not None and before[0] != after[0]:
-            # The previous build of this tag is now untagged: drop it unless something uses it.
-            subprocess.run([docker, "rmi", before[0]], capture_output=True)
-        say(f"  {img.tag}: {after[1] / 1e6:.1f} MB, {seconds:.1f} s{' (unchanged)' if results[-1].cached else ''}")
+        ctag = _retag(docker, img, before[0] if before else None, after[0])
+        results.append(Result(img, seconds, after[1], after[0], cached=before is not None and before[0] == after[0],
+                              content_tag=ctag))
+        say(f"  {img.tag} ({ctag}): {after[1] / 1e6:.1f} MB, {seconds:.1f} s"
+            f"{' (unchanged)' if results[-1].cached else ''}")
     return results
+
+
+def _retag(docker: str, img: Image, before: str | None, after: str) -> str:
+    """Tag the image just built with its content tag, which names what it was built from (a
+    rebuilt tor gets another; releases run it, backends/k8s: images.tags, so a node never runs
+    a stale image under a reused tag); drop the previous build of the tag and its content
+    tag(s) unless something else uses it. Returns the content tag."""
+    if before is not None and before != after:
+        tags = subprocess.run([docker, "image", "inspect", "-f", "{{range .RepoTags}}{{.}} {{end}}", before],
+                              capture_output=True, text=True).stdout.split()
+        for old_tag in _content_tags_of(img, tags):
+            subprocess.run([docker, "rmi", old_tag], capture_output=True)
+        subprocess.run([docker, "rmi", before], capture_output=True)
+    ctag = content_tag(img)
+    if subprocess.run([docker, "tag", img.tag, ctag], capture_output=True).returncode != 0:
+        raise ImageError(f"docker tag {img.tag} {ctag} failed")
+    return ctag
 
 
 def _table(results: list[Result], console=None) -> None:

@@ -6,6 +6,7 @@ into a real containerd are checked by hand (docs/kubernetes.md); this is the uni
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,16 @@ def test_bad_targets_and_flags_are_refused():
         imageload.load("kind", registry="reg:5000", dry_run=True)
 
 
-def test_the_images_are_the_charts_default_references():
+def test_the_images_are_the_charts_default_references_and_their_content_tags():
+    from torbed import images
     refs = imageload.refs(["client", "dirauth", "relay"], ["vanilla", "kist"])
-    assert set(refs) == {"torbed/client:0.1.0", "torbed/dirauth:0.1.0", "torbed/relay:vanilla-0.1.0",
-                         "torbed/relay:kist-0.1.0"}
+    plain = {"torbed/client:0.1.0", "torbed/dirauth:0.1.0", "torbed/relay:vanilla-0.1.0", "torbed/relay:kist-0.1.0"}
+    assert set(refs[:4]) == plain and len(refs) == 8
+    content = refs[4:]
+    assert {c.rsplit("-", 1)[0] for c in content} == plain
+    # What `torbed run --backend k8s` installs with (backend.content_tags) is what is loaded.
+    tags = images.chart_tags(["client", "dirauth", "relay"], ["vanilla", "kist"])
+    assert {f"torbed/{k.split('-')[0]}:{v}" for k, v in tags.items()} == set(content)
 
 
 def _stub(bindir: Path, name: str, body: str) -> None:
@@ -99,10 +106,12 @@ def test_cli_dry_run_prints_the_command_lines_and_bad_input_exits_2():
     base = [str(Path(sys.executable).parent / "torbed"), "images", "load"]
     p = subprocess.run([*base, "--to", "kind", "--images", "client", "--dry-run"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "kind load docker-image torbed/client:0.1.0 --name kind"
+    assert re.fullmatch(r"kind load docker-image torbed/client:0\.1\.0 torbed/client:0\.1\.0-[0-9a-f]{12} --name kind",
+                        p.stdout.strip()), p.stdout
     p = subprocess.run([*base, "--to", "k3s", "--images", "client,relay", "--variants", "vanilla", "--dry-run"],
                        capture_output=True, text=True)
-    assert p.stdout.strip() == "docker save torbed/client:0.1.0 torbed/relay:vanilla-0.1.0 | k3s ctr images import -"
+    assert re.fullmatch(r"docker save torbed/client:0\.1\.0 torbed/relay:vanilla-0\.1\.0 torbed/client:0\.1\.0-[0-9a-f]{12} "
+                        r"torbed/relay:vanilla-0\.1\.0-[0-9a-f]{12} \| k3s ctr images import -", p.stdout.strip()), p.stdout
     p = subprocess.run([*base, "--to", "kind", "--images", "clinet", "--dry-run"], capture_output=True, text=True)
     assert p.returncode == 2 and "--images: clinet not one of" in p.stderr, p.stderr
     p = subprocess.run([*base, "--to", "kind", "--variants", "nope", "--dry-run"], capture_output=True, text=True)

@@ -82,11 +82,17 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{- define "torbed.image.client" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.client }}:{{ include "torbed.tag" . }}{{- end -}}
-{{- define "torbed.image.dirauth" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.dirauth }}:{{ include "torbed.tag" . }}{{- end -}}
+{{/* An image's tag: images.tags.<key> when set (torbed run --backend k8s sets each image's
+content tag there), else the default. Args: (list $root key default). */}}
+{{- define "torbed.tagOf" -}}
+{{- $root := index . 0 -}}{{- $tags := $root.Values.images.tags | default dict -}}
+{{- index $tags (index . 1) | default (index . 2) -}}
+{{- end -}}
+{{- define "torbed.image.client" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.client }}:{{ include "torbed.tagOf" (list . "client" (include "torbed.tag" .)) }}{{- end -}}
+{{- define "torbed.image.dirauth" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.dirauth }}:{{ include "torbed.tagOf" (list . "dirauth" (include "torbed.tag" .)) }}{{- end -}}
 {{- define "torbed.image.relay" -}}
-{{- $root := index . 0 -}}{{- $variant := index . 1 -}}
-{{ include "torbed.registryPrefix" $root }}{{ $root.Values.images.relay }}:{{ include "torbed.family" $variant }}-{{ include "torbed.tag" $root }}
+{{- $root := index . 0 -}}{{- $variant := index . 1 -}}{{- $family := include "torbed.family" $variant -}}
+{{ include "torbed.registryPrefix" $root }}{{ $root.Values.images.relay }}:{{ include "torbed.tagOf" (list $root (printf "relay-%s" $family) (printf "%s-%s" $family (include "torbed.tag" $root))) }}
 {{- end -}}
 
 {{/* Duration string ("90s", "5m", "500ms") -> seconds, as a decimal string. */}}
@@ -100,7 +106,7 @@ imagePullSecrets:
 {{/* "true" when the scenario has background load (`load:`, even `load: {}`: all defaults). */}}
 {{- define "torbed.load" -}}{{ if kindIs "map" .Values.load }}true{{ end }}{{- end -}}
 {{- define "torbed.loadWorkers" -}}{{ .Values.load.workers | default 1 }}{{- end -}}
-{{- define "torbed.image.locust" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.locust }}:{{ include "torbed.tag" . }}{{- end -}}
+{{- define "torbed.image.locust" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.locust }}:{{ include "torbed.tagOf" (list . "locust" (include "torbed.tag" .)) }}{{- end -}}
 
 {{/* Names of the authority nodes and their Services. */}}
 {{- define "torbed.authorityCount" -}}{{ .Values.network.authorities | default 3 }}{{- end -}}
@@ -388,7 +394,7 @@ Relabel rules in the Prometheus Operator's spelling (`relabelings`). Args: (list
 - {sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: results, targetLabel: node, replacement: results}
 {{- end -}}
 
-{{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tag" . }}{{- end -}}
+{{- define "torbed.image.prometheus" -}}{{ include "torbed.registryPrefix" . }}{{ .Values.images.prometheus }}:{{ include "torbed.tagOf" (list . "prometheus" (include "torbed.tag" .)) }}{{- end -}}
 
 {{/* "true" when the scenario has a fault of this kind on this relay group (its name, or one of
 its nodes: <group><index>); any group when the group is "". Args: (list $root $kind $group). */}}

@@ -66,6 +66,13 @@ class Images(Strict):
                                   "raise it for a slow registry, 0 skips the check")
     pullSecrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets (type kubernetes.io/dockerconfigjson) "
                                    "in the release's namespace, for a private registry; every pod gets them")
+    tags: dict[Annotated[str, Field(pattern=r"^(client|dirauth|locust|prometheus|relay-[a-z0-9]+)$")],
+               Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]] = Field(
+        default_factory=dict, description="One image's whole tag instead of the default, by image: client, dirauth, "
+                                          "locust, prometheus, relay-<family> (e.g. relay-vanilla: vanilla-0.1.0-"
+                                          "0123456789ab). `torbed run --backend k8s` sets each image's content tag "
+                                          "here (a hash of what it was built from), so a release never runs a stale "
+                                          "image under a reused tag", json_schema_extra={"additionalProperties": False})
 
 
 class Toggle(Strict):

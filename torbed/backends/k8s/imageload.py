@@ -12,8 +12,9 @@ that setup's own command line and runs it:
     registry  docker push REGISTRY/torbed/...  + manifest list (registry.py, make images-push);
               then install with --set images.registry=REGISTRY
 
-The images are those ``make images`` built for this machine's architecture (images.plan), the
-chart's default references. ``--dry-run`` prints the command lines without running them.
+The images are those ``make images`` built for this machine's architecture (images.plan), under
+the chart's default references and their content tags. ``--dry-run`` prints the command lines
+without running them.
 
 Public API: ``TARGETS``, ``Step``, ``refs(kinds, families) -> list[str]``,
 ``steps(target, refs, cluster=None) -> list[Step]``, ``load(target, ...) -> list[Step]``,
@@ -51,8 +52,11 @@ class Step:
 
 
 def refs(kinds: list[str] | tuple[str, ...] = images.DEFAULT_IMAGES, families: list[str] | None = None) -> list[str]:
-    """The local tags of the images to load (this machine's architecture), as the chart names them."""
-    return [i.tag for i in images.plan(None, kinds, families)]
+    """The local tags of the images to load (this machine's architecture): each under the
+    chart's default tag and under its content tag (what `torbed run --backend k8s` installs
+    with, backend.content_tags). Both name one image: loading the second costs nothing."""
+    plan = images.plan(None, kinds, families)
+    return [i.tag for i in plan] + [images.content_tag(i) for i in plan]
 
 
 def steps(target: str, refs: list[str], cluster: str | None = None) -> list[Step]:
