@@ -34,17 +34,23 @@ def _status(name, image, image_id, running=True):
     return NS(name=name, image=image, image_id=image_id, state=NS(running=object() if running else None))
 
 
-def _pod(name, node, containers, init=()):
-    return NS(metadata=NS(name=name), spec=NS(node_name=node),
+def _pod(name, node, containers, init=(), asked=None):
+    """A pod whose spec asks for each container's status image, or for ``asked[name]``."""
+    asked = asked or {}
+    spec = lambda cs: [NS(name=c.name, image=asked.get(c.name, c.image.removeprefix("docker.io/"))) for c in cs]  # noqa: E731
+    return NS(metadata=NS(name=name), spec=NS(node_name=node, containers=spec(containers), init_containers=spec(init)),
               status=NS(container_statuses=list(containers), init_container_statuses=list(init)))
 
 
 def test_meta_records_each_pods_builds_and_warns_when_a_tag_is_two_builds(monkeypatch):
-    relay = "docker.io/torbed/relay:vanilla-0.1.0"
-    pods = [_pod("r-guard-0", "a", [_status("tor", relay, "sha256:aaa")], [_status("shaper", "c", "sha256:ccc")]),
-            _pod("r-exit-0", "b", [_status("tor", relay, "sha256:bbb")]),
-            _pod("r-results-x", "a", [_status("results", "c", "")])]
-    monkeypatch.setattr(backend, "_tor_version", lambda pod, cluster: {"r-guard-0": "0.4.9.11",
+    relay = "torbed/relay:vanilla-0.1.0"
+    pods = [_pod("r-guard-0", "a", [_status("tor", "docker.io/" + relay, "sha256:aaa")], [_status("shaper", "c", "sha256:ccc")]),
+            _pod("r-exit-0", "b", [_status("tor", "docker.io/" + relay, "sha256:bbb")]),
+            _pod("r-results-x", "a", [_status("results", "c", "")]),
+            # Asked for under its content tag; the runtime names the image by its other tag.
+            _pod("r-middle-0", "a", [_status("tor", "docker.io/" + relay, "sha256:aaa")],
+                 asked={"tor": relay + "-0123456789ab"})]
+    monkeypatch.setattr(backend, "_tor_version", lambda pod, cluster: {"r-guard-0": "0.4.9.11", "r-middle-0": "0.4.9.11",
                                                                         "r-exit-0": "0.4.8.1"}[pod])
     logged = []
     meta: dict = {}
@@ -54,6 +60,9 @@ def test_meta_records_each_pods_builds_and_warns_when_a_tag_is_two_builds(monkey
     assert "tor_version" not in meta["pods"]["r-results-x"]
     assert meta["pods"]["r-results-x"]["containers"]["results"]["image_id"] is None   # not started yet
     assert meta["images"][relay] == ["sha256:aaa", "sha256:bbb"]
+    assert meta["pods"]["r-middle-0"]["containers"]["tor"] == {
+        "image": relay + "-0123456789ab", "image_id": "sha256:aaa", "image_reported": "docker.io/" + relay}
+    assert meta["images"][relay + "-0123456789ab"] == ["sha256:aaa"]
     assert meta["tor_versions"] == ["0.4.8.1", "0.4.9.11"]
     assert len(logged) == 1 and relay in logged[0] and "several builds" in logged[0]
 

@@ -912,8 +912,9 @@ def _tor_version(pod: str, cluster: Cluster) -> str | None:
 
 
 def _record_provenance(cluster: Cluster, release: str, meta: dict, console=None) -> None:
-    """meta.json ``pods``: per pod, each container's image reference and the digest the
-    kubelet ran (status imageID), and the version its tor container's tor reports;
+    """meta.json ``pods``: per pod, each container's image reference (the spec's; the status's
+    own name for it as ``image_reported`` where that differs) and the digest the kubelet ran
+    (status imageID), and the version its tor container's tor reports;
     ``images``: each reference with the digests it resolved to. Tags are rebuilt in place and
     pulled IfNotPresent, so one reference can be two builds on two nodes: warned about here,
     and visible in the record either way."""
@@ -921,11 +922,17 @@ def _record_provenance(cluster: Cluster, release: str, meta: dict, console=None)
     digests: dict[str, set[str]] = {}
     for p in cluster.pods(release):
         st = p.status
+        # The reference the pod asked for (the spec's): the status reports one of the image's
+        # tags, which for an image under several tags (its content tag and the chart's
+        # default) need not be that one.
+        asked = {c.name: c.image for c in (p.spec.init_containers or []) + (p.spec.containers or [])}
         containers = {}
         for c in (st.init_container_statuses or []) + (st.container_statuses or []):
-            containers[c.name] = {"image": c.image, "image_id": c.image_id or None}
+            ref = asked.get(c.name) or c.image
+            containers[c.name] = {"image": ref, "image_id": c.image_id or None,
+                                  **({"image_reported": c.image} if c.image and not c.image.endswith(ref) else {})}
             if c.image_id:
-                digests.setdefault(c.image, set()).add(c.image_id)
+                digests.setdefault(ref, set()).add(c.image_id)
         entry = {"k8s_node": p.spec.node_name, "containers": containers}
         if "tor" in containers and any(c.name == "tor" and c.state and c.state.running
                                        for c in st.container_statuses or []):
