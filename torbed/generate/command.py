@@ -43,6 +43,17 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _share(text: str) -> float:
+    """A share in [0, 1] (0: no lower bound)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
+    return v
+
+
 def _positive(text: str) -> float:
     try:
         v = float(text)
@@ -194,9 +205,9 @@ def register(sub, fmt) -> None:
                         f"{budget_mod.CPU_SHAPER_PER_MBPS:g} comes on top; docs/generate.md)")
     p.add_argument("--cpu-share", type=_fraction, default=None,
                    help=f"share of the cores the testbed may use while it measures (default: {budget_mod.CPU_SHARE:g})")
-    p.add_argument("--min-utilization", type=_fraction, default=None,
+    p.add_argument("--min-utilization", type=_share, default=None,
                    help=f"smallest expected load as a share of the rates' sum (default: {budget_mod.MIN_UTILIZATION:g}): "
-                        "caps the rates so relays queue")
+                        "caps the rates so relays queue; 0: no cap")
     p.add_argument("--bench-dir", default="runs/bench",
                    help="where `make bench` results are; the newest backend-*.json's figures are used ('' : none)")
     p.add_argument("-o", "--output", default=None, help="scenario file to write (default: stdout)")
