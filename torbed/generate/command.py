@@ -33,25 +33,23 @@ def _nonneg_int(text: str) -> int:
     return _whole(text, 0)
 
 
-def _fraction(text: str) -> float:
+def _in_range(text: str, zero_ok: bool) -> float:
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {v}")
+    if not (0 <= v if zero_ok else 0 < v) or v > 1:
+        raise argparse.ArgumentTypeError(f"must be in {'[' if zero_ok else '('}0, 1], got {v}")
     return v
+
+
+def _fraction(text: str) -> float:
+    return _in_range(text, zero_ok=False)
 
 
 def _share(text: str) -> float:
     """A share in [0, 1] (0: no lower bound)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
-    return v
+    return _in_range(text, zero_ok=True)
 
 
 def _positive(text: str) -> float:

@@ -157,7 +157,7 @@ def clean(console, force: bool = False) -> dict:
     out = {"runs": 0, "releases": 0, "configmaps": 0, "live": len(live), "failed": []}
     if not dead:
         return out
-    from ..local.lifetime import mark_killed
+    from ..local.lifetime import mark_killed, mark_run_killed
     from .backend import Cluster
     for c in dead:
         items: list = []
@@ -193,7 +193,7 @@ def clean(console, force: bool = False) -> dict:
             marked = mark_killed(Path(c["rep_dir"]), why)
         elif c.get("run_dir"):
             # Between repetitions: no repetition runs, the run itself still says running.
-            marked = mark_killed(Path(c["run_dir"]) / "_" / "_", why)
+            marked = mark_run_killed(Path(c["run_dir"]), why)
         remove_claim(Path(c["_file"]))
         out["runs"] += 1
         if items:

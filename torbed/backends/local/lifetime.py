@@ -169,16 +169,22 @@ def mark_killed(rep_dir: Path, why: str) -> list[Path]:
         meta.update(status="killed", error=why, t_end=meta.get("t_end") or now, killed_at=stamp)
         _write(meta_path, meta)
         changed.append(meta_path)
-    run_path = rep_dir.parent.parent / "run.json"
+    return changed + mark_run_killed(rep_dir.parent.parent, why)
+
+
+def mark_run_killed(run_dir: Path, why: str) -> list[Path]:
+    """run.json of a run, where still ``running`` (and its last session): ``killed``."""
+    stamp = dt.datetime.fromtimestamp(time.time(), dt.timezone.utc).isoformat(timespec="seconds")
+    run_path = run_dir / "run.json"
     info = _read(run_path)
-    if info is not None and info.get("status") == "running":
-        info.update(status="killed", finished=stamp, killed=why)
-        sessions = info.get("sessions") or []
-        if sessions and sessions[-1].get("status") == "running":
-            sessions[-1].update(status="killed", finished=stamp)
-        _write(run_path, info)
-        changed.append(run_path)
-    return changed
+    if info is None or info.get("status") != "running":
+        return []
+    info.update(status="killed", finished=stamp, killed=why)
+    sessions = info.get("sessions") or []
+    if sessions and sessions[-1].get("status") == "running":
+        sessions[-1].update(status="killed", finished=stamp)
+    _write(run_path, info)
+    return [run_path]
 
 
 def run_alive(state: dict) -> bool:
