@@ -23,8 +23,9 @@ the collectors cellstats.jsonl; the drivers transfers.jsonl), over the measured 
   ``max_failed_fraction`` stalled or failed (censored ones, cut off by the window's end, are
   not failures: the analysis keeps them with Kaplan-Meier).
 
-A gate whose records are absent says "not measured" (the k8s backend records neither
-shaper.jsonl nor cpu.jsonl yet) and neither passes nor fails the repetition.
+A gate whose records are absent says "not measured" (the k8s backend records shaper.jsonl and
+sockets.jsonl from its pods' shaper sidecars, but no cpu.jsonl yet) and neither passes nor
+fails the repetition.
 
 Public API:
 
@@ -78,6 +79,14 @@ def _fmt_s(x: float | None) -> str:
 # ---------------------------------------------------------------------------------------
 # Queueing
 
+def _covers(sample: dict, sender: str) -> bool:
+    """Does a shaper or sockets sample hold ``sender``'s links? Not when it failed to read
+    them, nor when the sample is another sender's (Kubernetes: one record per pod and second;
+    records without ``senders``, from before it was written, cover every sender)."""
+    senders = sample.get("senders")
+    return sender not in (sample.get("failed") or ()) and (senders is None or sender in senders)
+
+
 def _shaper(records: list[dict], window, th: dict) -> dict | None:
     links: dict[str, dict] = {}
     shaper = None
@@ -88,7 +97,8 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
             for ln in r.get("links") or []:
                 links[ln["link"]] = ln
         elif r.get("type") == "shaper" and window[0] <= r.get("t", 0) <= window[1]:
-            samples.append({"backlog": r.get("backlog") or {}, "failed": r.get("failed") or ()})
+            samples.append({"backlog": r.get("backlog") or {}, "failed": r.get("failed") or (),
+                            "senders": r.get("senders")})
     if shaper is None:
         return None
     out = {"shaper": shaper, "samples": len(samples), "links": len(links),
@@ -105,7 +115,7 @@ def _shaper(records: list[dict], window, th: dict) -> dict | None:
         in_flight = rate * float(ln.get("delay_s") or 0.0) / 8
         src = name.split(">", 1)[0]
         series = np.array([max(0.0, s["backlog"].get(name, 0) - in_flight) for s in samples
-                           if src not in s.get("failed", ())], float)
+                           if _covers(s, src)], float)
         if series.size < th["min_samples"]:
             unmeasured.append(name)
             continue
@@ -168,7 +178,7 @@ def _sockets(records: list[dict], window, rates: dict[str, int], th: dict) -> di
         if not rate:
             continue
         src = name.split(">", 1)[0]
-        series = np.array([r["send_q"].get(name, 0) for r in samples if src not in (r.get("failed") or ())], float)
+        series = np.array([r["send_q"].get(name, 0) for r in samples if _covers(r, src)], float)
         if series.size < th["min_samples"]:
             continue
         med, p90 = float(np.median(series)), float(np.quantile(series, 0.9))
@@ -382,9 +392,10 @@ def completion_gate(rep_dir: Path, th: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 
 def evaluate(rep_dir: str | Path, meta: dict, mechanism: dict | None = None, thresholds: dict | None = None,
-             not_measured: str | None = None) -> dict:
-    """The gates of one repetition (meta.json ``gates``). ``not_measured``: why the shaper and
-    CPU samples are absent (e.g. "not measured on k8s"), said instead of "not measured"."""
+             not_measured: str | dict | None = None) -> dict:
+    """The gates of one repetition (meta.json ``gates``). ``not_measured``: why the samples
+    are absent (e.g. "not measured on k8s"), said instead of "not measured": one reason for
+    both the queueing and the CPU gate, or {"queueing"|"cpu": reason} for some of them."""
     rep_dir = Path(rep_dir)
     th = {**THRESHOLDS, **(thresholds or {})}
     mechanism = dict(mechanism or {"kind": "queueing"})
@@ -400,9 +411,10 @@ def evaluate(rep_dir: str | Path, meta: dict, mechanism: dict | None = None, thr
     c = cpu_gate(rep_dir, window, th, mechanism)
     done = completion_gate(rep_dir, th)
     if not_measured:
-        for g, what in ((q, "shaper backlog and kernel send queues"), (c, "CPU")):
-            if g["status"] == "not measured":
-                g["text"] = f"{what}: {not_measured}"
+        why = not_measured if isinstance(not_measured, dict) else {"queueing": not_measured, "cpu": not_measured}
+        for name, g, what in (("queueing", q, "shaper backlog and kernel send queues"), ("cpu", c, "CPU")):
+            if g["status"] == "not measured" and why.get(name):
+                g["text"] = f"{what}: {why[name]}"
     reasons = list(c.get("reasons") or []) + list(done.get("reasons") or [])
     flags = ([q["text"]] if q["status"] == "flag" else []) + list(c.get("flags") or [])
     return {**out, "valid": not reasons, "invalid_reasons": reasons, "flags": flags,

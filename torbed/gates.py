@@ -11,18 +11,19 @@ Records (JSON lines, appended and flushed as written):
 
 - ``shaper.jsonl``: first a ``{"type": "shaper_links", "shaper", "links": [{"link": "SRC>DST",
   "rate_bps", "delay_s"}]}`` record (the rate-limited links sampled), then one ``{"type":
-  "shaper", "t", "backlog": {"SRC>DST": bytes}, ["failed": [SRC, ...]]}`` per sample with
-  every link whose backlog was not zero (``failed``: senders that could not be read then, so
-  their links are missing from that sample, not empty). htb: the class of the destination in
+  "shaper", "t", "backlog": {"SRC>DST": bytes}, "senders": [SRC, ...], ["failed": [SRC, ...]]}``
+  per sample with every link whose backlog was not zero (``senders``: whose links the sample
+  covers, so a link of a sender not in it is missing from the sample, not empty: on
+  Kubernetes each pod writes its own; ``failed``: senders that could not be read then). htb: the class of the destination in
   the sender's namespace (``tc -s class show``; iproute2 6.1 prints htb class statistics as
   text even with ``-j``, so both forms are read);
   its backlog is the class's leaf queue (the default 1000-frame FIFO, the ``queue:`` bfifo, or
   netem's queue, which also holds the frames serving the link's delay). linkemu: its control
   socket's ``backlog`` op (the queue only; the delay line is separate).
-- ``sockets.jsonl`` (local backend): one ``{"type": "sockets", "t", "send_q": {"SRC>DST":
-  bytes}, ["failed": [SRC]]}`` per sample: the TCP send queues (``ss`` Send-Q: bytes written
+- ``sockets.jsonl``: one ``{"type": "sockets", "t", "send_q": {"SRC>DST":
+  bytes}, "senders": [SRC, ...], ["failed": [SRC]]}`` per sample: the TCP send queues (``ss`` Send-Q: bytes written
   and not yet acknowledged, so what the shaper holds for the socket is part of it) of each
-  relay toward each node, non-zero ones only. Tor's Vanilla scheduler hands the kernel all a
+  relay toward each node (summed over its sockets to that node), non-zero ones only. Tor's Vanilla scheduler hands the kernel all a
   socket takes, and Linux keeps a local qdisc's share of it small (TCP small queues), so a
   bottleneck's backlog can sit here rather than in the shaper or in tor's circuit queues.
 - ``cpu.jsonl``: one ``{"type": "cpu", "t", "hz", "host": {"busy", "total", "steal", "cpus",
@@ -31,6 +32,11 @@ Records (JSON lines, appended and flushed as written):
   its CPU ticks (/proc/PID/stat utime + stime, every thread) and its main thread's scheduler
   counters (/proc/PID/schedstat: time on a CPU, time runnable but waiting for one, times
   scheduled); ``threads`` for the CPU-bound target only (its busiest thread).
+
+On Kubernetes the shaper sidecar of each pod samples its own pod the same way
+(torbed.pods.shaper): its htb classes toward each peer *group* (``SRC>GROUP``: the sidecar
+shapes per peer group) and, in a relay pod, the pod's TCP send queues summed per peer group;
+the records reach the run directory through the results service. CPU is not sampled there.
 
 Every parser takes text (tests pass canned output); every reader takes the /proc directory.
 
@@ -64,6 +70,9 @@ from typing import Callable
 from . import hostload
 
 SAMPLE_INTERVAL_S = 1.0
+# The roles whose links carry the measured traffic (the authorities' carry the directory
+# protocol): the shaper classes and send queues sampled are those between them.
+DATA_ROLES = ("relay", "server", "client", "loadworker")
 
 # The gates' thresholds, in one place (docs/statistics.md "Mechanism gates" says why each).
 THRESHOLDS = {
@@ -270,7 +279,8 @@ class HtbSource:
                 if name and c["backlog_bytes"]:
                     backlog[name] = c["backlog_bytes"]
         # A sender that could not be read is missing from this sample, not a zero backlog.
-        self.writer.write({"type": "shaper", "t": now, "backlog": backlog, **({"failed": failed} if failed else {})})
+        self.writer.write({"type": "shaper", "t": now, "backlog": backlog, "senders": self.senders,
+                           **({"failed": failed} if failed else {})})
 
 
 def _read_senders(senders: list[str], run: Callable[[str], str], parse: Callable[[str], dict],
@@ -305,8 +315,12 @@ class SocketSource:
         for sender, queues in read.items():
             for addr, q in queues.items():
                 if q and addr in self.peers:
-                    send_q[f"{sender}>{self.peers[addr]}"] = q
-        self.writer.write({"type": "sockets", "t": now, "send_q": send_q, **({"failed": failed} if failed else {})})
+                    # Several sockets toward one peer (Torchestra's pair, circswitch's second
+                    # connection, every pod of a peer group on Kubernetes) share its link: summed.
+                    key = f"{sender}>{self.peers[addr]}"
+                    send_q[key] = send_q.get(key, 0) + q
+        self.writer.write({"type": "sockets", "t": now, "send_q": send_q, "senders": self.senders,
+                           **({"failed": failed} if failed else {})})
 
 
 class LinkemuSource:

@@ -96,6 +96,20 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     for name in ("cellstats.jsonl", "relay_bw.jsonl", "metrics.jsonl", "clients.jsonl"):
         assert records(rep / name), f"{name} is empty"
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
+    # Mechanism gates: each data pod's shaper sidecar sampled its htb classes toward the peer
+    # groups (the 4 mbit guard-middle link both ways), each relay pod its kernel send queues;
+    # the queueing gate judged them. CPU is not sampled on Kubernetes and says so.
+    shaped = records(rep / "shaper.jsonl")
+    links = {ln["link"]: ln["rate_bps"] for r in shaped if r["type"] == "shaper_links" for ln in r["links"]}
+    assert links.get("middle0>guard") == 4_000_000 and links.get("guard0>middle") == 4_000_000, links
+    assert {"guard0", "middle0", "exit0", "www0"} <= {x for r in shaped if r["type"] == "shaper" for x in r["senders"]}
+    sockets = records(rep / "sockets.jsonl")
+    assert {x for r in sockets for x in r["senders"]} == {"guard0", "middle0", "exit0"}
+    assert any(r["send_q"] for r in sockets), "no relay ever had a send queue"
+    g = meta["gates"]
+    assert g["queueing"]["status"] in ("ok", "flag") and g["queueing"]["shaper"]["samples"] >= 50, g["queueing"]
+    assert g["cpu"]["text"].startswith("CPU: not measured on k8s"), g["cpu"]
+    print(f"gates on Kubernetes: queueing {g['queueing']['status']}: {g['queueing']['text']}")
     assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
     # Where every node ran, and that node's hardware (API server + the pods' /proc/cpuinfo).
     assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]

@@ -124,7 +124,8 @@ def test_htb_source_names_links_and_keeps_only_backlogged_ones():
     src(100.0)
     assert w.records[0] == {"type": "shaper_links", "shaper": "htb", "links": [{"link": "exit0>middle0",
                                                                                  "rate_bps": 2_000_000}]}
-    assert w.records[1] == {"type": "shaper", "t": 100.0, "backlog": {"exit0>middle0": 1514000}, "failed": ["guard0"]}
+    assert w.records[1] == {"type": "shaper", "t": 100.0, "backlog": {"exit0>middle0": 1514000},
+                            "senders": ["exit0", "guard0"], "failed": ["guard0"]}
     assert calls == ["exit0", "guard0"] and len(src.errors) == 1 and src.errors[0].startswith("guard0")
 
 
@@ -214,8 +215,14 @@ def test_ss_send_queues_and_the_socket_source():
     src = gates.SocketSource(["exit0", "www0"], {"10.0.0.11": "guard0", "10.0.0.13": "middle0"},
                              lambda s: SS if s == "exit0" else (_ for _ in ()).throw(OSError("no ss")), w)
     src(5.0)
-    assert w.records == [{"type": "sockets", "t": 5.0, "send_q": {"exit0>middle0": 127456}, "failed": ["www0"]}]
+    assert w.records == [{"type": "sockets", "t": 5.0, "send_q": {"exit0>middle0": 127456},
+                          "senders": ["exit0", "www0"], "failed": ["www0"]}]
     assert src.errors == ["www0: no ss"]
+    # Two peers of one name (Kubernetes: the pods of a peer group) share the link: summed.
+    w2 = ListWriter()
+    gates.SocketSource(["exit0"], {"10.0.0.11": "middle", "10.0.0.13": "middle", "10.0.0.99": "middle"},
+                       lambda s: SS, w2)(6.0)
+    assert w2.records[0]["send_q"] == {"exit0>middle": 127456 + 77}
 
 
 PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

@@ -332,3 +332,51 @@ def test_backend_link_fault_visits_each_side_and_undo_skips_recreated_pods():
     ctx.fail, ctx.calls = set(), []
     act.undo(ctx, "teardown")
     assert sorted(pod for pod, _ in ctx.calls) == ["rel-bulk-0", "rel-bulk-1", "rel-guard-0"]
+
+
+def test_gate_samples_of_a_relay_pod_name_its_rate_limited_links_by_peer_group(tmp_path):
+    """The sidecar's mechanism-gate samples (torbed.pods.shaper.gate_sources): the quickstart's
+    middle0 shapes its 4 mbit link toward the guard group and 100 mbit toward the rest; its
+    htb classes' backlog is recorded under <node>><group>, its send queues summed per peer
+    group of the installed filters; the authorities' classes are not sampled."""
+    from torbed.records import read_records
+    p = _plan()
+    s = scenario_mod.load(QUICKSTART)
+    specs = shaper._link_specs(s, p, "middle")
+    cmds, ids = shaper.classes("eth0", specs)
+    # iproute2 6.1 prints htb class statistics as text even with -j
+    tc_text = (f"class htb {ids['guard']} root prio 0 rate 4Mbit ceil 4Mbit burst 1600b cburst 1600b\n"
+               " Sent 10 bytes 1 pkt (dropped 0, overlimits 0 requeues 0)\n backlog 60000b 40p requeues 0\n\n"
+               f"class htb {ids['authority']} root prio 0 rate 100Mbit ceil 100Mbit burst 1600b cburst 1600b\n"
+               " Sent 10 bytes 1 pkt (dropped 0, overlimits 0 requeues 0)\n backlog 9000b 6p requeues 0\n")
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, tc_text, "")
+
+    tcp = tmp_path / "tcp"
+    # sockets toward 10.0.0.13 (a guard pod) and 10.0.0.99 (an address no filter names)
+    tcp.write_text("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+                   "   1: 0C00000A:1388 0D00000A:A028 01 0001E240:00000FA0 01:00000014 00000000  1000\n"
+                   "   2: 0C00000A:98EF 6300000A:0050 01 00000100:00000000 00:00000000 00000000     0\n")
+    sources, sockets = shaper.gate_sources(p, "middle", "middle0", "eth0", specs, ids, tmp_path / "rec",
+                                           run=run, tcp=tcp)
+    assert sockets is not None and len(sources) == 2
+    sockets.peers = shaper.socket_peers({"10.0.0.13": ids["guard"], "10.0.0.20": ids["authority"]}, ids, p)
+    assert sockets.peers == {"10.0.0.13": "guard"}
+    for src in sources:
+        src(1000.0)
+        src.writer.close()
+    shaped = read_records(tmp_path / "rec" / "shaper.jsonl")
+    links = {ln["link"]: ln["rate_bps"] for ln in shaped[0]["links"]}
+    assert links["middle0>guard"] == 4_000_000 and "middle0>authority" not in links
+    assert set(links) == {f"middle0>{g}" for g in ids if g != "authority"}
+    assert shaped[1] == {"type": "shaper", "t": 1000.0, "backlog": {"middle0>guard": 60000}, "senders": ["middle0"]}
+    assert calls == [["tc", "-s", "-j", "class", "show", "dev", "eth0"]]
+    assert read_records(tmp_path / "rec" / "sockets.jsonl") == [
+        {"type": "sockets", "t": 1000.0, "send_q": {"middle0>guard": 0x1E240}, "senders": ["middle0"]}]
+    # A client pod: no send queues (the relays' only, as locally); an authority: nothing.
+    assert shaper.gate_sources(p, "web", "web0", "eth0", shaper._link_specs(s, p, "web"),
+                               shaper.classes("eth0", shaper._link_specs(s, p, "web"))[1], tmp_path / "c")[1] is None
+    assert shaper.gate_sources(p, "authority", "auth0", "eth0", {}, {}, tmp_path / "a") == ([], None)

@@ -26,6 +26,13 @@ address stays under the fault. The state lives in the pod's emptyDir: a restarte
 puts the faults back, a recreated pod starts without them.
 
 Filter priorities on ``1:``: 1 faults, 2 peers, 3-6 isolation.
+
+Mechanism gates (torbed.gates, docs/statistics.md): once its filters are in, the sidecar
+samples its pod once a second as the local backend samples each sender: the backlog of the
+htb class toward each peer group a rate-limited link leads to (``shaper.jsonl``, links named
+``<node>><group>``), and in a relay pod the pod's TCP send queues summed per peer group
+(``sockets.jsonl``, from /proc/net/tcp of the shared network namespace), streamed to the
+results service.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from pathlib import Path
 from .. import shaping
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..network import LinkSpec
-from . import load_scenario, log, plan, results_post
+from . import Shipper, load_scenario, log, node_name, plan, results_post
 
 
 class TcError(RuntimeError):
@@ -518,6 +525,65 @@ def _link_specs(s, p, group: str) -> dict[str, LinkSpec]:
     return specs
 
 
+def _carries_data(p, group: str) -> bool:
+    """Does ``group`` hold nodes whose links carry the measured traffic (torbed.gates.DATA_ROLES)?"""
+    from ..gates import DATA_ROLES
+    return group != "authority" and any(n.role in DATA_ROLES for n in p.group_nodes(group))
+
+
+def gate_sources(p, group: str, node: str, dev: str, specs: dict[str, LinkSpec], ids: dict[str, str], out: Path,
+                 run=subprocess.run, tcp=Path("/proc/net/tcp")) -> tuple[list, object | None]:
+    """The mechanism gates' samples this pod takes (torbed.gates, the local backend's samples
+    per sender): the backlog of its htb class toward each peer group a rate-limited link
+    leads to (``<node>>``<group>``: the sidecar shapes per peer group), and in a relay pod the
+    kernel's TCP send queues of the pod (/proc/net/tcp: this container shares the pod's
+    network namespace, so it lists tor's sockets) summed per peer group. Only between groups
+    that carry the measured traffic. Returns the sources and the socket source (None: not a
+    relay), whose ``peers`` ({address: group}) the caller keeps in step with the filters."""
+    from .. import gates
+    from ..records import RecordWriter
+    if not _carries_data(p, group):
+        return [], None
+    links, meta = {}, []
+    for g, cid in sorted(ids.items()):
+        spec = specs[g]
+        if not spec.rate_bps or not _carries_data(p, g):
+            continue
+        name = f"{node}>{g}"
+        links[(node, int(cid.split(":", 1)[1], 16))] = name
+        meta.append({"link": name, "rate_bps": spec.rate_bps, "delay_s": spec.delay_s or 0.0})
+    def run_tc(_sender: str) -> str:
+        r = run(["tc", "-s", "-j", "class", "show", "dev", dev], capture_output=True, text=True, timeout=5)
+        if r.returncode:
+            raise OSError(r.stderr.strip() or f"tc exited {r.returncode}")
+        return r.stdout
+    # Written without links too (its samples then cover no sender and cost no tc): a network
+    # without a rate-limited link is judged "no shaper queue", as locally, not "not measured".
+    sources: list = [gates.HtbSource(links, meta, run_tc, RecordWriter(out / "shaper.jsonl"))]
+    sockets = None
+    if any(n.role == "relay" for n in p.group_nodes(group)):
+        sockets = gates.SocketSource([node], {}, lambda _sender: tcp.read_text(), RecordWriter(out / "sockets.jsonl"))
+        sources.append(sockets)
+    return sources, sockets
+
+
+def socket_peers(current: dict[str, str], ids: dict[str, str], p) -> dict[str, str]:
+    """{peer address: peer group} of the installed peer filters ({address: class id}), for
+    the groups that carry the measured traffic."""
+    group_of = {cid: g for g, cid in ids.items() if _carries_data(p, g)}
+    return {addr: group_of[cid] for addr, cid in current.items() if cid in group_of}
+
+
+def _sender_name(group: str) -> str:
+    """This pod's node name (torbed.pods.node_name), or, where the pod's name carries no
+    index (a client Job's pod: its index is an annotation the sidecar is not given), the
+    group and the pod name's last part."""
+    try:
+        return node_name(group)
+    except (ValueError, RuntimeError, SystemExit):
+        return f"{group}-{os.environ.get('POD_NAME', '').rsplit('-', 1)[-1]}"
+
+
 def _wake_pipe() -> int:
     """`fault apply|undo` wakes the loop with SIGUSR1: its write end of the pipe tells select.
     Returns the read end."""
@@ -571,6 +637,17 @@ def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec],
     announced_own = not (url and pod and own)
     settled: set[str] = set()
     expected = {g: expected_addresses(s, g, args.group) for g in ids}
+    # The mechanism gates' samples (torbed.gates), once a second from here on; the results
+    # service gets them as they are written (the analysis keeps the measured window's).
+    # A directory of this process' own: a restarted sidecar must not send its predecessor's
+    # records again (the Shipper's offsets start at zero).
+    records = state / "records" / f"{int(time.time() * 1000)}-{os.getpid()}"
+    sources, sockets = gate_sources(p, args.group, _sender_name(args.group), dev, specs, ids, records)
+    if sources and url:
+        from ..gates import SAMPLE_INTERVAL_S, Sampler
+        Shipper(records, url).start()
+        Sampler(SAMPLE_INTERVAL_S, sources).start()
+        log(f"shaper: sampling {', '.join(type(x).__name__ for x in sources)} every {SAMPLE_INTERVAL_S:g} s")
     while True:
         if not announced_own:
             announced_own = announce(url, pod, args.group, sorted(own)[0])
@@ -580,6 +657,8 @@ def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec],
         want, complete = peer_table(ids, dns, others, expected, settled, own)
         if want != current:
             current = _update_filters(dev, want, current)
+            if sockets is not None:
+                sockets.peers = socket_peers(current, ids, p)
         # Requests of a previous shaper in this pod are put back at once (its tree was flushed).
         faults.step(own)
         if complete and want == current and not reported:

@@ -168,6 +168,36 @@ def test_no_samples_no_verdict(tmp_path):
     k8s = gates.evaluate(rep_dir(tmp_path / "d"), META, not_measured="not measured on k8s")
     assert k8s["queueing"]["text"] == "shaper backlog and kernel send queues: not measured on k8s"
     assert k8s["cpu"]["text"] == "CPU: not measured on k8s" and k8s["valid"]
+    cpu_only = gates.evaluate(rep_dir(tmp_path / "g"), META, not_measured={"cpu": "not measured on k8s"})
+    assert cpu_only["cpu"]["text"] == "CPU: not measured on k8s"
+    assert cpu_only["queueing"]["text"] == "shaper backlog not measured (no shaper.jsonl)"
+
+
+def test_samples_of_one_sender_each_are_not_zeros_for_the_others(tmp_path):
+    """Kubernetes: every pod's shaper sidecar writes its own record each second. A link's
+    series is its sender's records only; another pod's record is not a sample of an empty
+    queue (else ten pods would put a link's median at zero)."""
+    recs = [{"type": "shaper_links", "shaper": "htb",
+             "links": [{"link": "exit0>middle", "rate_bps": RATE, "delay_s": 0.0}]},
+            {"type": "shaper_links", "shaper": "htb", "links": []}]
+    socks = []
+    for i in range(70):
+        recs.append({"type": "shaper", "t": T0 + i, "backlog": {"exit0>middle": 750_000}, "senders": ["exit0"]})
+        socks.append({"type": "sockets", "t": T0 + i, "send_q": {"exit0>middle": 500_000}, "senders": ["exit0"]})
+        for other in ("guard0", "middle0", "web0"):
+            recs.append({"type": "shaper", "t": T0 + i + 0.1, "backlog": {}, "senders": [other]})
+            socks.append({"type": "sockets", "t": T0 + i + 0.1, "send_q": {}, "senders": [other]})
+    d = rep_dir(tmp_path, shaper=recs, cells=cell_records(20), cpu=cpu_records())
+    jsonl(d / "sockets.jsonl", socks)
+    q = gates.evaluate(d, META)["queueing"]
+    assert q["shaper"]["link"] == "exit0>middle" and q["shaper"]["link_samples"] == 51
+    assert q["shaper"]["median_s"] == pytest.approx(3.0) and q["sockets"]["median_s"] == pytest.approx(2.0)
+    assert q["status"] == "flag" and "shaper backlog dominates" in q["text"]
+    # A network without a rate-limited link: headers without links, samples of no sender.
+    bare = [{"type": "shaper_links", "shaper": "htb", "links": []}] + \
+        [{"type": "shaper", "t": T0 + i, "backlog": {}, "senders": []} for i in range(70)]
+    ok = gates.evaluate(rep_dir(tmp_path / "bare", shaper=bare, cpu=cpu_records()), META)["queueing"]
+    assert ok["status"] == "ok" and ok["text"] == "no rate-limited link: no shaper queue"
 
 
 # -- CPU --------------------------------------------------------------------------------

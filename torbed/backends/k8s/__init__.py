@@ -56,8 +56,8 @@ def create(options: Options, console, scenario_path: Path | None = None):
 
 def plan_lines(plan) -> list[str]:
     """What ``torbed plan`` prints for this backend: what it does not measure."""
-    return ["mechanism gates: transfer completion only; shaper backlog, kernel send queues and CPU "
-            "[yellow]not measured on k8s[/yellow] (docs/statistics.md, Mechanism gates)"]
+    return ["mechanism gates: shaper backlog and kernel send queues (each pod's shaper sidecar) and transfer "
+            "completion; CPU [yellow]not measured on k8s[/yellow] (docs/statistics.md, Mechanism gates)"]
 
 
 def cmd_chart_files(args) -> int:

@@ -25,7 +25,7 @@ from .emulator import NETNS_DIR
 from ... import gates
 from ...records import RecordWriter
 
-DATA_ROLES = ("relay", "server", "client", "loadworker")
+DATA_ROLES = gates.DATA_ROLES
 
 
 def htb_links(plan) -> tuple[dict[tuple[str, int], str], list[dict]]:
