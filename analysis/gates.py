@@ -23,9 +23,11 @@ the collectors cellstats.jsonl; the drivers transfers.jsonl), over the measured 
   ``max_failed_fraction`` stalled or failed (censored ones, cut off by the window's end, are
   not failures: the analysis keeps them with Kaplan-Meier).
 
-A gate whose records are absent says "not measured" (the k8s backend records shaper.jsonl and
-sockets.jsonl from its pods' shaper sidecars, but no cpu.jsonl yet) and neither passes nor
-fails the repetition.
+A gate whose records are absent says "not measured" and neither passes nor fails the
+repetition. On Kubernetes every pod samples itself (shaper.jsonl and sockets.jsonl from its
+shaper sidecar, cpu.jsonl from the relay pod's collector and the client pod's driver, each
+record naming its ``source``): each sampler's own first and last samples in the window give
+its processes' figures, and "other processes' CPU" is not judged (a pod sees only its own).
 
 Public API:
 
@@ -240,14 +242,6 @@ def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 # CPU
 
-def _edges(records: list[dict], window) -> tuple[dict, dict] | None:
-    """The first and last cpu samples inside the window (the samples are cumulative counters)."""
-    inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
-    if len(inside) < 2:
-        return None
-    return inside[0], inside[-1]
-
-
 def _busy(a: dict, b: dict, name: str, hz: int) -> float | None:
     """How busy ``name`` was between two samples: its busiest thread's share of the time, or
     the whole process' share of every core, whichever is larger."""
@@ -276,25 +270,48 @@ def _best_window_busy(inside: list[dict], name: str, hz: int, span_s: float) -> 
     return best
 
 
+def _sources(inside: list[dict]) -> dict:
+    """The window's cpu samples by sampler (``source``: a Kubernetes pod's node; None: the
+    local backend's one sampler of every process)."""
+    by: dict = defaultdict(list)
+    for r in inside:
+        by[r.get("source")].append(r)
+    return by
+
+
 def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
     records = read_records(rep_dir / "cpu.jsonl")
     if not records:
         return {"status": "not measured", "text": "CPU not measured (no cpu.jsonl)", "reasons": [], "flags": []}
     inside = [r for r in records if r.get("type") == "cpu" and window[0] <= r.get("t", 0) <= window[1]]
-    edges = _edges(records, window)
-    if edges is None or len(inside) < th["min_samples"]:
+    by_source = {k: v for k, v in _sources(inside).items() if len(v) >= th["min_samples"]}
+    if not by_source:
         return {"status": "not measured", "reasons": [], "flags": [],
-                "text": f"CPU: {len(inside)} samples in the window (fewer than {th['min_samples']})"}
-    a, b = edges
-    hz = b.get("hz") or 100
+                "text": f"CPU: {len(inside)} samples in the window (fewer than {th['min_samples']}"
+                        + (" from any one pod)" if any(r.get("source") for r in inside) else ")")}
     target = mechanism.get("target") if mechanism.get("kind") == "cpu-bound" else None
-    procs, ours = _cpu_processes(a, b, hz)
-    ha, hb = a["host"], b["host"]
-    d_total = max(1, hb["total"] - ha["total"])
-    host = {"cpus": hb["cpus"], "steal_fraction": (hb["steal"] - ha["steal"]) / d_total,
-            "busy_fraction": (hb["busy"] - ha["busy"]) / d_total,
-            "others_busy_fraction": max(0.0, (hb["busy"] - ha["busy"] - ours) / d_total),
-            "load1_end": hb.get("load1"), "window_s": b["t"] - a["t"], "samples": len(inside)}
+    procs: dict = {}
+    series_of: dict = {}
+    hosts = []
+    for source, rs in sorted(by_source.items(), key=lambda kv: str(kv[0])):
+        a, b = rs[0], rs[-1]
+        hz = b.get("hz") or 100
+        got, ours = _cpu_processes(a, b, hz)
+        procs.update(got)
+        series_of.update({n: (rs, hz) for n in got})
+        ha, hb = a["host"], b["host"]
+        d_total = max(1, hb["total"] - ha["total"])
+        hosts.append({"cpus": hb["cpus"], "steal_fraction": (hb["steal"] - ha["steal"]) / d_total,
+                      "busy_fraction": (hb["busy"] - ha["busy"]) / d_total,
+                      "others_busy_fraction": max(0.0, (hb["busy"] - ha["busy"] - ours) / d_total),
+                      "load1_end": hb.get("load1"), "window_s": b["t"] - a["t"], "samples": len(rs)})
+    # One sampler sees every process of the run (local); per-pod samplers (Kubernetes) see
+    # their pod's only, so "the others' CPU" would count the rest of the run: not judged.
+    pods = len(by_source) > 1 or None not in by_source
+    host = max(hosts, key=lambda h: h["steal_fraction"])
+    if pods:
+        host = {**host, "others_busy_fraction": None, "busy_fraction": max(h["busy_fraction"] for h in hosts),
+                "samplers": len(by_source), "samples": len(inside)}
     reasons, flags = [], []
     starved = sorted((n for n, p in procs.items() if p["role"] in GATED_ROLES
                       and not (target and p["role"] == "relay" and p.get("group") == target)
@@ -307,15 +324,18 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
     if host["steal_fraction"] >= th["max_steal_fraction"]:
         reasons.append(f"steal {100 * host['steal_fraction']:.1f}% of the machine's CPU time "
                        f"(limit {100 * th['max_steal_fraction']:.0f}%)")
-    if host["others_busy_fraction"] >= th["max_others_busy_fraction"]:
-        flags.append(f"other processes used {100 * host['others_busy_fraction']:.0f}% of the machine's CPU "
+    others = host["others_busy_fraction"]
+    if others is not None and others >= th["max_others_busy_fraction"]:
+        flags.append(f"other processes used {100 * others:.0f}% of the machine's CPU "
                      f"(flag at {100 * th['max_others_busy_fraction']:.0f}%)")
     out = {"host": host, "processes": procs, "starved": starved}
     if target:
-        out["target"] = _cpu_target(inside, procs, target, hz, th, reasons)
+        out["target"] = _cpu_target(series_of, procs, target, th, reasons)
     top = sorted(procs.items(), key=lambda kv: -kv[1]["wait_fraction"])[:1]
     summary = (f"busiest wait: {top[0][0]} {100 * top[0][1]['wait_fraction']:.1f}% of the window; " if top else "") + \
-        f"steal {100 * host['steal_fraction']:.1f}%, others {100 * host['others_busy_fraction']:.0f}%"
+        f"steal {100 * host['steal_fraction']:.1f}%" + \
+        (f", others {100 * others:.0f}%" if others is not None else
+         f"; {len(by_source)} pods sampled their own processes (other processes not judged)")
     return {**out, "status": INVALID if reasons else ("flag" if flags else "ok"), "reasons": reasons,
             "flags": flags, "text": "; ".join(reasons + flags) or summary}
 
@@ -342,11 +362,12 @@ def _cpu_processes(a: dict, b: dict, hz: float) -> tuple[dict, int]:
     return procs, ours
 
 
-def _cpu_target(inside: list[dict], procs: dict, target: str, hz: float, th: dict, reasons: list) -> dict:
+def _cpu_target(series_of: dict, procs: dict, target: str, th: dict, reasons: list) -> dict:
     """The reverse check of a CPU-bound experiment: the target group's relays must have been
-    saturated (appends to ``reasons`` when not)."""
+    saturated (appends to ``reasons`` when not). ``series_of``: {name: (its sampler's
+    samples in the window, hz)}."""
     tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
-    sat = {n: _best_window_busy(inside, n, hz, SATURATION_WINDOW_S) or 0.0 for n in tgt}
+    sat = {n: _best_window_busy(series_of[n][0], n, series_of[n][1], SATURATION_WINDOW_S) or 0.0 for n in tgt}
     low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
     if not tgt:
         reasons.append(f"CPU-bound target group {target!r}: no process sampled")

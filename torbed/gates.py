@@ -36,7 +36,9 @@ Records (JSON lines, appended and flushed as written):
 On Kubernetes the shaper sidecar of each pod samples its own pod the same way
 (torbed.pods.shaper): its htb classes toward each peer *group* (``SRC>GROUP``: the sidecar
 shapes per peer group) and, in a relay pod, the pod's TCP send queues summed per peer group;
-the records reach the run directory through the results service. CPU is not sampled there.
+the records reach the run directory through the results service. CPU: the relay pod's
+collector and the client pod's driver sample their pod's processes (torbed.pods.cpusample;
+``cpu.jsonl`` records carry their pod's node as ``source``).
 
 Every parser takes text (tests pass canned output); every reader takes the /proc directory.
 
@@ -368,15 +370,19 @@ class NoShaper:
 
 class CpuSource:
     """The machine's CPU counters and each process' (``procs() -> {name: (pid, role, group)}``);
-    ``threads_of``: names whose threads are sampled too (a CPU-bound target)."""
+    ``threads_of``: names whose threads are sampled too (a CPU-bound target); ``source``: the
+    sampler's name in each record, where several write one file (a Kubernetes pod each)."""
 
     def __init__(self, procs: Callable[[], dict[str, tuple[int, str, str | None]]], writer,
-                 proc: str | Path = "/proc", threads_of: tuple[str, ...] = ()):
+                 proc: str | Path = "/proc", threads_of: tuple[str, ...] = (), source: str | None = None):
         self.procs, self.writer, self.proc, self.threads_of = procs, writer, proc, set(threads_of)
+        self.source = source
         self.hz = hostload._ticks_per_s()
 
     def __call__(self, now: float) -> None:
         rec: dict = {"type": "cpu", "t": now, "hz": self.hz, "host": read_host(self.proc), "procs": {}}
+        if self.source is not None:
+            rec["source"] = self.source
         threads = {}
         for name, (pid, role, group) in sorted(self.procs().items()):
             # torbed's own entry counts its reaped children (the sampler's tc and ss), so the

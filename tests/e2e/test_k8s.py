@@ -98,7 +98,7 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
     # Mechanism gates: each data pod's shaper sidecar sampled its htb classes toward the peer
     # groups (the 4 mbit guard-middle link both ways), each relay pod its kernel send queues;
-    # the queueing gate judged them. CPU is not sampled on Kubernetes and says so.
+    # the relay pods' collectors and the client pods' drivers their pods' processes' CPU.
     shaped = records(rep / "shaper.jsonl")
     links = {ln["link"]: ln["rate_bps"] for r in shaped if r["type"] == "shaper_links" for ln in r["links"]}
     assert links.get("middle0>guard") == 4_000_000 and links.get("guard0>middle") == 4_000_000, links
@@ -108,8 +108,16 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert any(r["send_q"] for r in sockets), "no relay ever had a send queue"
     g = meta["gates"]
     assert g["queueing"]["status"] in ("ok", "flag") and g["queueing"]["shaper"]["samples"] >= 50, g["queueing"]
-    assert g["cpu"]["text"].startswith("CPU: not measured on k8s"), g["cpu"]
-    print(f"gates on Kubernetes: queueing {g['queueing']['status']}: {g['queueing']['text']}")
+    cpu = g["cpu"]
+    assert cpu["status"] != "not measured" and cpu["host"]["others_busy_fraction"] is None, cpu
+    roles = {n: p["role"] for n, p in cpu["processes"].items()}
+    for relay in ("guard0", "middle0", "exit0"):
+        assert roles.get(relay) == "relay" and roles.get(f"{relay}.shaper") == "shaper", roles
+        assert roles.get(f"{relay}.collector") == "collector", roles
+    assert roles.get("web0") == "client" and roles.get("web0.driver") == "driver", roles
+    assert cpu["processes"]["middle0"]["cpu_cores"] > 0, cpu["processes"]["middle0"]
+    print(f"gates on Kubernetes: queueing {g['queueing']['status']}: {g['queueing']['text']}; "
+          f"cpu {cpu['status']}: {cpu['text']}")
     assert any(f.name.endswith(".tor.log") for f in (rep / "logs").iterdir())
     # Where every node ran, and that node's hardware (API server + the pods' /proc/cpuinfo).
     assert meta["nodes"] and all(n.get("k8s_node") in meta["hardware"] for n in meta["nodes"]), meta["nodes"]

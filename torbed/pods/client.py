@@ -21,7 +21,7 @@ from .. import constants, fileserver, workloads
 from ..client import driver
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..records import RecordWriter
-from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
+from . import (Shipper, bringup, cpusample, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host, variant,
                write_hardware)
 from .bringup import connect_control, wait_network, wait_start
 
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path("/tmp/results")
     out.mkdir(parents=True, exist_ok=True)
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
+    cpu = cpusample.start(out, node, group, "client")   # the CPU gate's samples of this pod's processes
     events = RecordWriter(out / "clients.jsonl")
     write_hardware(out, node, group)
     rc = EXIT_FAILED
@@ -133,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         rc = EXIT_OK
     finally:
         events.close()
+        _stop_sampler(cpu, node)
         if not shipper.stop():
             log(f"client {node}: some records could not be delivered to the results service")
             rc = EXIT_FAILED
     return rc
+
+
+def _stop_sampler(sampler, node: str) -> None:
+    for e in sampler.stop():
+        log(f"client {node}: cpu samples: {e}")
 
 
 def _workload(s, p, group: str, node: str, out: Path) -> tuple[str, str, dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import collectors, constants
 from ..errors import EXIT_FAILED, EXIT_OK
-from . import (Shipper, bringup, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
+from . import (Shipper, bringup, cpusample, env, fingerprints, load_scenario, log, node_name, plan, repetition, service_host,
                variant, write_hardware, TOR_MACHINE_FILE)
 from .bringup import connect_control
 
@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_listen": [env("POD_IP"), constants.COLLECTOR_METRICS_PORT],
     }
     shipper = Shipper(out, env("TORBED_RESULTS_URL")).start()
+    # The CPU gate's samples of this pod (tor, the shaper, this collector): the chart shares
+    # the relay pod's process namespace, so their /proc entries are visible here.
+    mech = s.measure.mechanism
+    cpu = cpusample.start(out, node, group, "relay", threads=mech.kind == "cpu-bound" and mech.target == group)
     # With the architecture the tor container runs as, once it has said (it starts beside us;
     # under qemu-user that can take minutes, and a guess would record the wrong hardware).
     threading.Thread(target=write_hardware, args=(out, node, group, TOR_MACHINE_FILE), daemon=True).start()
@@ -57,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         # service takes the last records at the first attempt; at uninstall it is being
         # deleted too (the backend fetched everything before), and retrying (30 s by
         # default) only held the pod for its whole grace period.
+        errors_cpu = cpu.stop()
         shipped = shipper.stop(attempts=3)
-    for e in errors:
+    for e in errors + [f"cpu samples: {x}" for x in errors_cpu]:
         log(f"collector: {e}")
     if not shipped:
         log("collector: some records could not be delivered to the results service")

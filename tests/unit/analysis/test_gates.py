@@ -248,6 +248,48 @@ def test_cpu_bound_needs_a_saturated_target_and_exempts_it(tmp_path):
     assert not q["valid"] and q["cpu"]["starved"] == ["middle0"]
 
 
+def per_pod(recs: list[dict], offset: float = 0.0) -> list[dict]:
+    """The local samples split as Kubernetes pods write them: one record per pod (its node
+    as ``source``) holding that pod's processes, the node's host counters in each."""
+    out = []
+    pods = {"guard0": ["guard0"], "middle0": ["middle0"], "exit0": ["exit0"], "bulk0": ["bulk0", "bulk0.driver"]}
+    for r in recs:
+        for k, (pod, names) in enumerate(pods.items()):
+            out.append({**r, "t": r["t"] + offset + 0.01 * k, "source": pod,
+                        "procs": {n: r["procs"][n] for n in names},
+                        **({"threads": r["threads"]} if pod == "middle0" and "threads" in r else {})})
+    return sorted(out, key=lambda r: r["t"])
+
+
+def test_cpu_samples_of_one_pod_each_are_judged_per_pod(tmp_path):
+    """Kubernetes: each pod samples its own processes. Each pod's first and last samples in
+    the window give its processes' figures (the interleaved records of other pods are not
+    edges of this one's); starvation and a CPU-bound target are judged as locally; the CPU
+    of "other processes" is not judged (a pod sees the rest of the run as others)."""
+    ok = gates.evaluate(rep_dir(tmp_path / "a", cpu=per_pod(cpu_records())), META)
+    c = ok["cpu"]
+    assert ok["valid"] and c["status"] == "ok" and set(c["processes"]) == {"guard0", "middle0", "exit0", "bulk0",
+                                                                          "bulk0.driver"}
+    assert c["processes"]["middle0"]["cpu_cores"] == pytest.approx(0.1)
+    assert c["host"]["others_busy_fraction"] is None and c["host"]["samplers"] == 4
+    assert "4 pods sampled their own processes (other processes not judged)" in c["text"]
+    bad = gates.evaluate(rep_dir(tmp_path / "b", cpu=per_pod(cpu_records({"exit0": 0.25, "bulk0.driver": 0.12}))),
+                         META)
+    assert not bad["valid"] and bad["cpu"]["starved"] == ["exit0", "bulk0.driver"]
+    mech = {"kind": "cpu-bound", "target": "middle"}
+    sat = gates.evaluate(rep_dir(tmp_path / "c", cpu=per_pod(cpu_records({"middle0": 0.4}, target_thread_frac=0.95))),
+                         META, mech)
+    assert sat["valid"] and sat["cpu"]["target"]["saturation"]["middle0"] == pytest.approx(0.95)
+    steal = gates.evaluate(rep_dir(tmp_path / "d", cpu=per_pod(cpu_records(steal_per_s=20))), META)
+    assert not steal["valid"] and "steal 10.0%" in steal["invalid_reasons"][0]
+    # A pod with too few samples in the window is left out; none with enough: not measured.
+    few = [r for r in per_pod(cpu_records()) if r["source"] != "exit0" or r["t"] < T0 + 12]
+    f = gates.evaluate(rep_dir(tmp_path / "e", cpu=few), META)["cpu"]
+    assert "exit0" not in f["processes"] and "guard0" in f["processes"]
+    none = gates.evaluate(rep_dir(tmp_path / "f", cpu=per_pod(cpu_records(n=13))), META)["cpu"]
+    assert none["status"] == "not measured" and "from any one pod" in none["text"]
+
+
 # -- completion -------------------------------------------------------------------------
 
 def test_completion(tmp_path):

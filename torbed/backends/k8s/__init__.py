@@ -56,8 +56,9 @@ def create(options: Options, console, scenario_path: Path | None = None):
 
 def plan_lines(plan) -> list[str]:
     """What ``torbed plan`` prints for this backend: what it does not measure."""
-    return ["mechanism gates: shaper backlog and kernel send queues (each pod's shaper sidecar) and transfer "
-            "completion; CPU [yellow]not measured on k8s[/yellow] (docs/statistics.md, Mechanism gates)"]
+    return ["mechanism gates: shaper backlog and kernel send queues (each pod's shaper sidecar), CPU of the relay "
+            "and client pods' processes (their collector and driver; other processes' load "
+            "[yellow]not judged on k8s[/yellow]), transfer completion (docs/statistics.md, Mechanism gates)"]
 
 
 def cmd_chart_files(args) -> int:

@@ -385,10 +385,10 @@ class K8sBackend:
     state in ``rep.state``: release (``Release``), name, plan, fetched ({file: size})."""
 
     name = "k8s"
-    # The mechanism gates (torbed.gates): every pod's shaper sidecar samples its htb backlog
-    # and a relay pod's send queues (torbed.pods.shaper); nothing samples the CPU of the
-    # pods' processes yet. Transfer completion is judged as locally.
-    gates_not_measured = {"cpu": "not measured on k8s (no pod samples its processes' CPU yet)"}
+    # The mechanism gates (torbed.gates) are sampled by the pods themselves: each shaper
+    # sidecar its htb backlog and a relay pod's send queues (torbed.pods.shaper), the relay
+    # pod's collector and the client pod's driver their pod's processes' CPU
+    # (torbed.pods.cpusample). Transfer completion is judged as locally.
     unsupported = {
         "links.delay": "needs sch_netem on the cluster's nodes (the pods' shaper uses tc netem)",
         "faults.link.netem": "a link fault's delay, jitter or loss needs sch_netem on the cluster's nodes "
