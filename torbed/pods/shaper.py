@@ -535,7 +535,7 @@ def gate_sources(p, group: str, node: str, dev: str, specs: dict[str, LinkSpec],
                  run=subprocess.run, tcp=Path("/proc/net/tcp")) -> tuple[list, object | None]:
     """The mechanism gates' samples this pod takes (torbed.gates, the local backend's samples
     per sender): the backlog of its htb class toward each peer group a rate-limited link
-    leads to (``<node>>``<group>``: the sidecar shapes per peer group), and in a relay pod the
+    leads to (``<node>><group>``: the sidecar shapes per peer group), and in a relay pod the
     kernel's TCP send queues of the pod (/proc/net/tcp: this container shares the pod's
     network namespace, so it lists tor's sockets) summed per peer group. Only between groups
     that carry the measured traffic. Returns the sources and the socket source (None: not a
