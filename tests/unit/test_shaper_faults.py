@@ -380,3 +380,17 @@ def test_gate_samples_of_a_relay_pod_name_its_rate_limited_links_by_peer_group(t
     assert shaper.gate_sources(p, "web", "web0", "eth0", shaper._link_specs(s, p, "web"),
                                shaper.classes("eth0", shaper._link_specs(s, p, "web"))[1], tmp_path / "c")[1] is None
     assert shaper.gate_sources(p, "authority", "auth0", "eth0", {}, {}, tmp_path / "a") == ([], None)
+
+
+def test_gate_records_name_the_node_as_the_pods_driver_does(monkeypatch):
+    """A client Job's sidecar is given the completion index (chart: torbed.shaper "indexed"),
+    so its records say web2 as the driver's do; a StatefulSet pod names itself by ordinal; a
+    pod with neither (Locust's) keeps its name's suffix."""
+    monkeypatch.setenv("POD_NAME", "rel-web-7xk2p")
+    monkeypatch.setenv("TORBED_INDEX", "2")
+    assert shaper._sender_name("web") == "web2"
+    monkeypatch.delenv("TORBED_INDEX")
+    monkeypatch.setenv("POD_NAME", "rel-middle-1")
+    assert shaper._sender_name("middle") == "middle1"
+    monkeypatch.setenv("POD_NAME", "rel-load-7xk2p")
+    assert shaper._sender_name("load") == "load-7xk2p"

@@ -575,8 +575,8 @@ def socket_peers(current: dict[str, str], ids: dict[str, str], p) -> dict[str, s
 
 
 def _sender_name(group: str) -> str:
-    """This pod's node name (torbed.pods.node_name), or, where the pod's name carries no
-    index (a client Job's pod: its index is an annotation the sidecar is not given), the
+    """This pod's node name (torbed.pods.node_name: a StatefulSet's ordinal, or the index a
+    client Job's pod is given as TORBED_INDEX), or, for a pod with neither (Locust's), the
     group and the pod name's last part."""
     try:
         return node_name(group)

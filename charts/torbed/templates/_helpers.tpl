@@ -155,10 +155,13 @@ peers run and change when a pod is recreated. It also drops egress outside
 isolation.allowedCIDRs at the pod's interface, so the testbed stays closed even where the CNI
 ignores NetworkPolicy; hence it runs in every pod. Only this container has NET_ADMIN, and it
 runs as root because Kubernetes grants no ambient capabilities to non-root users.
-Args: (list $root $group).
+Args: (list $root $group) or (list $root $group "indexed"): an indexed Job's pods (clients) carry
+their index in an annotation, not in their name, so the sidecar is given it as TORBED_INDEX and
+names its gate records after the same node as the pod's driver (web0, not web-<suffix>).
 */}}
 {{- define "torbed.shaper" -}}
 {{- $root := index . 0 -}}{{- $group := index . 1 -}}
+{{- $indexed := and (gt (len .) 2) (eq (index . 2) "indexed") -}}
 - name: shaper
   image: {{ include "torbed.image.client" $root }}
   imagePullPolicy: {{ $root.Values.images.pullPolicy }}
@@ -173,6 +176,10 @@ Args: (list $root $group).
   env:
     {{- include "torbed.env" $root | nindent 4 }}
     {{- include "torbed.resultsEnv" $root | nindent 4 }}
+    {{- if $indexed }}
+    - name: TORBED_INDEX
+      valueFrom: {fieldRef: {fieldPath: "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    {{- end }}
   securityContext:
     runAsNonRoot: false
     runAsUser: 0
