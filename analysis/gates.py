@@ -247,7 +247,7 @@ def _busy(a: dict, b: dict, name: str, hz: int) -> float | None:
     the whole process' share of every core, whichever is larger."""
     pa, pb = a["procs"].get(name), b["procs"].get(name)
     dt = b["t"] - a["t"]
-    if not pa or not pb or dt <= 0:
+    if not pa or not pb or dt <= 0 or not _same_process(pa, pb):
         return None
     whole = (pb["ticks"] - pa["ticks"]) / hz / dt / max(1, b["host"]["cpus"])
     ta, tb = (a.get("threads") or {}).get(name) or {}, (b.get("threads") or {}).get(name) or {}
@@ -296,7 +296,7 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
     for source, rs in sorted(by_source.items(), key=lambda kv: str(kv[0])):
         a, b = rs[0], rs[-1]
         hz = b.get("hz") or 100
-        got, ours = _cpu_processes(a, b, hz)
+        got, ours = _cpu_processes(rs, hz)
         procs.update(got)
         series_of.update({n: (rs, hz) for n in got})
         ha, hb = a["host"], b["host"]
@@ -340,24 +340,51 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
             "flags": flags, "text": "; ".join(reasons + flags) or summary}
 
 
-def _cpu_processes(a: dict, b: dict, hz: float) -> tuple[dict, int]:
-    """Each process sampled at both window edges: its CPU (cores), run-queue wait (fraction
-    of the window, and per time slice) and busiest thread; and the ticks of all of them."""
-    dt = b["t"] - a["t"]
-    procs, ours = {}, 0
-    for name, pb in b["procs"].items():
-        pa = a["procs"].get(name)
-        if not pa:
+def _same_process(pa: dict, pb: dict) -> bool:
+    """Two samples of one name are of one process (records before pids were kept: assumed)."""
+    return pa.get("pid") is None or pb.get("pid") is None or pa["pid"] == pb["pid"]
+
+
+def _deltas(rs: list[dict], name: str) -> dict | None:
+    """A name's counters summed over consecutive samples of the same process: a process
+    restarted within the window (a fault, a crash) counts both lives and not the step
+    between them. None when no two consecutive samples have it."""
+    out, seen = {"ticks": 0, "wait_ns": 0, "slices": 0, "threads": {}}, False
+    for a, b in zip(rs, rs[1:]):
+        pa, pb = a["procs"].get(name), b["procs"].get(name)
+        if not pa or not pb or not _same_process(pa, pb):
             continue
-        ticks = pb["ticks"] - pa["ticks"]
-        ours += ticks
-        p = {"role": pb.get("role"), "group": pb.get("group"), "cpu_cores": ticks / hz / dt,
-             "wait_fraction": (pb["wait_ns"] - pa["wait_ns"]) / 1e9 / dt}
-        slices = pb["slices"] - pa["slices"]
-        p["wait_per_slice_ms"] = (pb["wait_ns"] - pa["wait_ns"]) / 1e6 / slices if slices > 0 else 0.0
+        seen = True
+        for k in ("ticks", "wait_ns", "slices"):
+            out[k] += pb[k] - pa[k]
         ta, tb = (a.get("threads") or {}).get(name), (b.get("threads") or {}).get(name)
         if ta and tb:
-            p["busiest_thread_cores"] = max((tb[t] - ta.get(t, 0)) / hz / dt for t in tb)
+            for t, v in tb.items():
+                out["threads"][t] = out["threads"].get(t, 0) + v - ta.get(t, 0)
+    return out if seen else None
+
+
+def _cpu_processes(rs: list[dict], hz: float) -> tuple[dict, int]:
+    """Each process sampled in the window: its CPU (cores), run-queue wait (fraction of the
+    window, and per time slice) and busiest thread; and the ticks of all of them. A process
+    that restarted is counted over its lives (``lives``: how many pids it had)."""
+    dt = rs[-1]["t"] - rs[0]["t"]
+    names = sorted({n for r in rs for n in r["procs"]})
+    procs, ours = {}, 0
+    for name in names:
+        d = _deltas(rs, name)
+        if d is None:
+            continue
+        last = next(r["procs"][name] for r in reversed(rs) if name in r["procs"])
+        ours += d["ticks"]
+        p = {"role": last.get("role"), "group": last.get("group"), "cpu_cores": d["ticks"] / hz / dt,
+             "wait_fraction": d["wait_ns"] / 1e9 / dt}
+        p["wait_per_slice_ms"] = d["wait_ns"] / 1e6 / d["slices"] if d["slices"] > 0 else 0.0
+        if d["threads"]:
+            p["busiest_thread_cores"] = max(d["threads"].values()) / hz / dt
+        pids = {r["procs"][name].get("pid") for r in rs if name in r["procs"]} - {None}
+        if len(pids) > 1:
+            p["lives"] = len(pids)
         procs[name] = p
     return procs, ours
 

@@ -392,7 +392,8 @@ class CpuSource:
                 continue
             if "threads" in got:
                 threads[name] = got.pop("threads")
-            rec["procs"][name] = {"role": role, "group": group, **got}
+            # The pid marks a restarted process: its counters start again (analysis.gates).
+            rec["procs"][name] = {"role": role, "group": group, "pid": pid, **got}
         if threads:
             rec["threads"] = threads
         self.writer.write(rec)

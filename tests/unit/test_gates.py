@@ -157,8 +157,8 @@ def test_cpu_source_and_sampler(tmp_path):
     assert sampler.stop() == []
     assert len(w.records) >= 3 and w.closed
     rec = w.records[-1]
-    assert rec["procs"]["target0"] == {"role": "relay", "group": "target", "ticks": 400, "run_ns": 1, "wait_ns": 2,
-                                       "slices": 3}
+    assert rec["procs"]["target0"] == {"role": "relay", "group": "target", "pid": 7, "ticks": 400, "run_ns": 1,
+                                       "wait_ns": 2, "slices": 3}
     assert rec["procs"]["bulk0.driver"]["role"] == "driver" and "gone" not in rec["procs"]
     assert rec["threads"] == {"target0": {"7": 350, "8": 50}} and rec["host"]["steal"] == 0
 

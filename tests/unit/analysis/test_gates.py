@@ -248,6 +248,28 @@ def test_cpu_bound_needs_a_saturated_target_and_exempts_it(tmp_path):
     assert not q["valid"] and q["cpu"]["starved"] == ["middle0"]
 
 
+def test_a_process_restarted_in_the_window_is_counted_over_both_lives(tmp_path):
+    """A relay restarted at second 30 (a fault) gets a new pid whose counters start at zero.
+    Its first life ran long before the window (large counters) and waited little; its second
+    waits 40% of each second: the gate sees the second life's wait, and the step between the
+    lives is not a (negative) sample."""
+    recs = cpu_records()
+    for i, r in enumerate(recs):
+        m = r["procs"]["middle0"]
+        if i < 30:
+            m.update(pid=100, ticks=10**6 + 10 * i, wait_ns=10**12 + int(0.001e9 * i), slices=10**5 + 100 * i)
+        else:
+            k = i - 30
+            m.update(pid=200, ticks=10 * k, wait_ns=int(0.4e9 * k), slices=100 * k)
+    g = gates.evaluate(rep_dir(tmp_path, cpu=recs), META)
+    p = g["cpu"]["processes"]["middle0"]
+    assert p["lives"] == 2
+    # The window (1010 .. 1060) has 50 one-second steps; the one from pid 100 to pid 200 is lost.
+    assert p["cpu_cores"] == pytest.approx(10 * 49 / 100 / 50)
+    assert p["wait_fraction"] == pytest.approx((0.001 * 19 + 0.4 * 30) / 50, rel=0.01)
+    assert not g["valid"] and g["cpu"]["starved"] == ["middle0"]
+
+
 def per_pod(recs: list[dict], offset: float = 0.0) -> list[dict]:
     """The local samples split as Kubernetes pods write them: one record per pod (its node
     as ``source``) holding that pod's processes, the node's host counters in each."""
