@@ -98,11 +98,14 @@ def test_quickstart_runs_and_reports(kube, quickstart):
     assert {r["relay"] for r in records(rep / "relay_bw.jsonl")} == {"guard0", "middle0", "exit0"}
     # Mechanism gates: each data pod's shaper sidecar sampled its htb classes toward the peer
     # groups (the 4 mbit guard-middle link both ways), each relay pod its kernel send queues;
-    # the relay pods' collectors and the client pods' drivers their pods' processes' CPU.
+    # the relay pods' collectors, the client pods' drivers and the server pod's shaper their
+    # pods' processes' CPU.
     shaped = records(rep / "shaper.jsonl")
     links = {ln["link"]: ln["rate_bps"] for r in shaped if r["type"] == "shaper_links" for ln in r["links"]}
     assert links.get("middle0>guard") == 4_000_000 and links.get("guard0>middle") == 4_000_000, links
-    assert {"guard0", "middle0", "exit0", "www0"} <= {x for r in shaped if r["type"] == "shaper" for x in r["senders"]}
+    # A client Job's sidecar names its node by the Job's index (web0), as the driver does.
+    assert {"guard0", "middle0", "exit0", "www0", "web0", "bulk0"} <= \
+        {x for r in shaped if r["type"] == "shaper" for x in r["senders"]}
     sockets = records(rep / "sockets.jsonl")
     assert {x for r in sockets for x in r["senders"]} == {"guard0", "middle0", "exit0"}
     assert any(r["send_q"] for r in sockets), "no relay ever had a send queue"
@@ -115,6 +118,8 @@ def test_quickstart_runs_and_reports(kube, quickstart):
         assert roles.get(relay) == "relay" and roles.get(f"{relay}.shaper") == "shaper", roles
         assert roles.get(f"{relay}.collector") == "collector", roles
     assert roles.get("web0") == "client" and roles.get("web0.driver") == "driver", roles
+    # The file server pod's shaper sidecar samples the server (named as locally) and itself.
+    assert roles.get("www0") == "server" and roles.get("www0.shaper") == "shaper", roles
     assert cpu["processes"]["middle0"]["cpu_cores"] > 0, cpu["processes"]["middle0"]
     print(f"gates on Kubernetes: queueing {g['queueing']['status']}: {g['queueing']['text']}; "
           f"cpu {cpu['status']}: {cpu['text']}")

@@ -32,6 +32,19 @@ def test_classify_by_command():
     assert cpusample.classify("pause", ["/pause"]) is None
     assert cpusample.classify("bash", ["bash", "/usr/local/bin/torbed-node"]) is None
     assert cpusample.classify("python", ["python", "-m"]) is None
+    assert cpusample.classify("python", ["/opt/torbed/bin/python", "-m", "torbed.pods.replayserver"]) == "server"
+
+
+def test_a_server_pods_processes_are_named_as_locally(tmp_path):
+    """The file server is the node itself, the replay server <node>.replay (as the local
+    backend names them), the shaper sidecar that samples them <node>.shaper."""
+    proc = fake_proc(tmp_path, {1: ("pause", ["/pause"]),
+                                5: ("python", ["/opt/torbed/bin/python", "-m", "torbed.pods.shaper"]),
+                                9: ("python", ["/opt/torbed/bin/python", "-m", "torbed.pods.server", "--group", "srv"]),
+                                11: ("python", ["/opt/torbed/bin/python", "-m", "torbed.pods.replayserver"])})
+    got = cpusample.pod_processes("srv0", "srv", "server", proc, me=5)
+    assert got == {"srv0": (9, "server", "srv"), "srv0.replay": (11, "server", "srv"),
+                   "srv0.shaper": (5, "shaper", "srv")}
 
 
 def test_pod_processes_of_a_relay_pod(tmp_path):

@@ -4,15 +4,17 @@ the pod this container can see, its CPU ticks and its main thread's scheduler co
 (/proc/PID/schedstat: time runnable but waiting for a CPU), once a second.
 
 A container sees the other containers' processes only in a pod that shares its process
-namespace (the chart sets ``shareProcessNamespace`` on relay and client pods for this), so
-the relay pod's collector sidecar samples tor, the shaper and itself, and the client pod's
-driver samples the client's tor, the shaper and itself. Processes are told apart by their
+namespace (the chart sets ``shareProcessNamespace`` on relay, client and server pods for
+this), so the relay pod's collector sidecar samples tor, the shaper and itself, the client
+pod's driver samples the client's tor, the shaper and itself, and a server pod's shaper
+sidecar (the one container there that ships records) samples the servers and itself. Processes are told apart by their
 command (``tor``; ``python -m torbed.pods.<module>``); the pause container and shells are
 left out. Each record names its pod's node (``source``): the analysis takes each source's
 own first and last sample in the window (torbed.analysis.gates).
 
 Public API: ``classify(comm, cmdline) -> role | None``, ``pod_processes(node, group, proc,
-me) -> {name: (pid, role, group)}``, ``start(out, node, group, scenario) -> Sampler``
+me) -> {name: (pid, role, group)}``, ``source(out, node, group, tor_role) -> CpuSource``,
+``start(out, node, group, tor_role) -> Sampler``
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from ..records import RecordWriter
 # python -m torbed.pods.<module>: the role the CPU gate knows it by (torbed.analysis.gates
 # GATED_ROLES: relay, client, driver, server, shaper; "collector" is sampled, not gated).
 MODULE_ROLES = {"torbed.pods.shaper": "shaper", "torbed.pods.client": "driver",
-                "torbed.pods.relayside": "collector", "torbed.pods.server": "server"}
+                "torbed.pods.relayside": "collector", "torbed.pods.server": "server",
+                "torbed.pods.replayserver": "server"}
+# A server pod's processes are named as the local backend names them: the file server as the
+# node itself (srv0), the replay server as <node>.replay.
+SERVER_NAMES = {"torbed.pods.server": "", "torbed.pods.replayserver": ".replay"}
 
 
 def classify(comm: str, cmdline: list[str]) -> str | None:
@@ -34,17 +40,22 @@ def classify(comm: str, cmdline: list[str]) -> str | None:
     or None (the pause container, a shell, a probe's command)."""
     if comm == "tor":
         return "tor"
+    module = _module(cmdline)
+    return MODULE_ROLES[module] if module else None
+
+
+def _module(cmdline: list[str]) -> str | None:
     for i, arg in enumerate(cmdline[:-1]):
         if arg == "-m" and cmdline[i + 1] in MODULE_ROLES:
-            return MODULE_ROLES[cmdline[i + 1]]
+            return cmdline[i + 1]
     return None
 
 
 def pod_processes(node: str, group: str, tor_role: str, proc: str | Path = "/proc",
                   me: int | None = None) -> dict[str, tuple[int, str, str | None]]:
     """{name: (pid, role, group)} of the pod's processes: its tor as ``node`` (role
-    ``tor_role``: relay or client), the others as ``node.<role>``. ``me``: this process,
-    which is known without reading its command line."""
+    ``tor_role``: relay or client), a server pod's servers as SERVER_NAMES says, the others as
+    ``node.<role>``. ``me``: this process, which is known without reading its command line."""
     me = os.getpid() if me is None else me
     out: dict[str, tuple[int, str, str | None]] = {}
     for d in Path(proc).iterdir():
@@ -62,17 +73,21 @@ def pod_processes(node: str, group: str, tor_role: str, proc: str | Path = "/pro
         if role == "tor":
             out.setdefault(node, (pid, tor_role, group))
         else:
-            name = f"{node}.{role}"
+            name = node + SERVER_NAMES[_module(cmdline)] if role == "server" else f"{node}.{role}"
             if pid == me or name not in out:
                 out[name] = (pid, role, group)
     return out
 
 
-def start(out: Path, node: str, group: str, tor_role: str, threads: bool = False) -> gates.Sampler:
-    """Sample the pod into ``out/cpu.jsonl`` once a second (the caller's Shipper sends it).
-    ``threads``: the tor is a CPU-bound experiment's target (its threads are sampled too)."""
+def source(out: Path, node: str, group: str, tor_role: str, threads: bool = False) -> gates.CpuSource:
+    """The pod's samples into ``out/cpu.jsonl`` (the caller's Shipper sends it). ``threads``:
+    the tor is a CPU-bound experiment's target (its threads are sampled too)."""
     def procs():
         return pod_processes(node, group, tor_role)
-    src = gates.CpuSource(procs, RecordWriter(out / "cpu.jsonl"), threads_of=(node,) if threads else (),
-                          source=node)
-    return gates.Sampler(gates.SAMPLE_INTERVAL_S, [src]).start()
+    return gates.CpuSource(procs, RecordWriter(out / "cpu.jsonl"), threads_of=(node,) if threads else (),
+                           source=node)
+
+
+def start(out: Path, node: str, group: str, tor_role: str, threads: bool = False) -> gates.Sampler:
+    """Sample the pod (``source``) once a second."""
+    return gates.Sampler(gates.SAMPLE_INTERVAL_S, [source(out, node, group, tor_role, threads)]).start()

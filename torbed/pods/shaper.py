@@ -642,7 +642,13 @@ def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec],
     # A directory of this process' own: a restarted sidecar must not send its predecessor's
     # records again (the Shipper's offsets start at zero).
     records = state / "records" / f"{int(time.time() * 1000)}-{os.getpid()}"
-    sources, sockets = gate_sources(p, args.group, _sender_name(args.group), dev, specs, ids, records)
+    node = _sender_name(args.group)
+    sources, sockets = gate_sources(p, args.group, node, dev, specs, ids, records)
+    if any(n.role == "server" for n in p.group_nodes(args.group)):
+        # A server pod's CPU: the one container there that ships records samples the pod
+        # (the chart shares its process namespace), as a relay's collector does.
+        from . import cpusample
+        sources.append(cpusample.source(records, node, args.group, "server"))
     if sources and url:
         from ..gates import SAMPLE_INTERVAL_S, Sampler
         Shipper(records, url).start()
