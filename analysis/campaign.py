@@ -13,7 +13,7 @@ numbering). ``<records>/sessions.jsonl``: one line per campaign session (start, 
 estimate made at its start, blocks run), so the estimate can be checked against the time taken.
 
 Public API: ``Records(root)``, ``harvest(run_dir, exp, comps, records, offset) -> int``,
-``plan(prereg, records) -> dict``, ``estimate(prereg, records, repo) -> dict``,
+``plan(prereg, records, since=None) -> dict``, ``estimate(prereg, records, repo) -> dict``,
 ``finished_blocks(run_dir) -> int``, ``block_seed(scenario, offset) -> int``, ``run_experiment(...)``.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 import multiprocessing
 import os
 import signal
@@ -190,9 +191,42 @@ def _sd_diff(blocks: dict, comps) -> float | None:
     return max(sds) if sds else None
 
 
-def plan(prereg, records: Records) -> dict[str, dict]:
+def _paired(blocks: dict, comps) -> set[int]:
+    """The blocks in which at least one of ``comps`` has a value in both arms."""
+    return {k for k, arms in blocks.items() for c in comps
+            if math.isfinite(prereg_mod.per_block(arms.get(c.variant) or {}, c, c.variant))
+            and math.isfinite(prereg_mod.per_block(arms.get(c.baseline) or {}, c, c.baseline))}
+
+
+def _halt(records: Records, name: str, e, drivers, done: int, since: int) -> str | None:
+    """Why an experiment stops without concluding, or None. It halts when the last pilot's
+    worth of complete blocks (and at least that many since ``since``, where a --retry
+    started) gave its driving comparisons no pair at all: the gates rejected the
+    repetitions (or they failed), so this setup does not give the mechanism its conditions
+    here, and more blocks would only repeat that. The rule never looks at an estimate."""
+    if done - since < e.pilot_blocks:
+        return None
+    last = records.complete_blocks(name, e.variants)[-e.pilot_blocks:]
+    if _paired({k: v for k, v in records.blocks(name, e.variants).items() if k in last}, drivers):
+        return None
+    why: Counter = Counter()
+    for r in records.all(name):
+        if r["block"] not in last:
+            continue
+        if r.get("status") != "ok":
+            why[f"repetition {r.get('status')}"] += 1
+            continue
+        for reason in (r.get("gates") or {}).get("invalid_reasons") or []:
+            why[reason.split(":", 1)[0]] += 1
+    reasons = ", ".join(f"{k} in {n}" for k, n in why.most_common())
+    return (f"halted: no valid pair in the last {len(last)} blocks ({reasons or 'no values'}); change the "
+            f"scenario or the machine, then `--retry {name}`")
+
+
+def plan(prereg, records: Records, since: dict[str, int] | None = None) -> dict[str, dict]:
     """Per experiment: complete blocks, blocks planned (the pilot until it is done, then from
-    its spread: prereg.blocks_planned), the maximum, and whether it has concluded."""
+    its spread: prereg.blocks_planned), the maximum, whether it has concluded, and whether it
+    has halted (``_halt``; ``since``: {experiment: complete blocks when a --retry started})."""
     out = {}
     for name, e in prereg.experiments.items():
         done = len(records.complete_blocks(name, e.variants))
@@ -201,10 +235,13 @@ def plan(prereg, records: Records) -> dict[str, dict]:
         sd = _sd_diff(records.blocks(name, e.variants), drivers) if done >= e.pilot_blocks else None
         planned = e.pilot_blocks if done < e.pilot_blocks else prereg_mod.blocks_planned(sd, drivers, prereg,
                                                                                            e.max_blocks)
+        halted = _halt(records, name, e, drivers, done, (since or {}).get(name, 0))
+        if halted:
+            planned = done
         out[name] = {"done": done, "pilot": e.pilot_blocks, "planned": planned, "max": e.max_blocks, "sd_diff": sd,
-                     "concluded": done >= e.pilot_blocks and done >= planned,
-                     "reason": ("maximum" if planned >= e.max_blocks else "interval and power")
-                     if done >= e.pilot_blocks else "pilot"}
+                     "concluded": not halted and done >= e.pilot_blocks and done >= planned, "halted": halted,
+                     "reason": halted or (("maximum" if planned >= e.max_blocks else "interval and power")
+                                          if done >= e.pilot_blocks else "pilot")}
     return out
 
 
@@ -260,12 +297,14 @@ def _torbed(*args: str) -> list[str]:
 
 
 def _launch(prereg, exp: str, records: Records, runs_root: Path, repo: Path, duration: str | None,
-            blocks: int) -> tuple[subprocess.Popen, dict]:
-    """Resume this experiment's last run directory if it is on this machine and unfinished,
-    else start a new one for ``blocks`` blocks (its repetition 0 = the next free block)."""
+            blocks: int, fresh: bool = False) -> tuple[subprocess.Popen, dict]:
+    """Resume this experiment's last run directory if it is on this machine and unfinished
+    (unless ``fresh``: a retry), else start a new one for ``blocks`` blocks (its repetition 0
+    = the next free block)."""
     e = prereg.experiments[exp]
     last = (records.runs(exp) or [None])[-1]
-    if last and Path(last["path"]).is_dir() and last["host"] == socket.gethostname():
+    if not fresh and last and last.get("path") and Path(last["path"]).is_dir() \
+            and last["host"] == socket.gethostname():
         info = json.loads((Path(last["path"]) / "run.json").read_text())
         if info.get("status") not in ("ok", "partial", "failed"):
             cmd = _torbed("--resume", last["path"])
@@ -335,15 +374,20 @@ def _niced(run_dir, exp, comps, root, offset, smoke) -> None:
 
 
 def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Path,
-                   duration: str | None = None, smoke: bool = False) -> dict:
-    """Run (or resume) one experiment until its plan concludes: record each block as it
-    completes (niced), re-plan, and stop `torbed run` (SIGINT to the process group it was
-    started in) once the planned blocks are recorded."""
+                   duration: str | None = None, smoke: bool = False, retry: bool = False) -> dict:
+    """Run (or resume) one experiment until its plan concludes or halts: record each block as
+    it completes (niced), re-plan, and stop `torbed run` (SIGINT to the process group it was
+    started in) once the planned blocks are recorded. ``retry``: a halted experiment runs
+    another pilot's worth of blocks (after its scenario or the machine changed)."""
     e, comps = prereg.experiments[exp], prereg.of_experiment(exp)
-    p = plan(prereg, records)[exp]
-    if p["concluded"]:
+    since = {exp: len(records.complete_blocks(exp, e.variants))} if retry else None
+
+    def replan() -> dict:
+        return plan(prereg, records, since)[exp]
+    p = replan()
+    if p["concluded"] or p["halted"]:
         return p
-    proc, entry = _launch(prereg, exp, records, runs_root, repo, duration, e.max_blocks - p["done"])
+    proc, entry = _launch(prereg, exp, records, runs_root, repo, duration, e.max_blocks - p["done"], fresh=retry)
     registered, seen = entry.get("path") is not None, -1
     try:
         while True:
@@ -357,15 +401,15 @@ def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Pa
             if run_dir is not None and (fb > seen or rc is not None):
                 seen = fb
                 _harvest_niced(run_dir, exp, comps, records, entry["offset"], smoke)
-                p = plan(prereg, records)[exp]
+                p = replan()
                 print(f"campaign: {exp}: {p['done']} complete block(s), planned {p['planned']} "
                       f"(maximum {p['max']})", flush=True)
             if rc is not None:
-                return plan(prereg, records)[exp]
-            if p["concluded"]:
+                return replan()
+            if p["concluded"] or p["halted"]:
                 os.killpg(proc.pid, signal.SIGINT)   # our own child's group: the rest of this block is not needed
                 proc.wait()
-                return plan(prereg, records)[exp]
+                return replan()
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGINT)

@@ -74,7 +74,11 @@ METHOD = [
     "primaries' first: a pilot of 3 blocks, then blocks until the 90% interval of its driving comparisons' "
     "log ratio is at most ±0.35 (log 2 / 2) and the paper's change has 80% power at alpha / 5, or the "
     "stated maximum. The rule reads the blocks' spread only, never the estimate, so stopping does not "
-    "inflate the false-positive rate. Every finished repetition is committed as a small record (written "
+    "inflate the false-positive rate. An experiment *halts* when its last 3 complete blocks gave its driving "
+    "comparisons not one valid pair (every repetition failed or was rejected by a mechanism gate): the setup "
+    "does not give the mechanism its conditions on this machine, and more blocks would only repeat that; "
+    "the status table says why, and `--retry EXP` runs another pilot's worth on another machine (a changed "
+    "scenario is a new pre-registered experiment). Every finished repetition is committed as a small record (written "
     "when its block completes, by a child process at the lowest priority, as the next block measures) "
     "(`docs/reproduction/records/<experiment>/<variant>-rep-N.json`: per-repetition values, gate results, "
     "provenance: scenario hash, tor build and version, torbed version and commit, host; its time); the next "
@@ -103,6 +107,10 @@ def parse_args(argv):
     mode.add_argument("--smoke", action="store_true",
                       help="pipeline check (not a result): 1 block, records and document in a temporary directory")
     ap.add_argument("--only", action="append", default=None, metavar="EXP", help="this experiment only (repeatable)")
+    ap.add_argument("--retry", action="append", default=[], metavar="EXP",
+                    help="a halted experiment (its last pilot's worth of blocks had no valid pair) runs another "
+                         "pilot's worth of blocks, e.g. on a larger machine; a changed scenario is a new "
+                         "pre-registered experiment instead (repeatable)")
     ap.add_argument("--duration", default=None, help="--smoke only: measured duration per repetition (default 45s)")
     ap.add_argument("--prereg", default=str(prereg_mod.PATH), help="the pre-registration file")
     ap.add_argument("--records", default=str(RECORDS), help="where the committed records live")
@@ -158,7 +166,8 @@ def run_campaign(prereg, records, args, only) -> None:
     try:
         for name in order(prereg, only):
             res = campaign.run_experiment(prereg, name, records, Path(args.runs), REPO,
-                                          duration=args.duration if args.smoke else None, smoke=args.smoke)
+                                          duration=args.duration if args.smoke else None, smoke=args.smoke,
+                                          retry=name in args.retry)
             print(f"reproduce: {name}: {res['done']} complete block(s); "
                   f"{'concluded' if res['concluded'] else 'not concluded'} ({res['reason']})", flush=True)
         status = "finished"
@@ -209,7 +218,10 @@ def _rows(prereg, records, comps, verdicts) -> list[str]:
         if v["n"] == 0 and not ran:
             ours, d, s, verdict = "not yet run", "–", "–", "–"
         elif v["n"] == 0:
-            ours, d, s, verdict = f"no values in {ran} block(s) (metric not measured)", "–", "–", "inconclusive"
+            why = ("no repetition passed the gates" if records.all(c.experiment) and not any(
+                r.get("status") == "ok" and (r.get("gates") or {}).get("valid", True) for r in records.all(c.experiment))
+                else "metric not measured")
+            ours, d, s, verdict = f"no values in {ran} block(s) ({why})", "–", "–", "inconclusive"
         else:
             ours, d, s, verdict = _ours(v), f"{v['direction']}: {v['direction_text']}", \
                 f"{v['size']}: {v['size_text']}", v["verdict"]
@@ -292,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     except prereg_mod.PreregError as e:
         print(f"reproduce: {e}", file=sys.stderr)
         return 2
-    bad = [o for o in args.only or [] if o not in prereg.experiments]
+    bad = [o for o in (args.only or []) + args.retry if o not in prereg.experiments]
     if bad:
-        print(f"reproduce: --only {', '.join(bad)}: no such experiment in {args.prereg} "
+        print(f"reproduce: --only/--retry {', '.join(bad)}: no such experiment in {args.prereg} "
               f"({', '.join(prereg.experiments)})", file=sys.stderr)
         return 2
     only = args.only

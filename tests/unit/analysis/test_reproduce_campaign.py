@@ -212,3 +212,41 @@ def test_provenance_names_the_commit_each_session_ran():
             "fingerprint": {"scenario_sha256": "f" * 64}, "host": {"hostname": "h", "cpus": 2, "arch": "x86_64"}}
     p = campaign._provenance(info, {"builds": {"kist": {"tor_version": "0.4.9.11"}}}, "kist")
     assert p["torbed_commit"] == "bbb-dirty" and p["tor_version"] == "0.4.9.11" and p["cpus"] == 2
+
+
+def _invalidate(rec, blocks, reason="CPU-starved: 3 process(es) waited ..."):
+    for k in blocks:
+        for v in P.experiments[EXP].variants:
+            p = rec.path(EXP, v, k)
+            r = json.loads(p.read_text())
+            r["gates"] = {"recorded": True, "valid": False, "invalid_reasons": [reason]}
+            p.write_text(json.dumps(r))
+
+
+def test_a_pilot_without_one_valid_pair_halts_the_experiment(tmp_path, fake_torbed):
+    """Every repetition of the pilot failed a mechanism gate: the experiment halts (no more
+    blocks planned, nothing launched, the reasons counted) instead of running to its maximum;
+    --retry runs another pilot's worth (fresh, not resuming) and is judged on those blocks."""
+    rec = campaign.Records(tmp_path / "records")
+    campaign.harvest(GOLDEN_RUN, EXP, P.of_experiment(EXP), rec, 0)
+    assert not campaign.plan(P, rec)[EXP]["halted"]              # valid pairs: sized as usual
+    _invalidate(rec, [0, 1, 2])
+    p = campaign.plan(P, rec)[EXP]
+    assert p["halted"] and not p["concluded"] and p["planned"] == 3
+    assert "no valid pair in the last 3 blocks" in p["reason"] and "CPU-starved in 5" in p["reason"]
+    assert "repetition failed in 1" in p["reason"]               # the golden run's failed repetition
+    assert campaign.estimate(P, rec, reproduce.REPO, only=[EXP])["experiments"][EXP]["planned_s"] == 0
+    assert campaign.run_experiment(P, EXP, rec, tmp_path / "runs", reproduce.REPO)["halted"]
+    assert fake_torbed.launched == []
+    # One valid pair among the last pilot's worth of blocks is enough not to halt.
+    for v in P.experiments[EXP].variants:
+        r = json.loads(rec.path(EXP, v, 0).read_text())
+        r["gates"]["valid"] = True
+        rec.path(EXP, v, 0).write_text(json.dumps(r))
+    assert not campaign.plan(P, rec)[EXP]["halted"]
+    _invalidate(rec, [0])
+    # A retry starts a new run directory at the next block and is not halted by the old blocks.
+    assert not campaign.plan(P, rec, since={EXP: 3})[EXP]["halted"]
+    res = campaign.run_experiment(P, EXP, rec, tmp_path / "runs", reproduce.REPO, retry=True)
+    assert "--resume" not in fake_torbed.launched[0] and rec.runs(EXP)[-1]["offset"] == 3
+    assert res["done"] == 6 and not res["halted"]                # the new blocks are valid
