@@ -12,6 +12,7 @@ packages=(
   # building tor variants from Debian's source package (images/relay/build-tor.sh)
   gcc make pkg-config dpkg-dev libssl-dev libevent-dev zlib1g-dev liblzma-dev libzstd-dev libcap-dev
   autoconf automake
+  ccache              # build-tor.sh's compiler cache: a variant after the first recompiles only what its patches change
   tcpdump             # torbed capture (and its integration test)
   prometheus          # live metrics of local runs (torbed.backends.local.prometheus); Debian's 2.42
   chromium            # the browser check of Prometheus' graph page (tests/integration)

@@ -12,14 +12,23 @@ Public API:
   with ``system_tor`` config-only variants use the tor on PATH instead (quick experiments;
   recorded as such in meta.json)
 - ``BuildError``
+- ``compiler_cache_env() -> dict``: the environment that puts ccache in front of the compiler
+
+Builds go through ccache when it is installed (hack/install-deps.sh; TORBED_CCACHE=0 turns it
+off): variants differ in a few files, so after the first build of a tor version a variant
+recompiles only what its patches change. ccache hands back the compiler's own output, and
+build-tor.sh maps its random build directory to a fixed name (-ffile-prefix-map), so a build
+is the same binary with or without the cache (docs/local-backend.md, "tor builds": measured).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +84,19 @@ def system_build() -> Build:
                  info={"tor_version": version.removeprefix("Tor version ").rstrip("."), "tor_sha256": file_sha256(tor)})
 
 
+def compiler_cache_env() -> dict[str, str]:
+    """What build-tor.sh's environment gets for ccache (empty: no ccache, or TORBED_CCACHE=0).
+    The build tree lies in a fresh temporary directory each time, so ccache rewrites paths
+    below the temporary directory to relative ones (base_dir) and leaves the working directory
+    out of the hash (the debug info maps it anyway)."""
+    cc = shutil.which("ccache")
+    if not cc or os.environ.get("TORBED_CCACHE", "1") == "0":
+        return {}
+    return {"CC": f"{cc} {os.environ.get('CC', 'gcc')}", "CCACHE_DIR": str(constants.CACHE_DIR / "ccache"),
+            "CCACHE_BASEDIR": os.path.realpath(os.environ.get("TMPDIR") or tempfile.gettempdir()),
+            "CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "2G")}
+
+
 def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> Build:
     patches = tuple(variant.patches) if variant else ()
     if system_tor and not patches:
@@ -94,7 +116,7 @@ def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> B
     log = constants.CACHE_DIR / "logs" / f"build-{key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **compiler_cache_env()}).returncode
     if rc != 0:
         raise BuildError(f"building variant {name} failed (exit {rc}); log: {log}\n"
                          + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
