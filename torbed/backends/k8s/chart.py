@@ -181,10 +181,12 @@ MEASURED = {
                                     "what a relay does, 0.037 cores (drivers 0.5 % each: Cost of observing)"),
     "server": Measured(36.6, 0.02, "the file server's Python RSS at start 36.6 MiB; CPU not measured apart: "
                                    "20m, half a relay's, for serving at link rate"),
-    "sidecar": Measured(55.5, 0.009, "the results service's peak RSS 55.5 MiB serving an 8.8 MB records file "
-                                     "(it reads a file whole to serve it: more for larger ones); the collector's "
-                                     "Python RSS at start 52.7 MiB, the shaper's 38.1; collector CPU 0.9 % of a "
-                                     "core (docs/performance.md: Cost of observing)"),
+    "sidecar": Measured(55.5, 0.0112, "the results service's peak RSS 55.5 MiB serving an 8.8 MB records file "
+                                      "(it reads a file whole to serve it: more for larger ones); the collector's "
+                                      "Python RSS at start 52.7 MiB, the shaper's 38.1; CPU: a relay pod's shaper "
+                                      "1.1 % of a core with the mechanism gates' samples (the quickstart on "
+                                      "Kubernetes, meta.json gates.cpu; the collector 0.7 %, docs/performance.md: "
+                                      "Cost of observing)"),
 }
 
 
