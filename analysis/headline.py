@@ -196,6 +196,8 @@ def _p_cell(p) -> str:
 
 
 def _delta(inf: dict) -> str:
+    if inf.get("status") == "tested" and inf.get("change_pct") is None:
+        return f"{DASH} (base 0)"       # tested on a linear scale whose baseline mean is 0: no % change
     if inf.get("status") == "tested":
         lo, hi = inf.get("change_ci95") or (None, None)
         if lo is None or hi is None:

@@ -335,7 +335,11 @@ def design_text(inf: dict) -> str:
 
 def headline_line(title: str, variant: str, baseline: str, inf: dict) -> str:
     lo, hi = inf.get("change_ci95") or (None, None)
-    return (f"{title}: {variant} vs {baseline}: {STAT_NAMES.get(inf['statistic'], inf['statistic'])} "
+    stat = STAT_NAMES.get(inf['statistic'], inf['statistic'])
+    if inf.get("change_pct") is None or lo is None or hi is None:   # linear scale, baseline mean 0
+        return (f"{title}: {variant} vs {baseline}: {stat} changed from 0 in the baseline (no % change; "
+                f"Holm-adjusted p = {inf['pvalue_holm']:.3g}; {design_text(inf)})")
+    return (f"{title}: {variant} vs {baseline}: {stat} "
             f"{inf['change_pct']:+.1f}% (95% CI {lo:+.1f}% to {hi:+.1f}%; Holm-adjusted p = "
             f"{inf['pvalue_holm']:.3g}; {design_text(inf)})")
 

@@ -336,6 +336,8 @@ def _hardware_blocks(s: dict) -> list[tuple]:
             vs = a.get("vs_baseline")
             if vs is None:
                 cmp_ = "baseline"
+            elif vs.get("status") == "tested" and vs.get("change_pct") is None:
+                cmp_ = f"from 0 in the baseline (no % change), p={vs['pvalue']:.3g}"
             elif vs.get("status") == "tested":
                 lo, hi = vs["change_ci95"]
                 cmp_ = f"{vs['change_pct']:+.1f}% [{lo:+.1f}, {hi:+.1f}], p={vs['pvalue']:.3g}"

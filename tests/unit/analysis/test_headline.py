@@ -153,3 +153,24 @@ def test_a_variant_against_itself_finds_nothing(tmp_path, arms):
     assert pr["status"] == "tested" and pr["test"] == "paired" and not pr["significant"], pr
     assert s["inference"]["headline"] == []
     assert headline.lead(copy.deepcopy(s)).text.startswith("**No finding** at α = 0.05")
+
+
+def test_a_tested_change_with_a_zero_baseline_prints_no_percentage():
+    """A queue wait that is 0 in every baseline repetition is tested on a linear scale and has
+    no % change (`make demo` hit one: exit0's outbound cell wait); the table says so instead
+    of failing the whole report."""
+    s = round_floats(demo())
+    mid, v, e, inf = next(it for it in headline._comparisons(s) if it[3].get("status") == "tested"
+                          and it[3].get("change_pct") is not None and round(it[3]["change_pct"]) == -100)
+    inf.update(change_pct=None, change_ci95=[None, None], scale="linear")
+    assert headline._delta(inf) == "– (base 0)"
+    lines = terminal(s)                               # ranked last (no size), and no crash
+    assert all(len(line) <= 80 for line in lines) and "TTLB web:small (s) *" in "\n".join(lines)
+
+
+def test_a_significant_change_from_a_zero_baseline_has_a_headline_without_a_percentage():
+    from torbed.analysis.inference import headline_line
+    inf = {"statistic": "wait_per_cell", "change_pct": None, "change_ci95": [None, None], "pvalue_holm": 0.01,
+           "test": "paired", "n": 5}
+    line = headline_line("Cell wait, exit0 outbound", "ewma-66", "vanilla", inf)
+    assert "changed from 0 in the baseline (no % change; Holm-adjusted p = 0.01; paired, 5 blocks)" in line
