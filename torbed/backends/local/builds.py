@@ -15,10 +15,10 @@ Public API:
 - ``compiler_cache_env() -> dict``: the environment that puts ccache in front of the compiler
 
 Builds go through ccache when it is installed (hack/install-deps.sh; TORBED_CCACHE=0 turns it
-off): variants differ in a few files, so after the first build of a tor version a variant
-recompiles only what its patches change. ccache hands back the compiler's own output, and
-build-tor.sh maps its random build directory to a fixed name (-ffile-prefix-map), so a build
-is the same binary with or without the cache (docs/local-backend.md, "tor builds": measured).
+off): after the first build of a tor version a variant recompiles only the files its patches
+change, or that include a header they change (docs/variants.md, "Builds": measured). ccache
+hands back the compiler's own output, and build-tor.sh maps its random build directory to a
+fixed name (-ffile-prefix-map), so a build is the same binary with or without the cache.
 """
 
 from __future__ import annotations
