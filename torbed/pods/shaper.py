@@ -637,23 +637,7 @@ def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec],
     announced_own = not (url and pod and own)
     settled: set[str] = set()
     expected = {g: expected_addresses(s, g, args.group) for g in ids}
-    # The mechanism gates' samples (torbed.gates), once a second from here on; the results
-    # service gets them as they are written (the analysis keeps the measured window's).
-    # A directory of this process' own: a restarted sidecar must not send its predecessor's
-    # records again (the Shipper's offsets start at zero).
-    records = state / "records" / f"{int(time.time() * 1000)}-{os.getpid()}"
-    node = _sender_name(args.group)
-    sources, sockets = gate_sources(p, args.group, node, dev, specs, ids, records)
-    if any(n.role == "server" for n in p.group_nodes(args.group)):
-        # A server pod's CPU: the one container there that ships records samples the pod
-        # (the chart shares its process namespace), as a relay's collector does.
-        from . import cpusample
-        sources.append(cpusample.source(records, node, args.group, "server"))
-    if sources and url:
-        from ..gates import SAMPLE_INTERVAL_S, Sampler
-        Shipper(records, url).start()
-        Sampler(SAMPLE_INTERVAL_S, sources).start()
-        log(f"shaper: sampling {', '.join(type(x).__name__ for x in sources)} every {SAMPLE_INTERVAL_S:g} s")
+    sockets = _start_gate_samples(args.group, p, dev, specs, ids, state, url)
     while True:
         if not announced_own:
             announced_own = announce(url, pod, args.group, sorted(own)[0])
@@ -672,6 +656,29 @@ def _shape(args: argparse.Namespace, s, p, dev: str, specs: dict[str, LinkSpec],
             if reported:
                 log(f"shaper: every shaped peer classified ({len(current)} addresses); reported")
         _sleep(wake_r, args.interval)
+
+
+def _start_gate_samples(group: str, p, dev: str, specs: dict[str, LinkSpec], ids: dict[str, str], state: Path,
+                        url: str | None):
+    """The mechanism gates' samples (torbed.gates), once a second from here on; the results
+    service gets them as they are written (the analysis keeps the measured window's). Returns
+    the socket source (None: not a relay pod), whose peers the caller keeps in step."""
+    # A directory of this process' own: a restarted sidecar must not send its predecessor's
+    # records again (the Shipper's offsets start at zero).
+    records = state / "records" / f"{int(time.time() * 1000)}-{os.getpid()}"
+    node = _sender_name(group)
+    sources, sockets = gate_sources(p, group, node, dev, specs, ids, records)
+    if any(n.role == "server" for n in p.group_nodes(group)):
+        # A server pod's CPU: the one container there that ships records samples the pod
+        # (the chart shares its process namespace), as a relay's collector does.
+        from . import cpusample
+        sources.append(cpusample.source(records, node, group, "server"))
+    if sources and url:
+        from ..gates import SAMPLE_INTERVAL_S, Sampler
+        Shipper(records, url).start()
+        Sampler(SAMPLE_INTERVAL_S, sources).start()
+        log(f"shaper: sampling {', '.join(type(x).__name__ for x in sources)} every {SAMPLE_INTERVAL_S:g} s")
+    return sockets
 
 
 def _update_filters(dev: str, want: dict[str, str], current: dict[str, str]) -> dict[str, str]:
