@@ -177,25 +177,20 @@ def harvest(run_dir: Path, exp: str, comps, records: Records, offset: int, smoke
     return len(todo)
 
 
+def _log_ratios(blocks: dict, c) -> dict[int, float]:
+    """{block: log(variant / baseline)} of comparison ``c`` where both arms have a value."""
+    out = {}
+    for k, arms in blocks.items():
+        x, y = (prereg_mod.per_block(arms.get(a) or {}, c, a) for a in (c.variant, c.baseline))
+        if math.isfinite(x) and math.isfinite(y):
+            out[k] = math.log(x) - math.log(y)
+    return out
+
+
 def _sd_diff(blocks: dict, comps) -> float | None:
     """The largest sd of the block log ratios over ``comps`` (None with fewer than 2 pairs)."""
-    sds = []
-    for c in comps:
-        ks = sorted(blocks)
-        x = np.array([prereg_mod.per_block(blocks[k].get(c.variant) or {}, c, c.variant) for k in ks])
-        y = np.array([prereg_mod.per_block(blocks[k].get(c.baseline) or {}, c, c.baseline) for k in ks])
-        d = np.log(x) - np.log(y)
-        d = d[np.isfinite(d)]
-        if d.size >= 2:
-            sds.append(float(d.std(ddof=1)))
+    sds = [float(np.std(list(d.values()), ddof=1)) for d in (_log_ratios(blocks, c) for c in comps) if len(d) >= 2]
     return max(sds) if sds else None
-
-
-def _paired(blocks: dict, comps) -> set[int]:
-    """The blocks in which at least one of ``comps`` has a value in both arms."""
-    return {k for k, arms in blocks.items() for c in comps
-            if math.isfinite(prereg_mod.per_block(arms.get(c.variant) or {}, c, c.variant))
-            and math.isfinite(prereg_mod.per_block(arms.get(c.baseline) or {}, c, c.baseline))}
 
 
 def _halt(records: Records, name: str, e, drivers, done: int, since: int) -> str | None:
@@ -207,7 +202,8 @@ def _halt(records: Records, name: str, e, drivers, done: int, since: int) -> str
     if done - since < e.pilot_blocks:
         return None
     last = records.complete_blocks(name, e.variants)[-e.pilot_blocks:]
-    if _paired({k: v for k, v in records.blocks(name, e.variants).items() if k in last}, drivers):
+    recent = {k: v for k, v in records.blocks(name, e.variants).items() if k in last}
+    if any(_log_ratios(recent, c) for c in drivers):
         return None
     why: Counter = Counter()
     for r in records.all(name):

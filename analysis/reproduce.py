@@ -218,9 +218,9 @@ def _rows(prereg, records, comps, verdicts) -> list[str]:
         if v["n"] == 0 and not ran:
             ours, d, s, verdict = "not yet run", "–", "–", "–"
         elif v["n"] == 0:
-            why = ("no repetition passed the gates" if records.all(c.experiment) and not any(
-                r.get("status") == "ok" and (r.get("gates") or {}).get("valid", True) for r in records.all(c.experiment))
-                else "metric not measured")
+            recs = records.all(c.experiment)
+            valid = any(r.get("status") == "ok" and (r.get("gates") or {}).get("valid", True) for r in recs)
+            why = "metric not measured" if valid or not recs else "no repetition passed the gates"
             ours, d, s, verdict = f"no values in {ran} block(s) ({why})", "–", "–", "inconclusive"
         else:
             ours, d, s, verdict = _ours(v), f"{v['direction']}: {v['direction_text']}", \

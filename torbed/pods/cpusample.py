@@ -7,10 +7,11 @@ A container sees the other containers' processes only in a pod that shares its p
 namespace (the chart sets ``shareProcessNamespace`` on relay, client and server pods for
 this), so the relay pod's collector sidecar samples tor, the shaper and itself, the client
 pod's driver samples the client's tor, the shaper and itself, and a server pod's shaper
-sidecar (the one container there that ships records) samples the servers and itself. Processes are told apart by their
-command (``tor``; ``python -m torbed.pods.<module>``); the pause container and shells are
-left out. Each record names its pod's node (``source``): the analysis takes each source's
-own first and last sample in the window (torbed.analysis.gates).
+sidecar (the one container there that ships records) samples the servers and itself.
+Processes are told apart by their command (``tor``; ``python -m torbed.pods.<module>``); the
+pause container and shells are left out. Each record names its pod's node (``source``) and
+each process its pid: the analysis sums each source's counter steps per process life in the
+window (torbed.analysis.gates).
 
 Public API: ``classify(comm, cmdline) -> role | None``, ``pod_processes(node, group, proc,
 me) -> {name: (pid, role, group)}``, ``source(out, node, group, tor_role) -> CpuSource``,
