@@ -155,6 +155,20 @@ check_ports() {
   [ ${#busy[@]} = 0 ] || die "TCP port(s) ${busy[*]} already in use (another cluster or a stale process: ss -ltnp)"
 }
 
+# etcd preallocates a 64 MB write-ahead log and exits when it cannot; the image store and
+# Docker's grow with every build. Refuse early, naming what holds the space.
+MIN_FREE_MB=${TORBED_K8S_MIN_FREE_MB:-2048}
+check_disk() {
+  mkdir -p "$STATE"
+  local free_mb
+  free_mb=$(($(df -Pk "$STATE" | awk 'NR==2 {print $4}') / 1024))
+  [ "$free_mb" -lt "$MIN_FREE_MB" ] || return 0
+  log "only $free_mb MB free on the file system of $STATE (need $MIN_FREE_MB); the largest users:"
+  du -sh "$STATE/containerd" "${TORBED_CACHE:-$HOME/.cache/torbed}" \
+    "$(timeout 5 docker info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)" 2>/dev/null | sed 's/^/  /' >&2 || true
+  die "not enough disk space to start the cluster: free some (docker system prune; hack/cluster/cluster.sh down --purge drops the cluster's image store)"
+}
+
 # ---------------------------------------------------------------- certificates, configs
 
 # mkcert NAME SUBJECT [SANS]: a key and a certificate signed by the cluster CA (or by $CA).
@@ -317,6 +331,14 @@ stop() {
   for name in "$@"; do rm -f "$PIDS/$name.pid"; done
 }
 
+# log_tail FILE: the last lines FILE got since its component was last started (the "=== " line
+# start() writes), so a failed bring-up explains itself where only its output is kept (CI).
+log_tail() {
+  [ -f "$1" ] || return 0
+  log "last lines of $1:"
+  awk '/^=== /{n=0} {buf[n++]=$0} END{s=(n>20?n-20:0); for(i=s;i<n;i++) print "  | " buf[i]}' "$1" >&2
+}
+
 # wait_for WHAT LOG CMD...: poll CMD until it succeeds, at most TIMEOUT seconds; the component
 # must also stay alive. LOG is what the error message points at.
 wait_for() {
@@ -326,9 +348,10 @@ wait_for() {
   deadline=$(($(date +%s) + TIMEOUT))
   until "$@" >/dev/null 2>&1; do
     if [ -n "$component" ] && ! pid_of "$component" >/dev/null; then
+      log_tail "$logf"
       die "$component exited while waiting for $what; see $logf"
     fi
-    [ "$(date +%s)" -lt "$deadline" ] || die "timed out after ${TIMEOUT}s waiting for $what; see $logf"
+    [ "$(date +%s)" -lt "$deadline" ] || { log_tail "$logf"; die "timed out after ${TIMEOUT}s waiting for $what; see $logf"; }
     sleep 0.3
   done
   log "$what ($(elapsed "$t0") s)"
@@ -378,6 +401,7 @@ cmd_up() {
   forward_chain
   masquerade ""
   check_ports
+  check_disk
   make_pki "$node" "$ip"
   write_configs "$node" "$ip"
   mkdir -p "$RUN/containerd" "$STATE/etcd"
@@ -756,7 +780,35 @@ cmd_load_image() {
       done
     fi
     log "imported ${todo[*]:-nothing}${skipped:+ (already there, same content: ${skipped[*]})} ($(elapsed "$t0") s)"
+    drop_superseded "${refs[@]}"
   fi
+}
+
+# drop_superseded REF...: the store survives `down`, and every build with other content brings
+# a new content tag (torbed/relay:vanilla-0.1.0-0123456789ab[-arm64]); remove the other digests
+# of each content tag just loaded, so the store holds one build of each image, not every one
+# since the cluster was made. containerd's garbage collector then frees their layers.
+drop_superseded() {
+  local a base suffix name old=()
+  local have
+  have=$(ctr_ images ls -q 2>/dev/null) || return 0
+  for a in "$@"; do
+    [[ $a =~ ^(.+)-[0-9a-f]{12}(-arm64|-amd64)?$ ]] || continue
+    base=${BASH_REMATCH[1]}
+    suffix=${BASH_REMATCH[2]}
+    while read -r name; do
+      [ -n "$name" ] && [ "$name" != "docker.io/$a" ] || continue
+      [[ $name =~ ^docker\.io/(.+)-[0-9a-f]{12}(-arm64|-amd64)?$ ]] || continue
+      [ "${BASH_REMATCH[1]}" = "$base" ] && [ "${BASH_REMATCH[2]}" = "$suffix" ] && old+=("$name")
+    done <<<"$have"
+  done
+  [ ${#old[@]} -gt 0 ] || return 0
+  ctr_ images rm "${old[@]}" >>"$LOGS/images.log" 2>&1 || true
+  for name in "${old[@]}"; do
+    name=${name#docker.io/}
+    rm -f "$STATE/loaded/${name//[\/:]/_}"
+  done
+  log "removed ${#old[@]} superseded build(s) from the image store: ${old[*]#docker.io/}"
 }
 
 cmd_smoke() { "$HERE/smoke.sh"; }
