@@ -95,8 +95,8 @@ class RelayGroup(Strict):
         None, description="Consensus weights the authorities vote for this group's relays, one per relay in node "
                           "order (units of a consensus' 'w Bandwidth=', as measured bandwidths in the authorities' "
                           "V3BandwidthsFile); set on every relay group or none, with 3 or more authorities. "
-                          "Default: none (the authorities vote each relay's self-advertised bandwidth). Local "
-                          "backend only (docs/generate.md)")
+                          "Default: none (the authorities vote each relay's self-advertised bandwidth). On "
+                          "Kubernetes the chart's key hook writes the file (docs/generate.md)")
     torrc: str = Field("", description="Extra torrc lines for this group (appended to the node fragment); only "
                                        "options on torbed's allow-list (docs/torrc.md)")
     cpu: Literal["native", "qemu"] = Field(

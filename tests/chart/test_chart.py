@@ -29,7 +29,7 @@ CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 # Features the chart refuses (only the local backend carries them out; _validate.tpl): the
 # scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
 # not rendered.
-LOCAL_ONLY = {"cpu", "weights", "samples", "second_address"}
+LOCAL_ONLY = {"cpu", "samples", "second_address"}
 
 
 def local_only(path: Path) -> set[str]:
@@ -385,15 +385,13 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
 @pytest.mark.parametrize("changes, message", [
     ({"network.relays.middle.cpu": "qemu"}, "network.relays.middle.cpu: qemu emulates a slow CPU on the local backend only"),
     ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
-      "network.relays.exit.weights": [300]}, "network.relays.exit.weights: the authorities vote these weights"),
-    ({"network.relays.guard.weights": [100], "network.relays.middle.weights": [200],
       "network.relays.exit.weights": [300],
       "samples": [{"seed": 2, "relays": {g: {"bandwidth": "2mbit", "weights": [w]}
                                          for g, w in (("guard", 1), ("middle", 2), ("exit", 3))}}]},
      "samples: a network sampled anew per block is built by the local backend only"),
     ({"variants": ["circswitch", "circswitch-ownpath"], "network.relays.middle.second_address": True},
      "network.relays.middle.second_address: a relay's second address on a link of its own"),
-], ids=["cpu-qemu", "weights", "samples", "second-address"])
+], ids=["cpu-qemu", "samples", "second-address"])
 def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
     """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
     refuses them, naming the field, instead of deploying without them (torbed run --backend k8s

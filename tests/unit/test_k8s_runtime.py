@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -139,6 +140,24 @@ def test_keygen_makes_keys_that_match_the_identities(tmp_path, monkeypatch):
     assert f"TestingDirAuthVoteGuard {fprs['guard0']}\n" in vote
     assert f"TestingDirAuthVoteExit {fprs['exit0']}\n" in vote
     assert "ConsensusParams cc_alg=0 cfx_enabled=0" in vote
+    assert "v3bw" not in identities and "V3BandwidthsFile" not in vote   # the quickstart has no weights
+
+
+def test_keygen_writes_the_bandwidth_file_of_a_weighted_scenario(tmp_path, monkeypatch):
+    """With weights the hook is where the relays' fingerprints first exist: it writes the
+    authorities' bandwidth file beside their vote, one line per relay with its group's weight."""
+    data = yaml.safe_load(QUICKSTART.read_text())
+    weights = {"guard": 5000, "middle": 700, "exit": 123}
+    for g, w in weights.items():
+        data["network"]["relays"][g]["weights"] = [w]
+    monkeypatch.setenv("TORBED_SCENARIO_JSON", json.dumps(data))
+    monkeypatch.setenv("TORBED_VARIANT", "vanilla")
+    _, identities = keygen.make(tmp_path / "work")
+    fprs = json.loads(identities["fingerprints.json"])
+    lines = identities["v3bw"].splitlines()
+    assert abs(int(lines[0]) - time.time()) < 600          # the file's timestamp: now
+    assert sorted(lines[1:]) == sorted(f"node_id=${fprs[g + '0']} bw={w}" for g, w in weights.items())
+    assert "V3BandwidthsFile /etc/torbed/identities/v3bw\n" in identities["vote.torrc"]
 
 
 def test_keygen_schedule_puts_the_first_valid_after_vote_lead_after_the_hook():

@@ -70,9 +70,17 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- range $g, $rg := $relays -}}
 {{- if and $rg.cpu (ne (toString $rg.cpu) "native") }}{{ $problems = append $problems (printf "network.relays.%s.cpu: qemu emulates a slow CPU on the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
 {{- if $rg.cpu_per_thread }}{{ $problems = append $problems (printf "network.relays.%s.cpu_per_thread: per-thread CPU caps are set by the local backend only (on Kubernetes, place the group on a slow node instead: placement)" $g) }}{{ end -}}
-{{- if $rg.weights }}{{ $problems = append $problems (printf "network.relays.%s.weights: the authorities vote these weights from a bandwidth file the local backend writes (local backend only); on Kubernetes the authorities measure the relays themselves" $g) }}{{ end -}}
 {{- if $rg.second_address }}{{ $problems = append $problems (printf "network.relays.%s.second_address: a relay's second address on a link of its own is a second veth in its network namespace, on the local backend only (a pod has one address)" $g) }}{{ end -}}
 {{- end -}}
+{{- /* Voted consensus weights (the keygen hook writes the authorities' bandwidth file): on every relay group or none, with 3 or more authorities. */ -}}
+{{- $withW := list -}}{{- $withoutW := list -}}
+{{- range $g, $rg := $relays -}}
+{{- if $rg.weights }}{{ $withW = append $withW $g }}{{ else }}{{ $withoutW = append $withoutW $g }}{{ end -}}
+{{- if and $rg.weights (ne (len $rg.weights) (int ($rg.count | default 1))) }}{{ $problems = append $problems (printf "network.relays.%s.weights: %d weights for %d relays; give one per relay" $g (len $rg.weights) (int ($rg.count | default 1))) }}{{ end -}}
+{{- end -}}
+{{- if and $withW $withoutW }}{{ $problems = append $problems (printf "network.relays: weights are set on %s but not on %s: set them on every relay group or none (an unmeasured relay's weight is capped at 20 when the others are measured)" (join ", " (sortAlpha $withW)) (join ", " (sortAlpha $withoutW))) }}{{ end -}}
+{{- $nAuth := int (($v.network.authorities) | default 3) -}}
+{{- if and $withW (lt $nAuth 3) }}{{ $problems = append $problems (printf "network.authorities: %d authorities: relay weights need 3 or more (tor uses voted measurements only when more than two authorities vote them)" $nAuth) }}{{ end -}}
 {{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
 
 {{- /* Variants. */ -}}

@@ -399,9 +399,6 @@ class K8sBackend:
         "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
                "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
-        "weights": "the authorities vote these weights from a bandwidth file the local backend writes "
-                   "(local backend only); "
-                   "on Kubernetes the authorities measure the relays themselves",
         "samples": "a network sampled anew per block is built by the local backend only",
         "second_address": "a relay's second address on a link of its own is a second veth in its network "
                           "namespace, on the local backend only (a pod has one address)",
@@ -443,9 +440,6 @@ class K8sBackend:
         for name, g in scenario.network.relays.items():
             if g.second_address:
                 raise InputError(f"{where}network.relays.{name}.second_address: {self.unsupported['second_address']}; "
-                                 "run it with --backend local")
-            if g.weights:
-                raise InputError(f"{where}network.relays.{name}.weights: {self.unsupported['weights']}; "
                                  "run it with --backend local")
         self.helm = helm_binary()
         self.cluster = Cluster(self.namespace, self.context)
