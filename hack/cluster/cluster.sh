@@ -156,17 +156,23 @@ check_ports() {
 }
 
 # etcd preallocates a 64 MB write-ahead log and exits when it cannot; the image store and
-# Docker's grow with every build. Refuse early, naming what holds the space.
+# Docker's grow with every build. The image store is a cache of Docker's images (load-image
+# refills it, and `up` re-imports the system images): when space is short, it goes first.
+# Then refuse, naming what holds the space.
 MIN_FREE_MB=${TORBED_K8S_MIN_FREE_MB:-2048}
+free_mb() { echo $(($(df -Pk "$STATE" | awk 'NR==2 {print $4}') / 1024)); }
 check_disk() {
   mkdir -p "$STATE"
-  local free_mb
-  free_mb=$(($(df -Pk "$STATE" | awk 'NR==2 {print $4}') / 1024))
-  [ "$free_mb" -lt "$MIN_FREE_MB" ] || return 0
-  log "only $free_mb MB free on the file system of $STATE (need $MIN_FREE_MB); the largest users:"
-  du -sh "$STATE/containerd" "${TORBED_CACHE:-$HOME/.cache/torbed}" \
+  [ "$(free_mb)" -lt "$MIN_FREE_MB" ] || return 0
+  if [ -d "$STATE/containerd/root" ]; then
+    log "only $(free_mb) MB free on the file system of $STATE (need $MIN_FREE_MB): emptying the cluster's image store ($(du -sh "$STATE/containerd/root" 2>/dev/null | cut -f1)), a cache load-image refills"
+    rm -rf "$STATE/containerd/root" "$STATE/loaded"
+    [ "$(free_mb)" -lt "$MIN_FREE_MB" ] || return 0
+  fi
+  log "only $(free_mb) MB free on the file system of $STATE (need $MIN_FREE_MB); the largest users:"
+  du -sh "${TORBED_CACHE:-$HOME/.cache/torbed}" \
     "$(timeout 5 docker info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)" 2>/dev/null | sed 's/^/  /' >&2 || true
-  die "not enough disk space to start the cluster: free some (docker system prune; hack/cluster/cluster.sh down --purge drops the cluster's image store)"
+  die "not enough disk space to start the cluster: free some (docker system prune; the caches under ${TORBED_CACHE:-$HOME/.cache/torbed})"
 }
 
 # ---------------------------------------------------------------- certificates, configs
