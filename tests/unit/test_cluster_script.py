@@ -88,3 +88,49 @@ def test_the_pi_node_gets_its_own_runtime_state_cgroups_and_labels(tmp_path):
     assert 'hostnameOverride: "torbed-pi"' in proxy and "kubeconfigs/kube-proxy-pi" in proxy
     assert "server: https://10.0.0.5:6443" in kcfg
     assert '"subnet": "10.244.1.0/24"' in cni and '"ipMasq": false' in cni and f"{state}/pi/cni/ipam" in cni
+
+
+def test_a_component_that_exits_while_awaited_leaves_its_log_tail_in_the_error(tmp_path):
+    # CI keeps only the output: the reason a daemon died must be in it, from its latest start
+    # only (the log file keeps earlier starts' lines too).
+    p = _harness(tmp_path, f"""
+        mkdir -p $LOGS && printf 'an earlier start said this\\n' > $LOGS/fake.log
+        TIMEOUT=20
+        start fake bash -c 'echo "cannot preallocate the WAL: no space left on device"; exit 1'
+        wait_for "fake healthy" $LOGS/fake.log fake false
+        """)
+    assert p.returncode == 1
+    assert "fake exited while waiting for fake healthy" in p.stderr, p.stderr
+    assert "  | cannot preallocate the WAL: no space left on device" in p.stderr, p.stderr
+    assert "an earlier start said this" not in p.stderr, p.stderr
+
+
+def test_load_image_drops_other_builds_of_each_content_tag_it_loads(tmp_path):
+    # The image store survives `down`; without this it holds every build since the cluster was
+    # made. Only other digests of the same image (and architecture suffix) go.
+    store = ["docker.io/torbed/relay:vanilla-0.1.0-aaaaaaaaaaaa", "docker.io/torbed/relay:vanilla-0.1.0-bbbbbbbbbbbb",
+             "docker.io/torbed/relay:vanilla-0.1.0-cccccccccccc-arm64", "docker.io/torbed/relay:ewma-0.1.0-dddddddddddd",
+             "docker.io/torbed/relay:vanilla-0.1.0", "registry.k8s.io/pause:3.10"]
+    p = _harness(tmp_path, f"""
+        STATE={tmp_path}/state; mkdir -p $STATE/loaded $LOGS
+        touch $STATE/loaded/torbed_relay_vanilla-0.1.0-aaaaaaaaaaaa $STATE/loaded/torbed_relay_ewma-0.1.0-dddddddddddd
+        ctr_() {{ if [ "$1 $2" = "images ls" ]; then printf '%s\\n' {' '.join(store)}; else echo "ctr $*"; fi; }}
+        drop_superseded torbed/relay:vanilla-0.1.0-bbbbbbbbbbbb torbed/relay:vanilla-0.1.0
+        cat $LOGS/images.log; ls $STATE/loaded
+        """)
+    assert p.returncode == 0, p.stderr
+    assert "ctr images rm docker.io/torbed/relay:vanilla-0.1.0-aaaaaaaaaaaa\n" in p.stdout, p.stdout
+    assert p.stdout.count("ctr ") == 1          # not the arm64 build, not ewma, not the plain tag
+    assert "torbed_relay_vanilla-0.1.0-aaaaaaaaaaaa" not in p.stdout and "torbed_relay_ewma" in p.stdout
+
+
+def test_a_short_disk_empties_the_image_store_before_refusing(tmp_path):
+    p = _harness(tmp_path, f"""
+        STATE={tmp_path}/state; mkdir -p $STATE/containerd/root/io.containerd $STATE/loaded
+        MIN_FREE_MB=1 check_disk && echo "enough: kept $(ls $STATE/containerd/root)"
+        MIN_FREE_MB=999999999 check_disk
+        """)
+    assert p.returncode == 1
+    assert "enough: kept io.containerd" in p.stdout, p.stdout
+    assert "emptying the cluster's image store" in p.stderr and "not enough disk space" in p.stderr, p.stderr
+    assert not (tmp_path / "state" / "containerd" / "root").exists() and not (tmp_path / "state" / "loaded").exists()
