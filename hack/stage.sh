@@ -7,6 +7,9 @@
 #   - the budget comes from hack/stage-budgets.tsv (one place to read and change them); a stage
 #     past its budget is a failure under CI=true and a warning elsewhere (a developer's loaded
 #     machine should not fail a correct change, CI's budget must not creep up unseen);
+#   - a stage that ends while .ci/run's background builds still run (TORBED_BACKGROUND_RC
+#     names their exit-code file, empty until they end) is not held to its budget: on a cold
+#     machine its time is theirs;
 #   - a failing stage stops the command at once with its exit code.
 #
 # Budgets are wall seconds on this project's 2-core machine. Build stages are sized for a cold
@@ -42,6 +45,15 @@ stage() {
     return $rc
   fi
   if [ "$secs" -gt "$budget" ]; then
+    # .ci/run builds the e2e prerequisites in the background while the fast tiers run; on a
+    # cold machine (nothing cached) those builds take the CPU for most of an hour, and a test
+    # stage's budget (sized for the tests alone) measures them, not the tests. A stage that
+    # ends while they still run is reported, not failed; warm, they end within minutes.
+    if [ -n "${TORBED_BACKGROUND_RC:-}" ] && [ ! -s "$TORBED_BACKGROUND_RC" ]; then
+      echo "stage $name took ${secs} s, past its budget of ${budget} s, beside the e2e builds still" \
+           "running in the background (a cold machine): reported, not failed" >&2
+      return 0
+    fi
     if [ "${CI:-}" = true ]; then
       echo "stage $name took ${secs} s, past its budget of ${budget} s (hack/stage-budgets.tsv):" \
            "find what grew in $TORBED_TEST_REPORTS (per-test durations, junit XML)" >&2
