@@ -93,7 +93,7 @@ def test_the_pi_node_gets_its_own_runtime_state_cgroups_and_labels(tmp_path):
 def test_a_component_that_exits_while_awaited_leaves_its_log_tail_in_the_error(tmp_path):
     # CI keeps only the output: the reason a daemon died must be in it, from its latest start
     # only (the log file keeps earlier starts' lines too).
-    p = _harness(tmp_path, f"""
+    p = _harness(tmp_path, """
         mkdir -p $LOGS && printf 'an earlier start said this\\n' > $LOGS/fake.log
         TIMEOUT=20
         start fake bash -c 'echo "cannot preallocate the WAL: no space left on device"; exit 1'
