@@ -20,6 +20,7 @@
     aa SCENARIO|RUN_DIR    A/A calibration: the report's false-positive rate on one variant
     nightly NIGHTLY        a night of a benchmark matrix: run, keep the history, flag changes
     generate CONSENSUS DESCRIPTORS...  a scenario sampled from the real Tor network (CollecTor)
+    calibrate RUN_DIR      measure generate's budget figures on this machine from a finished run
 
 Exit codes: 0 success, 1 the run or build failed, 2 bad input (scenario, arguments, files),
 130 interrupted (see torbed.errors).

@@ -48,9 +48,11 @@ docs/generate.md has the table):
 - tor's smallest relay rate: 75 KiB/s (RELAY_REQUIRED_MIN_BANDWIDTH, or.h; tor refuses a
   smaller BandwidthRate on a relay)
 
-One pilot calibrates these; a very different mix (all bulk, thousands of clients) or another
+One pilot calibrated these; a very different mix (all bulk, thousands of clients) or another
 machine can differ, so a new sample's first run should be checked with the CPU gate, as the
-pilot was (the reproduction records say whether a repetition waited for CPU).
+pilot was (the reproduction records say whether a repetition waited for CPU), and calibrated:
+``torbed calibrate RUN`` (calibrate.py) derives the CPU figures from that run's readings, and
+``machine`` uses the newest calibration made on a machine with as many cores.
 
 Public API: ``Budget``, ``machine(...) -> Budget``, ``Demand``, ``demand(clients, files) -> Demand``,
 ``fit_rates(capacities, budget, tors, total=None, demand=None) -> Fit``, ``BudgetError``.
@@ -142,16 +144,26 @@ def _bench_figures(bench_dir: Path) -> tuple[dict, str] | None:
 def machine(cores: float | None = None, memory_mib: float | None = None, bench_dir: Path | None = None,
             **overrides) -> Budget:
     """This machine's budget: its cores and available memory (or the given ones), the
-    newest bench figures when ``bench_dir`` has some, then ``overrides`` (Budget fields)."""
+    newest bench figures when ``bench_dir`` has some, the newest calibration (``torbed
+    calibrate``) measured on a machine with as many cores, then ``overrides`` (Budget fields)."""
+    from . import calibrate
     fields = {"cores": float(cores or os.cpu_count() or 1), "memory_mib": float(memory_mib or _mem_available_mib())}
     found = _bench_figures(bench_dir) if bench_dir is not None else None
+    sources = []
     if found:
         figures, path = found
         if figures["rss_peak_mib"] and figures["rss_peak_mib"] > MEM_PER_TOR_MIB:
             fields["mem_per_tor_mib"] = round(figures["rss_peak_mib"], 1)
         if figures["cpu_idle_relay"] is not None:
             fields["cpu_idle_relay"] = round(max(figures["cpu_idle_relay"], 0.0), 4)
-        fields["source"] = f"bench results {path} and documented defaults (docs/generate.md)"
+        sources.append(f"bench results {path}")
+    cal = calibrate.newest(bench_dir, fields["cores"]) if bench_dir is not None else None
+    if cal:
+        figures, path = cal
+        fields.update(figures)
+        sources.append(f"calibration {path}")
+    if sources:
+        fields["source"] = " and ".join(sources) + " and documented defaults (docs/generate.md)"
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return Budget(**fields)
 

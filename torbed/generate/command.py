@@ -1,4 +1,5 @@
-"""The ``torbed generate`` subcommand: arguments, the summary table, writing the file."""
+"""The ``torbed generate`` subcommand: arguments, the summary table, writing the file; and
+``torbed calibrate``, which measures the generator's budget figures from a finished run."""
 
 from __future__ import annotations
 
@@ -207,7 +208,47 @@ def register(sub, fmt) -> None:
                    help=f"smallest expected load as a share of the rates' sum (default: {budget_mod.MIN_UTILIZATION:g}): "
                         "caps the rates so relays queue; 0: no cap")
     p.add_argument("--bench-dir", default="runs/bench",
-                   help="where `make bench` results are; the newest backend-*.json's figures are used ('' : none)")
+                   help="where `make bench` results and calibrations are; the newest backend-*.json's and "
+                        "calibration-*.json's figures are used ('' : none)")
     p.add_argument("-o", "--output", default=None, help="scenario file to write (default: stdout)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser(
+        "calibrate", formatter_class=fmt,
+        help="measure the generator's budget figures (CPU per relayed MB/s, per client, ...) from a finished run",
+        description="Read a finished run's CPU-gate readings per process and its relays' written bytes, derive the "
+                    "budget's CPU figures per repetition (docs/generate.md, \"The budget\"), and write their medians "
+                    "to BENCH_DIR/calibration-<time>.json, which torbed generate then uses on this machine.")
+    p.add_argument("run_dir", help="a RUN_DIR of the local backend (CPU sampled per process), e.g. of a generated scenario")
+    p.add_argument("--bench-dir", default="runs/bench", help="where to write the calibration (default: runs/bench)")
+    p.add_argument("--dry-run", action="store_true", help="print the figures; write nothing")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    from . import calibrate
+    cal = calibrate.calibrate(args.run_dir)
+    b = budget_mod.Budget(cores=1, memory_mib=1)
+    t = Table(title=f"calibration from {cal['run_id']} ({len(cal['repetitions'])} repetitions used, "
+                    f"{len(cal['not_used'])} not)")
+    for col in ("figure", "median", "range", "documented default"):
+        t.add_column(col)
+    for f in calibrate.FIGURES:
+        if f in cal["figures"]:
+            lo, hi = cal["ranges"][f]
+            t.add_row(f, f"{cal['figures'][f]:.4g}", f"{lo:.4g}-{hi:.4g}", f"{getattr(b, f):.4g}")
+        else:
+            t.add_row(f, "–", "", f"{getattr(b, f):.4g}")
+    out = Console(soft_wrap=True)
+    out.print(t)
+    for s in cal["not_used"]:
+        out.print(f"not used: {s['rep']}: {s['reason']}", highlight=False)
+    for n in cal["notes"]:
+        out.print(f"note: {n}", highlight=False)
+    if args.dry_run:
+        return EXIT_OK
+    path = calibrate.write(cal, args.bench_dir)
+    out.print(f"wrote {path}; torbed generate --bench-dir {args.bench_dir} uses it on a machine with "
+              f"{cal['machine']['cpus']} cores", highlight=False)
+    return EXIT_OK
