@@ -87,6 +87,13 @@ def _run_table(s: dict) -> tuple:
                      f"{len(ss)}: " + "; ".join(f"{x.get('started')} - {x.get('finished') or '?'} ({x.get('status')})"
                                                  for x in ss)
                      + (f"; discarded and run again: {', '.join(disc)}" if disc else "")))
+    if r.get("crossover"):
+        c = r["crossover"]
+        rows.append(("Design", f"within-run crossover: every arm in each repetition's network (the {c.get('build_variant')} "
+                               f"build), the relays switched by SETCONF in {c.get('period_s'):g} s periods, "
+                               f"{c.get('cycles')} cycle(s) of one period per arm, alternating order; the first "
+                               f"{c.get('washout_s'):g} s of each period not measured; block k pairs the arms' "
+                               "periods of network k"))
     if r.get("sequential"):
         q = r["sequential"]
         rows.append(("Sequential design", q.get("text") or f"not finished ({len(q.get('checks') or [])} checks)"))

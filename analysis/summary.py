@@ -135,7 +135,9 @@ def _run_facts(run: Run) -> dict:
             **({"sessions": [{k: x.get(k) for k in ("started", "finished", "status", "resumed", "discarded",
                                                     "torbed_commit")} for x in i["sessions"] if isinstance(x, dict)]}
                if isinstance(i.get("sessions"), list) and len(i["sessions"]) > 1 else {}),
-            **({"sequential": i["sequential"]} if isinstance(i.get("sequential"), dict) else {})}
+            **({"sequential": i["sequential"]} if isinstance(i.get("sequential"), dict) else {}),
+            # A within-run crossover (torbed/crossover.py): how the arms shared each network.
+            **({"crossover": i["crossover"]} if isinstance(i.get("crossover"), dict) else {})}
 
 
 def _hardware(run: Run) -> dict:

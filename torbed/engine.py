@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
 from . import __version__
-from .errors import Interrupted, TorbedError
+from .errors import InputError, Interrupted, TorbedError
 from .provenance import host_info, python_dependencies, utc_now
 from .network import LOAD_GROUP
 from .scenario import Scenario, group_sizes
@@ -132,6 +132,8 @@ def features_used(s: Scenario) -> list[str]:
         used.add("samples")
     if any(g.second_address for g in s.network.relays.values()):
         used.add("second_address")
+    if s.crossover is not None:
+        used.add("crossover")
     return sorted(used)
 
 
@@ -277,6 +279,9 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
     cleanup on SIGINT/SIGTERM; InputError / RunFailed from preflight before anything exists."""
     from . import resume as resume_mod
     variants = variants or scenario.variants
+    if scenario.crossover is not None and list(variants) != list(scenario.variants):
+        raise InputError(f"--variant {','.join(variants)}: a crossover runs every arm in each repetition's network "
+                         f"({', '.join(scenario.variants)}); it cannot run some of them")
     extra = backend.preflight(scenario)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_root / f"{scenario.name}-{stamp}"
@@ -290,7 +295,17 @@ def run(scenario: Scenario, backend: Backend, run_root: Path, console, variants:
             "host": host_info(), "started": utc_now(), "finished": None, "status": "running",
             **({"source": str(source)} if source else {}),
             **({"host_load": host_load} if host_load is not None else {}), **extra}
-    info["order"] = run_order(variants, scenario.repetitions, scenario.seed)
+    if scenario.crossover is not None:
+        # One network per repetition runs every arm (torbed/crossover.py): its records go to
+        # crossover/rep-<k> and are split into <arm>/rep-<k> when it ends.
+        from . import crossover
+        info["order"] = [[crossover.SOURCE, k] for k in range(scenario.repetitions)]
+        info["crossover"] = {"build_variant": crossover.build_variant(scenario),
+                             "period_s": scenario.crossover.period.seconds,
+                             "washout_s": scenario.crossover.washout.seconds, "cycles": scenario.crossover.cycles,
+                             "orders": [crossover.order(scenario, k) for k in range(scenario.repetitions)]}
+    else:
+        info["order"] = run_order(variants, scenario.repetitions, scenario.seed)
     # What --resume needs to continue this run exactly: the overrides, a fingerprint of the
     # scenario and variants, and one entry per session (this is the first).
     if source:
@@ -427,6 +442,10 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
                 session: int = 1) -> dict:
     s = r.scenario
     rep_dir = r.run_dir / variant / f"rep-{k}"
+    xo = None
+    if s.crossover is not None and variant == "crossover":
+        from . import crossover as xo
+        variant = xo.build_variant(s)      # the build every arm runs on; rep_dir stays crossover/
     (rep_dir / "logs").mkdir(parents=True, exist_ok=True)
     meta = {"schema": 1, "variant": variant, "rep": k, "backend": backend.name, "status": "running",
             "error": None, "t_start": time.time(), "t_ready": None, "ready_s": None, "t_workload_start": None,
@@ -439,6 +458,8 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             "network_sample_seed": s.samples[k % len(s.samples)].seed if s.samples else None,
             # Earlier attempts of this repetition discarded by a resume (torbed/resume.py).
             "history": list(history or [])}
+    if xo is not None:
+        meta["crossover"] = {"arms": list(s.variants), "periods": [p.to_dict() for p in xo.schedule(s, k)]}
     rep = Repetition(run=r, variant=variant, index=k, dir=rep_dir, meta=meta)
     rep.write_meta()
     try:
@@ -472,6 +493,12 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
                 meta["status"], meta["error"] = "interrupted", f"interrupted by {r.engine.signalled}"
             meta["t_end"] = meta["t_end"] or time.time()
             rep.write_meta()
+            if xo is not None:
+                try:
+                    xo.split(r.run_dir, k, s, xo.schedule(s, k))
+                except Exception as e:  # noqa: BLE001 - the raw repetition stands; recorded
+                    meta.setdefault("teardown_errors", []).append(f"crossover split: {type(e).__name__}: {e}")
+                    rep.write_meta()
             for sg, h in old.items():
                 signal.signal(sg, h)
     return meta

@@ -392,6 +392,17 @@ class Design(Strict):
     stop_when: StopWhen
 
 
+class Crossover(Strict):
+    """A within-run crossover (issue 36 item 5; torbed/crossover.py): each repetition is one
+    network whose relays switch between the variants (the arms) at run time, in periods."""
+    period: Duration = Field(..., description="How long each arm runs before the relays switch to the next")
+    washout: Duration = Field("5s", description="The first part of each period, not measured: the previous "
+                                                "arm's queues and EWMA counts drain")
+    cycles: int = Field(..., ge=1, le=50, description="Cycles per repetition, each one period per arm; the order "
+                                                      "alternates (A B, B A, ...). measure.duration must be cycles "
+                                                      "x arms x period")
+
+
 class Placement(Strict):
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict] = Field(default_factory=list)
@@ -505,6 +516,10 @@ class Scenario(Strict):
         default_factory=list, description="An independently sampled network per block (torbed generate --networks; "
                                           "Jansen, Tracey & Goldberg 2021): repetition k runs samples[k mod n]. "
                                           "Empty: every repetition runs network as written")
+    crossover: Crossover | None = Field(
+        None, description="Within-run crossover: every variant in one network per repetition, the relays switched "
+                          "between them by SETCONF in periods (variants whose options all apply at run time: "
+                          "vanilla, ewma-H, kist, kistlite). Local backend only (docs/statistics.md)")
     design: Design | None = Field(None, description="Sequential design: a pilot, then blocks until the primary "
                                                     "comparison's 95% interval is narrow enough or the maximum "
                                                     "is reached (repetitions = design.max_repetitions)")
@@ -656,7 +671,11 @@ def _weight_problems(s: Scenario) -> list[tuple[str, str]]:
 def _semantics(s: Scenario, variants_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """Cross-field checks. Returns (problems, warnings)."""
     problems, seen = _group_name_problems(s)
-    problems += _variant_problems(s, variants_dir)
+    variant_problems = _variant_problems(s, variants_dir)
+    problems += variant_problems
+    if s.crossover is not None and not variant_problems:
+        from . import crossover
+        problems += crossover.check(s)
     if s.design is not None:
         problems += _design_problems(s)
     problems += _mechanism_problems(s)

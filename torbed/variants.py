@@ -64,7 +64,8 @@ class Variant:
         return build_key(self.tor_version, self.patches)
 
 
-_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters", "presets", "env"}
+_ALLOWED_KEYS = {"name", "description", "paper", "tor", "patches", "torrc", "parameters", "presets", "env",
+                 "runtime_switch"}
 PRESET_NAME = r"[a-z][a-z0-9_]{0,31}"
 
 

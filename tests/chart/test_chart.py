@@ -29,7 +29,7 @@ CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 # Features the chart refuses (only the local backend carries them out; _validate.tpl): the
 # scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
 # not rendered.
-LOCAL_ONLY = {"cpu", "samples", "second_address"}
+LOCAL_ONLY = {"cpu", "samples", "second_address", "crossover"}
 
 
 def local_only(path: Path) -> set[str]:
@@ -391,7 +391,9 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
      "samples: a network sampled anew per block is built by the local backend only"),
     ({"variants": ["circswitch", "circswitch-ownpath"], "network.relays.middle.second_address": True},
      "network.relays.middle.second_address: a relay's second address on a link of its own"),
-], ids=["cpu-qemu", "samples", "second-address"])
+    ({"variants": ["vanilla", "kist"], "crossover": {"period": "30s", "cycles": 1}, "measure.duration": "60s"},
+     "crossover: a within-run crossover switches the relays through their control ports on the local backend only"),
+], ids=["cpu-qemu", "samples", "second-address", "crossover"])
 def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
     """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
     refuses them, naming the field, instead of deploying without them (torbed run --backend k8s

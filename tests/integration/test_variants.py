@@ -66,6 +66,59 @@ def test_round_robin_and_ewma_relays_run_as_configured(tmp_path):
     assert any(k.startswith("cell_wait_ms/middle0/") for k in summary["metrics"]), sorted(summary["metrics"])
 
 
+@pytest.mark.serial
+def test_a_crossover_switches_one_network_between_round_robin_and_ewma(tmp_path):
+    """The within-run crossover (torbed/crossover.py) on real tor: one network, the relays
+    switched between the arms by SETCONF/RESETCONF at each period's start (tor's own notice says
+    the policy changed on the existing channels), every switch on time and accepted by every
+    relay, and the records split into one repetition per arm that the report pairs."""
+    data = small_scenario("it-crossover", **{
+        "variants": ["vanilla", "ewma-66"],
+        "crossover": {"period": "10s", "washout": "3s", "cycles": 1},
+        "links.pairs": [{"between": ["guard", "middle"], "rate": "2mbit"}],
+        "clients.bulk": {"path": ["guard", "middle", "exit"], "workload": {"kind": "bulk", "file": "bulk"}},
+        "clients.web.workload": {"kind": "fetch", "file": "small", "repeat": 1000, "pause": "1s"},
+        "measure.warmup": "4s",
+        "measure.duration": "20s",
+    })
+    out = tmp_path / "runs"
+    p = run_torbed(["run", str(write_scenario(tmp_path, data)), "--out", str(out)], timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = only_run_dir(out)
+    info = json.loads((run / "run.json").read_text())
+    assert info["order"] == [["crossover", 0]] and info["crossover"]["build_variant"] == "vanilla"
+    raw = run / "crossover" / "rep-0"
+    meta = json.loads((raw / "meta.json").read_text())
+    assert meta["status"] == "ok" and meta["builds"]["vanilla"]["patches"] == ["0001-circuitmux-round-robin-policy.patch"]
+    arms = [p["arm"] for p in meta["crossover"]["periods"]]
+    switches = records(raw / "crossover.jsonl")
+    assert [r["arm"] for r in switches] == arms and sorted(arms) == ["ewma-66", "vanilla"]
+    assert all(set(r["relays"].values()) == {"ok"} and set(r["relays"]) == {"guard0", "middle0", "exit0"}
+               for r in switches), switches
+    # The first before the workload; the second at its period's start (the watch loop's wake-up).
+    assert switches[0]["t"] <= meta["t_workload_start"] + 0.5
+    assert 0 <= switches[1]["t"] - switches[1]["t_planned"] < 3.0, switches[1]   # never early
+    mid_log = (raw / "logs" / "middle0.log").read_text()
+    # The build starts on RoundRobin (its torrc); EWMA comes in by RESETCONF, on the open channels.
+    assert "Circuit scheduling policy (CircuitMuxPolicy) is now EWMA; switched" in mid_log, mid_log[-2000:]
+    if arms[0] == "ewma-66":
+        assert "is now RoundRobin; switched" in mid_log.split("is now EWMA", 1)[1]
+    for arm in ("vanilla", "ewma-66"):
+        rep = run / arm / "rep-0"
+        m = json.loads((rep / "meta.json").read_text())
+        assert m["status"] == "ok" and m["crossover"]["source"] == "crossover/rep-0"
+        (a, b), = m["crossover"]["spans"]
+        assert b - a == pytest.approx(7.0)
+        assert all(a <= t["t_start"] < b for t in records(rep / "transfers.jsonl")), arm
+        assert [c for c in records(rep / "cellstats.jsonl") if c["relay"] == "middle0"], arm
+        assert [t for t in records(rep / "transfers.jsonl") if t["status"] == "ok"], arm
+    p = run_torbed(["report", str(run)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    assert summary["run"]["crossover"]["period_s"] == 10.0
+    assert "within-run crossover" in (run / "report" / "report.md").read_text()
+
+
 @pytest.mark.experiment
 def test_light_circuit_waits_less_under_ewma_than_round_robin(tmp_path):
     data = small_scenario("it-variants", **{

@@ -82,6 +82,7 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- $nAuth := int (($v.network.authorities) | default 3) -}}
 {{- if and $withW (lt $nAuth 3) }}{{ $problems = append $problems (printf "network.authorities: %d authorities: relay weights need 3 or more (tor uses voted measurements only when more than two authorities vote them)" $nAuth) }}{{ end -}}
 {{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
+{{- if $v.crossover }}{{ $problems = append $problems "crossover: a within-run crossover switches the relays through their control ports on the local backend only (torbed run --backend local)" }}{{ end -}}
 
 {{- /* Variants. */ -}}
 {{- if ne (len (uniq $v.variants)) (len $v.variants) }}{{ $problems = append $problems "variants: variants must be unique" }}{{ end -}}

@@ -400,6 +400,8 @@ class K8sBackend:
                "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
         "samples": "a network sampled anew per block is built by the local backend only",
+        "crossover": "a within-run crossover switches the relays through their control ports on the local "
+                     "backend only",
         "second_address": "a relay's second address on a link of its own is a second veth in its network "
                           "namespace, on the local backend only (a pod has one address)",
     }
@@ -435,6 +437,8 @@ class K8sBackend:
             raise InputError(f"{where}{field}: {why}")
         if any(g.cpu != "native" or g.cpu_per_thread is not None for g in scenario.network.relays.values()):
             raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
+        if scenario.crossover is not None:
+            raise InputError(f"{where}crossover: {self.unsupported['crossover']}; run it with --backend local")
         if scenario.samples:   # first: samples need weights, and this is the one to name
             raise InputError(f"{where}samples: {self.unsupported['samples']}; run it with --backend local")
         for name, g in scenario.network.relays.items():

@@ -523,6 +523,14 @@ class LocalBackend:
         cfg_dir.mkdir(exist_ok=True)
         # A slow multi-core CPU (cpu_per_thread) from the workload's start: the bring-up runs uncapped.
         st.thread_caps = threadcaps.start_for(rep)
+        # A within-run crossover (torbed/crossover.py): the first period's arm before any traffic.
+        if rep.meta.get("crossover"):
+            from ... import crossover
+            st.crossover = crossover.Switcher(rep.scenario, rep.index, [n.name for n in st.plan.by_role("relay")],
+                                              lambda name: _controller(st.paths[name].control_socket), rep.dir, t_work)
+            first = st.crossover.first()
+            self.console.log(f"crossover: relays on {first['arm']} ({first['took_s'] * 1000:.0f} ms); "
+                             f"{len(st.crossover.periods)} periods of {rep.scenario.crossover.period.seconds:g} s")
         self._start_collector(rep, cfg_dir)
         drivers, longest = self._start_drivers(rep, cfg_dir, t_work)
         background = _Load(rep, cfg_dir, t_work, self.manifest) if rep.scenario.load else None
@@ -531,7 +539,11 @@ class LocalBackend:
         rep.write_meta()
         t_end = t_work + rep.scenario.measure.duration.seconds
         hard_end = t_end + min(longest, 300) + 10
-        _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
+        try:
+            _Watch(rep, drivers, t_work, t_end, hard_end, background).run()
+        finally:
+            if st.crossover is not None:
+                st.crossover.close()
         self._stop_gate_sampler(rep)
         st.faults.finish("end")
         sup = st.sup
@@ -1372,7 +1384,7 @@ class _Watch:
                  background: "_Load | None" = None):
         self.rep, self.drivers, self.t_work, self.t_end, self.hard_end = rep, drivers, t_work, t_end, hard_end
         self.background = background
-        st = state.of(rep)
+        st = self.st = state.of(rep)
         self.plan, self.sup = st.plan, st.sup
         self.tors = [n for n in self.plan.nodes if n.runs_tor]
         self.faults = st.faults = faults.make_runner(rep, t_work, st.emulator)
@@ -1387,6 +1399,9 @@ class _Watch:
             now = time.time()
             self.resources.maybe_sample(now)
             next_fault = self.faults.tick(now)
+            if self.st.crossover is not None:
+                nxt = self.st.crossover.tick(now)
+                next_fault = min(t for t in (next_fault, nxt) if t is not None) if (next_fault or nxt) else None
             if self.background:
                 self.background.tick(now)
             running = [d for d in self.drivers if self.sup.procs[d][0].poll() is None]

@@ -45,6 +45,7 @@ class RepState:
     faults: "FaultRunner | None" = None
     gate_sampler: "Sampler | None" = None         # the mechanism gates' samples (measure)
     thread_caps: list = field(default_factory=list)   # threadcaps.ThreadCaps of cpu_per_thread groups
+    crossover: "object | None" = None               # torbed.crossover.Switcher of a crossover repetition
 
 
 def of(rep) -> RepState:
