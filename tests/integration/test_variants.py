@@ -66,7 +66,8 @@ def test_round_robin_and_ewma_relays_run_as_configured(tmp_path):
     assert any(k.startswith("cell_wait_ms/middle0/") for k in summary["metrics"]), sorted(summary["metrics"])
 
 
-@pytest.mark.serial
+# Not serial: nothing here depends on the gates' verdict or a tight time (a switch is never
+# early, and at most 3 s late at the watch loop's wake-up).
 def test_a_crossover_switches_one_network_between_round_robin_and_ewma(tmp_path):
     """The within-run crossover (torbed/crossover.py) on real tor: one network, the relays
     switched between the arms by SETCONF/RESETCONF at each period's start (tor's own notice says
