@@ -18,8 +18,8 @@
 # Arguments are passed to every pytest stage. pytest's exit 5 ("no tests ran") fails.
 #
 # TORBED_BACKGROUND_RC: a file another job (.ci/run's e2e preparation) writes its exit code
-# to; the tiers that use the whole machine (builds, images, integration) wait for it first,
-# so nothing measured shares the CPU with a build.
+# to; the tiers that use the whole machine (images, integration) wait for it first, so
+# nothing measured shares the CPU with a build (the tor builds run beside it: builds both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . hack/stage.sh
@@ -63,8 +63,14 @@ stage chart-tools hack/chart/k8s-tools.sh || exit 1
 stage chart pytest_stage chart -n 2 tests/chart "$@" || exit 1
 command -v "$cargo" >/dev/null || { echo "run-tests: cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
 stage linkemu linkemu_tests || exit 1
-stage wait-background wait_background || exit 1
-stage tor-builds "$bin/python" -m tests.integration.prebuild || exit 1
+# The tor builds overlap the wait for the background e2e builds: both are builds, nothing is
+# measured, and the background's downloads, image exports and link steps leave a core idle
+# for long stretches. On a cold machine that is ~10 minutes of tor builds off the critical
+# path; warm, both take no time.
+stage tor-builds "$bin/python" -m tests.integration.prebuild &
+tor_builds=$!
+stage wait-background wait_background || { kill "$tor_builds" 2>/dev/null; exit 1; }
+wait "$tor_builds" || exit 1
 stage images "$bin/python" -m torbed.images || exit 1
 # tests/e2e needs a Kubernetes cluster: `make e2e` (which .ci/run also calls).
 # Two at a time: each test runs its own network and checks only its own run's leftovers, so
