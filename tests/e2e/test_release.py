@@ -1,13 +1,11 @@
 """One plain `helm install` of the chart on a real cluster, shared by the tests that only
-need a running release: `helm test`, egress isolation, voted consensus weights (the key
-hook's bandwidth file), and the in-chart Prometheus
+need a running release: `helm test`, egress isolation, and the in-chart Prometheus
 (prometheus.enabled, Debian's package in torbed/prometheus): every target of the release up
 at once, the relays', collectors' and drivers' series there with the labels the dashboards
 filter by, and every dashboard panel that can have data on Kubernetes returning series."""
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import time
@@ -19,9 +17,6 @@ from conftest import ISOLATE, QUICKSTART, REPO, exec_in, uninstall, wait_running
 
 pytestmark = pytest.mark.e2e
 REL = "shared"
-# Consensus weights the authorities vote (network.relays.*.weights): distinct per group, far
-# from what the relays would self-advertise, so the consensus shows whose they are.
-WEIGHTS = {"guard": 5000, "middle": 700, "exit": 123}
 # Panels that cannot have data on Kubernetes: linkemu is a local-backend shaper.
 NO_DATA_ON_K8S = {"Node throughput through linkemu", "Frames lost and dropped", "Largest link backlog"}
 
@@ -50,8 +45,7 @@ def release(kube, helm):
     t0 = time.time()
     p = subprocess.run([*base, "install", REL, str(REPO / "charts" / "torbed"),
                         "--set", ISOLATE, "--set", "prometheus.enabled=true", "--set", "prometheus.scrapeInterval=5s",
-                        "--set", "measure.duration=150s", "--timeout", "300s",
-                        *(a for g, w in WEIGHTS.items() for a in ("--set", f"network.relays.{g}.weights={{{w}}}"))],
+                        "--set", "measure.duration=150s", "--timeout", "300s"],
                        capture_output=True, text=True, env=helm["env"])
     try:
         assert p.returncode == 0, p.stdout + p.stderr
@@ -169,26 +163,6 @@ def test_helm_install_without_values_deploys_the_quickstart_and_helm_test_passes
     assert t.returncode == 0 and "Phase:          Succeeded" in t.stdout, t.stdout[-3000:] + t.stderr[-3000:]
     assert "ok: " in t.stdout and " fetched " in t.stdout, t.stdout[-3000:]
     print(t.stdout.splitlines()[-1] if t.stdout else "")
-
-
-def test_the_authorities_vote_the_scenarios_weights(kube, release):
-    """The key hook wrote the bandwidth file (it alone knows every relay's fingerprint before
-    a tor starts): each relay's 'w Bandwidth=' in an authority's consensus is its group's
-    weight, measured (no Unmeasured=1), as on the local backend (tests/integration/test_generate.py)."""
-    import stem.descriptor
-    wanted = {f"{g}0": w for g, w in WEIGHTS.items()}
-
-    def consensus():
-        text = exec_in(kube, f"{REL}-auth-0", "tor", "cat /var/lib/torbed/data/cached-consensus 2>/dev/null; true")
-        if text.count("\nr ") < len(wanted):
-            return False
-        doc = next(stem.descriptor.parse_file(io.BytesIO(text.encode()), descriptor_type="network-status-consensus-3 1.0",
-                                              document_handler=stem.descriptor.DocumentHandler.DOCUMENT, validate=False))
-        return {e.nickname: (e.bandwidth, e.is_unmeasured) for e in doc.routers.values()}
-
-    seen = _wait("a consensus with every relay", consensus, 120)
-    print(f"consensus (w Bandwidth=, unmeasured) per relay: {seen}")
-    assert {n: seen.get(n) for n in wanted} == {n: (w, False) for n, w in wanted.items()}, seen
 
 
 def test_results_service_takes_writes_only_with_the_release_token(kube, release):

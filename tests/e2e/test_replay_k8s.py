@@ -29,10 +29,13 @@ VARIANT = "ewma-66"
 MAX_BOUND_S = 5e-3
 
 
-def short_scenario(tmp_path: Path, duration: str = "60s") -> Path:
+def short_scenario(tmp_path: Path, duration: str = "60s", weights: bool = False) -> Path:
     data = yaml.safe_load(GOPAL.read_text())
     data.update(variants=[VARIANT], repetitions=1, measure={"warmup": "10s", "duration": duration})
     data["clients"]["heavy"]["count"] = 2
+    if weights:
+        for gi, rg in enumerate(data["network"]["relays"].values()):
+            rg["weights"] = [weight(gi, i) for i in range(rg.get("count", 1))]
     path = tmp_path / "gopal-short.yaml"
     # Traces named relative to the repository, as in the original (this file is elsewhere).
     for cg in data["clients"].values():
@@ -40,6 +43,31 @@ def short_scenario(tmp_path: Path, duration: str = "60s") -> Path:
             cg["workload"]["trace"] = str(REPO / cg["workload"]["trace"])
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def weight(group_index: int, i: int) -> int:
+    """Consensus weights voted in the helm-install test: distinct per relay and far from what
+    the relays would self-advertise, so the consensus shows whose they are."""
+    return 5000 + 700 * group_index + 13 * i
+
+
+def check_voted_weights(kube, rel: str, scenario: Path) -> dict:
+    """The key hook wrote the authorities' bandwidth file (it alone knows every relay's
+    fingerprint before a tor starts): each relay's 'w Bandwidth=' in an authority's consensus
+    is its weight, measured (no Unmeasured=1), as on the local backend (tests/integration/
+    test_generate.py)."""
+    import io
+    import stem.descriptor
+    from conftest import exec_in
+    data = yaml.safe_load(scenario.read_text())
+    wanted = {f"{g}{i}": w for g, rg in data["network"]["relays"].items() for i, w in enumerate(rg["weights"])}
+    text = exec_in(kube, f"{rel}-auth-0", "tor", "cat /var/lib/torbed/data/cached-consensus 2>/dev/null; true")
+    doc = next(stem.descriptor.parse_file(io.BytesIO(text.encode()), descriptor_type="network-status-consensus-3 1.0",
+                                          document_handler=stem.descriptor.DocumentHandler.DOCUMENT, validate=False))
+    seen = {e.nickname: (e.bandwidth, e.is_unmeasured) for e in doc.routers.values()}
+    print(f"consensus (w Bandwidth=, unmeasured) per relay: {seen}")
+    assert {n: seen.get(n) for n in wanted} == {n: (w, False) for n, w in wanted.items()}, seen
+    return seen
 
 
 def check_clock(clock: list[dict]) -> list[dict]:
@@ -61,11 +89,12 @@ def check_cells(cells: list[dict]) -> None:
     assert {("web", "d"), ("ssh", "d"), ("ssh", "u")} <= groups, groups
 
 
-def test_helm_install_replays_and_measures_the_clock(kube, helm, tmp_path):
+def test_helm_install_replays_and_measures_the_clock_with_voted_weights(kube, helm, tmp_path):
     rel = "replay"
     # 30 s: the clock is measured before the replay, every 10 s during it and after it (5
     # bursts, 3 needed), and every group's cells flow from the first seconds.
-    scenario = short_scenario(tmp_path, "30s")
+    # With voted consensus weights: the key hook writes the authorities' bandwidth file.
+    scenario = short_scenario(tmp_path, "30s", weights=True)
     p = subprocess.run([helm["bin"], "install", rel, str(REPO / "charts" / "torbed"), "-f", str(scenario),
                         "--set", ISOLATE, "--timeout", "300s"], capture_output=True, text=True, env=helm["env"])
     core, batch = kube.CoreV1Api(), kube.BatchV1Api()
@@ -96,6 +125,8 @@ def test_helm_install_replays_and_measures_the_clock(kube, helm, tmp_path):
                 if time.time() > deadline:
                     raise
                 time.sleep(1)
+        # The clients ran on this consensus: by now every authority has voted several rounds.
+        check_voted_weights(kube, rel, scenario)
     finally:
         left = uninstall(kube, helm, rel)
     assert left == []
