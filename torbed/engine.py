@@ -494,14 +494,21 @@ def _repetition(backend: Backend, r: Run, variant: str, k: int, history: list[di
             meta["t_end"] = meta["t_end"] or time.time()
             rep.write_meta()
             if xo is not None:
-                try:
-                    xo.split(r.run_dir, k, s, xo.schedule(s, k))
-                except Exception as e:  # noqa: BLE001 - the raw repetition stands; recorded
-                    meta.setdefault("teardown_errors", []).append(f"crossover split: {type(e).__name__}: {e}")
-                    rep.write_meta()
+                _split_crossover(rep)
             for sg, h in old.items():
                 signal.signal(sg, h)
     return meta
+
+
+def _split_crossover(rep: Repetition) -> None:
+    """A crossover repetition's records into one repetition per arm (torbed/crossover.py)."""
+    from . import crossover
+    s, k = rep.run.scenario, rep.index
+    try:
+        crossover.split(rep.run.run_dir, k, s, crossover.schedule(s, k))
+    except Exception as e:  # noqa: BLE001 - the raw repetition stands; recorded
+        rep.meta.setdefault("teardown_errors", []).append(f"crossover split: {type(e).__name__}: {e}")
+        rep.write_meta()
 
 
 def _judge_gates(rep: Repetition, backend: Backend) -> None:

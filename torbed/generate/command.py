@@ -213,7 +213,10 @@ def register(sub, fmt) -> None:
     p.add_argument("-o", "--output", default=None, help="scenario file to write (default: stdout)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_generate)
+    _register_calibrate(sub, fmt)
 
+
+def _register_calibrate(sub, fmt) -> None:
     p = sub.add_parser(
         "calibrate", formatter_class=fmt,
         help="measure the generator's budget figures (CPU per relayed MB/s, per client, ...) from a finished run",
