@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import commands
     from .engine import BACKENDS, backend_module
     from .generate import command as generate_command
-    for register in [*commands.REGISTER, generate_command.register]:
+    for register in [*commands.REGISTER, generate_command.register, generate_command.register_calibrate]:
         register(sub, fmt)
     for name in BACKENDS:   # clean, prometheus, variants, build (local); chart-files (k8s)
         backend_module(name).register_commands(sub, fmt)

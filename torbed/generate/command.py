@@ -207,16 +207,13 @@ def register(sub, fmt) -> None:
     p.add_argument("--min-utilization", type=_share, default=None,
                    help=f"smallest expected load as a share of the rates' sum (default: {budget_mod.MIN_UTILIZATION:g}): "
                         "caps the rates so relays queue; 0: no cap")
-    p.add_argument("--bench-dir", default="runs/bench",
-                   help="where `make bench` results and calibrations are; the newest backend-*.json's and "
-                        "calibration-*.json's figures are used ('' : none)")
+    p.add_argument("--bench-dir", default="runs/bench", help="where bench results and calibrations are ('': none)")
     p.add_argument("-o", "--output", default=None, help="scenario file to write (default: stdout)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(func=cmd_generate)
-    _register_calibrate(sub, fmt)
 
 
-def _register_calibrate(sub, fmt) -> None:
+def register_calibrate(sub, fmt) -> None:
     p = sub.add_parser(
         "calibrate", formatter_class=fmt,
         help="measure the generator's budget figures (CPU per relayed MB/s, per client, ...) from a finished run",
