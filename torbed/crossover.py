@@ -65,13 +65,6 @@ class Period:
         return asdict(self)
 
 
-def _family_switchable(name: str) -> bool:
-    from .variants import _read_family, load_variant
-    from . import constants
-    v = load_variant(name)
-    return bool(_read_family(v.family, constants.VARIANTS_DIR).get("runtime_switch"))
-
-
 def arm_options(variant: str) -> dict[str, str]:
     """The torrc options a variant sets ({option: value}), from its variant.yaml torrc."""
     from .variants import load_variant
@@ -114,7 +107,7 @@ def check(s) -> list[tuple[str, str]]:
     except VariantError:
         return problems   # the variants check names it
     for v in vs:
-        if not _family_switchable(v.name):
+        if not v.runtime_switch:
             problems.append(("crossover", f"variant {v.name}: the {v.family} family's options do not all apply at "
                                           "run time (variant.yaml runtime_switch); crossover arms: vanilla, ewma-H, "
                                           "kist, kistlite"))
@@ -126,7 +119,7 @@ def check(s) -> list[tuple[str, str]]:
         if rg.variant:
             problems.append((f"network.relays.{g}.variant", "a crossover switches every relay between the arms: "
                                                            "no group may keep a variant of its own"))
-        if rg.torrc and not problems:
+        if rg.torrc:
             keys = {line.split()[0].lstrip("+/").lower() for line in rg.torrc.splitlines()
                     if line.strip() and not line.strip().startswith("#")}
             clash = sorted(k for v in vs for k in arm_options(v.name) if k.lower() in keys)

@@ -58,6 +58,8 @@ class Variant:
     env: dict = field(default_factory=dict)
     # The preset the name selected (``torchestra-exp1`` -> "exp1"), else None.
     preset: str | None = None
+    # Every option of the family applies at run time (SETCONF): a crossover arm (torbed/crossover.py).
+    runtime_switch: bool = False
 
     @property
     def build_key(self) -> str:
@@ -155,7 +157,8 @@ def load_variant(name: str, variants_dir: Path = constants.VARIANTS_DIR) -> Vari
     canonical = family if not arg else f"{family}-{arg}"
     return Variant(name=canonical, family=family, description=data["description"],
                    paper=data.get("paper", ""), tor_version=str(data["tor"]), patches=patches,
-                   torrc=torrc, parameters=values, directory=variants_dir / family, env=env, preset=preset)
+                   torrc=torrc, parameters=values, directory=variants_dir / family, env=env, preset=preset,
+                   runtime_switch=bool(data.get("runtime_switch")))
 
 
 def _checked(where: str, pname: str, v: float, spec: dict) -> float | int:
