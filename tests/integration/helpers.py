@@ -156,7 +156,7 @@ def checked_build(variant: str, tmp_path: Path) -> tuple[dict, str]:
         cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(out), "--check"]
         for patch in v.patches:
             cmd += ["--patch", str(patch)]
-        from torbed.backends.local.builds import compiler_cache_env
+        from torbed.builds import compiler_cache_env
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                            env={**os.environ, **compiler_cache_env()})
         assert p.returncode == 0, p.stderr[-4000:]

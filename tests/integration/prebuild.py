@@ -5,7 +5,7 @@ and a cold machine's builds show up under their own name. Everything lands in th
 content-keyed caches the tests read (~/.cache/torbed/tor, ~/.cache/torbed/check), so a warm
 machine passes through in a second:
 
-- every variant family's tor (torbed.backends.local.builds: the stock build and each patch set);
+- every variant family's tor (torbed.builds: the stock build and each patch set);
 - the `build-tor.sh --check` builds (tor's unit tests with our patches, -Werror) of the
   patched variants whose tests assert on them (helpers.checked_build).
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tests.integration.helpers import checked_build
-from torbed.backends.local import builds
+from torbed import builds
 from torbed.variants import list_families, load_variant
 
 CHECKED = ("torchestra", "circswitch", "mtrelay")

@@ -1,4 +1,4 @@
-"""The compiler cache in front of tor builds (torbed.backends.local.builds.compiler_cache_env):
+"""The compiler cache in front of tor builds (torbed.builds.compiler_cache_env):
 on when ccache is installed, off with TORBED_CCACHE=0 or without ccache, and set up so a
 build in another random temporary directory still hits."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from torbed import constants
-from torbed.backends.local import builds
+from torbed import builds
 
 
 def test_ccache_in_front_of_the_compiler_when_installed(monkeypatch, tmp_path):

@@ -239,7 +239,7 @@ def test_unsupported_features_by_backend():
 
 
 def test_error_tree_exit_codes():
-    from torbed.backends.local.builds import BuildError
+    from torbed.builds import BuildError
     from torbed.replay.pcap import PcapError
     from torbed.replay.trace import TraceError
     from torbed.shaping import ShapingError

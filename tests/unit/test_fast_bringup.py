@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_scenario import BASE
-from torbed.backends.local import builds
+from torbed import builds
 from torbed import constants, scenario
 from torbed.backends.local import backend as local
 from torbed.errors import RunFailed

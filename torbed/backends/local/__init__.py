@@ -7,7 +7,7 @@ command-line options, how to build it from them, its own subcommands and what it
     backend.py     LocalBackend (the engine's Backend): bring-up, measure, teardown, clean
     netns.py       namespaces, veths, the switch          emulator.py  linkemu from Python
     supervise.py   child processes and their states       prometheus.py  a run's Prometheus
-    builds.py      tor builds per variant (cached)        torenv.py    tor's environment
+    torenv.py      tor's environment (torbed/builds.py, in the core, builds tor per variant)
     faults.py      fault actions (on torbed.fault_schedule)
     state.py       RepState: one repetition's typed state
 """

@@ -37,8 +37,8 @@ from pathlib import Path
 import stem
 import stem.control
 
-from . import builds, emulator, faults, gatesample, lifetime, netns, prometheus, state, threadcaps, toruser
-from ... import constants, engine, load, readiness, shaping
+from . import emulator, faults, gatesample, lifetime, netns, prometheus, state, threadcaps, toruser
+from ... import builds, constants, engine, load, readiness, shaping
 from ...errors import RunFailed
 from ...fileserver import prepare_files
 from ...keys import node_keys

@@ -15,8 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import builds
-from ... import constants, variants as variants_mod
+from ... import builds, constants, variants as variants_mod
 from ...errors import EXIT_FAILED, EXIT_OK, InputError
 
 console = Console(stderr=True)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ...network import Plan
     from ...torrc import Identities, NodePaths
     from ...variants import Variant
-    from .builds import Build
+    from ...builds import Build
     from .emulator import Emulator
     from .netns import Topology
     from .prometheus import Forwarder

@@ -8,7 +8,8 @@ Public API:
 
 - ``Build``: key, directory, tor, tor_gencert, info (build.json) ; ``Build.describe()``
 - ``cached(key) -> Build | None``
-- ``ensure(variant_or_None, console=None, system_tor=False) -> Build`` builds when missing;
+- ``ensure(variant_or_None, console=None, system_tor=False) -> Build`` builds when missing (once
+  across processes: a lock per build key);
   with ``system_tor`` config-only variants use the tor on PATH instead (quick experiments;
   recorded as such in meta.json)
 - ``BuildError``
@@ -23,6 +24,7 @@ fixed name (-ffile-prefix-map), so a build is the same binary with or without th
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -32,10 +34,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import constants
-from ...variants import Variant, stock_build_key
-from ...errors import RunFailed
-from ...provenance import file_sha256
+from . import constants
+from .variants import Variant, stock_build_key
+from .errors import RunFailed
+from .provenance import file_sha256
 
 
 class BuildError(RunFailed):
@@ -98,6 +100,9 @@ def compiler_cache_env() -> dict[str, str]:
 
 
 def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> Build:
+    """The variant's build (None: stock), built when missing. Two processes that need the same
+    build (the tests' prebuild and the images built beside it) build it once: the second waits
+    for the first on the key's lock and finds it cached."""
     patches = tuple(variant.patches) if variant else ()
     if system_tor and not patches:
         return system_build()
@@ -105,6 +110,14 @@ def ensure(variant: Variant | None, console=None, system_tor: bool = False) -> B
     hit = cached(key)
     if hit:
         return hit
+    lock = build_dir(key).with_name(f".{key}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return cached(key) or _build(variant, key, patches, console)
+
+
+def _build(variant: Variant | None, key: str, patches: tuple, console) -> Build:
     if not constants.BUILD_SCRIPT.exists():
         raise BuildError(f"{constants.BUILD_SCRIPT} is missing")
     cmd = ["bash", str(constants.BUILD_SCRIPT), "--out", str(build_dir(key))]
