@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import platform as _platform
 import re
@@ -43,8 +44,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, constants, resources
-from .variants import VariantError, list_families, load_variant
+from . import __version__, builds, constants, resources
+from .variants import VariantError, list_families, load_variant, stock_build_key
 from .errors import InputError, RunFailed
 
 REPO = resources.ROOT
@@ -122,6 +123,18 @@ STAGED_INPUTS = {".stage/client": ("torbed", "replay", "analysis", "pyproject.to
                  ".stage/nightly": ("hack/versions.env", "hack/chart/k8s-tools.sh")}
 # Build arguments that describe an image (labels) without changing what it runs.
 LABEL_ARGS = frozenset({"TORBED_SOURCE"})
+# Build arguments that say where the image's tor comes from (the tor stage or this machine's own
+# build of the same sources): the same build either way, so not hashed (``content_digest``).
+TOR_SOURCE_ARGS = frozenset({"TOR_STAGE", "TOR_NATIVE"})
+# TORBED_IMAGE_TOR: where an image's tor comes from. auto (default): this machine's own build
+# (torbed.builds, cached, shared with local runs) where it is the build the image's tor stage
+# would make, else compiled inside Docker; image: always compiled inside Docker; host: this
+# machine's build or an error saying why not.
+TOR_SOURCE_ENV = "TORBED_IMAGE_TOR"
+# build-tor.sh's LIB_DEPS, TOOL_DEPS and AUTOTOOLS_DEPS (tests/images/test_tor_source.py keeps
+# them equal): without them a host build would install packages on this machine.
+HOST_BUILD_DEPS = ("libssl-dev", "libevent-dev", "zlib1g-dev", "liblzma-dev", "libzstd-dev", "libcap-dev",
+                   "gcc", "make", "pkg-config", "dpkg-dev", "autoconf", "automake")
 # What .dockerignore keeps out of the context.
 _IGNORED = re.compile(r"(^|/)(__pycache__|[^/]*\.pyc|[^/]*\.egg-info|target)(/|$)")
 # An image built FROM another of ours reads that one's inputs too.
@@ -135,7 +148,9 @@ def _copy_sources(dockerfile: Path) -> list[str]:
         words = line.split()
         if not words or words[0].upper() not in ("COPY", "ADD") or any(w.startswith("--from") for w in words):
             continue
-        out += [w for w in words[1:] if not w.startswith("--")][:-1]
+        # A source named by a build argument (${TOR_NATIVE}) is staged by ``build`` from a tor
+        # build whose inputs the tor stage's own COPY lines already name.
+        out += [w for w in [w for w in words[1:] if not w.startswith("--")][:-1] if "$" not in w]
     return out
 
 
@@ -177,7 +192,7 @@ def content_digest(img: Image) -> str:
         h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + (b"x" if os.access(f, os.X_OK) else b"-")
                  + hashlib.sha256(f.read_bytes()).digest())
     for k, v in sorted(img.build_args.items()):
-        if k not in LABEL_ARGS and k != "CLIENT_IMAGE":    # the client's inputs are hashed in already
+        if k not in LABEL_ARGS | TOR_SOURCE_ARGS and k != "CLIENT_IMAGE":   # the client's inputs: hashed in already
             h.update(f"{k}={v}\0".encode())
     return h.hexdigest()
 
@@ -286,6 +301,96 @@ def ensure_base(arch: str, docker: str) -> str:
     return _run_hack("images/base-image.sh", "--arch", arch, env=dict(os.environ, DOCKER=docker))
 
 
+def _os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    return {k: v.strip().strip('"') for k, _, v in (line.partition("=") for line in text.splitlines()) if v}
+
+
+def base_release() -> str:
+    """The Debian release of the images' default base ('bookworm' from the relay Dockerfile's
+    ``ARG BASE_IMAGE=debian:bookworm-slim``)."""
+    m = re.search(r"^ARG BASE_IMAGE=debian:([a-z]+)", (REPO / "images" / "relay" / "Dockerfile").read_text(), re.M)
+    if not m:
+        raise ImageError("images/relay/Dockerfile: no `ARG BASE_IMAGE=debian:<release>...` line")
+    return m.group(1)
+
+
+def _missing_build_deps() -> list[str]:
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *HOST_BUILD_DEPS],
+                          capture_output=True, text=True) if shutil.which("dpkg-query") else None
+    ok = {line.split()[0] for line in (proc.stdout if proc else "").splitlines() if line.endswith("install ok installed")}
+    return [d for d in HOST_BUILD_DEPS if d not in ok]
+
+
+def _tor_variant(img: Image):
+    """The variant whose tor the image carries (None: the unpatched build)."""
+    return load_variant(img.family) if img.kind == "relay" and img.family else None
+
+
+def host_tor_problem(img: Image, base: str, os_release: dict[str, str] | None = None) -> str | None:
+    """Why this machine's own tor build cannot be the image's (None: it can): the image is for
+    another architecture, its base is not the default one, this machine runs another release, or
+    the build is not cached and this machine lacks tor's build dependencies."""
+    release = base_release()
+    osr = _os_release() if os_release is None else os_release
+    if img.kind not in TOR_IMAGES:
+        return f"the {img.kind} image has no tor stage"
+    if img.arch != host_arch():
+        return f"the image is for {img.arch}, this machine is {host_arch()} (cross-compiled in Docker)"
+    if base != f"debian:{release}-slim":
+        return f"the image's base is {base}, not debian:{release}-slim"
+    if osr.get("ID") != "debian" or osr.get("VERSION_CODENAME") != release:
+        return (f"this machine runs {osr.get('PRETTY_NAME') or 'an unknown system'}, the image Debian {release} "
+                "(other libraries)")
+    variant = _tor_variant(img)
+    if builds.cached(variant.build_key if variant else stock_build_key()) is None:
+        missing = _missing_build_deps()
+        if missing:
+            return f"tor's build dependencies are not installed here ({', '.join(missing)}; make setup installs them)"
+    return None
+
+
+def tor_source(img: Image, base: str) -> tuple[str, str]:
+    """("host" or "image", why): where ``img``'s tor comes from under TORBED_IMAGE_TOR."""
+    mode = os.environ.get(TOR_SOURCE_ENV, "auto")
+    if mode not in ("auto", "image", "host"):
+        raise ImageInputError(f"{TOR_SOURCE_ENV}={mode!r}: expected auto, image or host")
+    if mode == "image":
+        return "image", f"{TOR_SOURCE_ENV}=image"
+    why = host_tor_problem(img, base)
+    if why is None:
+        return "host", "this machine's own build (same release, architecture and build script)"
+    if mode == "host":
+        raise ImageError(f"{img.tag}: {TOR_SOURCE_ENV}=host, but {why}")
+    return "image", why
+
+
+def _stage_tor(img: Image) -> dict[str, str]:
+    """This machine's build of ``img``'s tor (built when missing), stripped as the image's tor
+    stage strips it, into .stage/tor/<build key>/; returns the build arguments that make the
+    image take it. Its build.json says where it was built."""
+    try:
+        b = builds.ensure(_tor_variant(img))
+    except builds.BuildError as e:
+        raise ImageError(f"{img.tag}: building its tor on this machine failed: {e}") from e
+    dest = STAGE / "tor" / b.key
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "bin").mkdir(parents=True)
+    for name, src in (("tor", b.tor), ("tor-gencert", b.tor_gencert)):
+        shutil.copy2(src, tmp / "bin" / name)
+        if subprocess.run(["strip", "--strip-unneeded", str(tmp / "bin" / name)]).returncode != 0:
+            raise ImageError(f"strip --strip-unneeded {src} failed")
+    info = dict(b.info, built_on="build machine (torbed.images: its cached build, not compiled in the image)")
+    (tmp / "build.json").write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return {"TOR_STAGE": "tor-native", "TOR_NATIVE": dest.relative_to(REPO).as_posix()}
+
+
 def _stage_helm() -> None:
     """The pinned helm (hack/chart/k8s-tools.sh builds it, cached) into the build context."""
     _run_hack("chart/k8s-tools.sh")
@@ -329,6 +434,28 @@ def _inspect(docker: str, ref: str) -> tuple[str, int] | None:
     return image_id, int(size)
 
 
+def _build_command(img: Image, docker: str, base: str, ca: str | None) -> tuple[list[str], str, str]:
+    """``docker build``'s command line for ``img`` with what it reads staged (the wheel, helm,
+    this machine's tor build), and where its tor comes from ("host", "image" or "") and why."""
+    args = dict(img.build_args)
+    if base != "debian:bookworm-slim":
+        args["BASE_IMAGE"] = base
+    if img.kind == "nightly":
+        _stage_helm()
+    if img.kind == "client":
+        _stage_wheel()
+    tor_from, why = tor_source(img, base) if img.kind in TOR_IMAGES else ("", "")
+    if tor_from == "host":
+        args.update(_stage_tor(img))
+    cmd = [docker, "build", "--progress=plain", "--platform", f"linux/{img.arch}",
+           "-f", str(img.dockerfile.relative_to(REPO)), "-t", img.tag]
+    for k, v in args.items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    if img.kind in ("client", "locust", "nightly") and ca:
+        cmd += ["--secret", f"id=ca-certificates,src={ca}"]
+    return [*cmd, "."], tor_from, why
+
+
 def build(images: list[Image], verbose: bool = False, console=None) -> list[Result]:
     """Build ``images`` (from ``plan``) in order; stop at the first failure."""
     say = console.print if console else print
@@ -344,22 +471,10 @@ def build(images: list[Image], verbose: bool = False, console=None) -> list[Resu
     results = []
     for img in images:
         before = _inspect(docker, img.tag)
-        args = dict(img.build_args)
-        if bases[img.arch] != "debian:bookworm-slim":
-            args["BASE_IMAGE"] = bases[img.arch]
-        cmd = [docker, "build", "--progress=plain", "--platform", f"linux/{img.arch}",
-               "-f", str(img.dockerfile.relative_to(REPO)), "-t", img.tag]
-        for k, v in args.items():
-            cmd += ["--build-arg", f"{k}={v}"]
-        if img.kind == "nightly":
-            _stage_helm()
-        if img.kind == "client":
-            _stage_wheel()
-        if img.kind in ("client", "locust", "nightly") and ca:
-            cmd += ["--secret", f"id=ca-certificates,src={ca}"]
-        cmd.append(".")
+        cmd, tor_from, why = _build_command(img, docker, bases[img.arch], ca)
         log = LOG_DIR / f"image-{img.tag.replace('/', '_').replace(':', '_')}.log"
-        say(f"building {img.tag} (linux/{img.arch}{', patches: ' + ' '.join(img.patches) if img.patches else ''}); log {log}")
+        say(f"building {img.tag} (linux/{img.arch}{', patches: ' + ' '.join(img.patches) if img.patches else ''}"
+            f"{f'; tor: {tor_from} ({why})' if tor_from else ''}); log {log}")
         t0 = time.monotonic()
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import tomllib
@@ -16,9 +17,10 @@ DOCKERFILES = {kind: REPO / "images" / kind / "Dockerfile" for kind in images.TO
 
 
 def shared_stages(text: str) -> str:
-    """From the global BASE_IMAGE arg to the last stage shared by all images (tor)."""
+    """From the global BASE_IMAGE arg to the last stage shared by all images (tor-out: the
+    compiled tor or this machine's own build)."""
     start = text.index("ARG BASE_IMAGE=debian:bookworm-slim")
-    end = text.index("\n# --- ", text.index("AS tor\n"))
+    end = text.index("\n", text.index("AS tor-out"))
     return text[start:end]
 
 
@@ -148,3 +150,71 @@ def test_client_installs_the_staged_wheel():
     assert "COPY .stage/client/ /src/wheel/" in text and "--no-deps /src/wheel/torbed-*.whl" in text
     assert "COPY torbed/" not in text
     assert ".stage" not in (REPO / ".dockerignore").read_text().split()
+
+
+def test_host_build_deps_are_build_tors():
+    # The packages whose absence keeps an image's tor in Docker are the ones build-tor.sh installs.
+    text = constants.BUILD_SCRIPT.read_text()
+    listed = []
+    for name in ("LIB_DEPS", "TOOL_DEPS", "AUTOTOOLS_DEPS"):
+        listed += re.search(rf"^{name}=\(([^)]*)\)", text, re.M).group(1).split()
+    assert sorted(listed) == sorted(images.HOST_BUILD_DEPS)
+
+
+def _relay(platform=None, family="vanilla"):
+    return images.plan(platform, kinds=["relay"], families=[family])[0]
+
+
+BOOKWORM = {"ID": "debian", "VERSION_CODENAME": "bookworm", "PRETTY_NAME": "Debian GNU/Linux 12 (bookworm)"}
+
+
+def test_tor_from_this_machine_only_where_it_is_the_same_build(monkeypatch):
+    monkeypatch.setattr(images.builds, "cached", lambda key: object())
+    assert images.base_release() == "bookworm"
+    base = "debian:bookworm-slim"
+    assert images.host_tor_problem(_relay(), base, BOOKWORM) is None
+    assert images.host_tor_problem(images.plan(kinds=["dirauth"])[0], base, BOOKWORM) is None
+    foreign = "linux/arm64" if images.host_arch() == "amd64" else "linux/amd64"
+    assert "cross-compiled" in images.host_tor_problem(_relay(foreign), base, BOOKWORM)
+    ubuntu = {"ID": "ubuntu", "VERSION_CODENAME": "noble", "PRETTY_NAME": "Ubuntu 24.04 LTS"}
+    assert "Ubuntu 24.04" in images.host_tor_problem(_relay(), base, ubuntu)
+    trixie = dict(BOOKWORM, VERSION_CODENAME="trixie", PRETTY_NAME="Debian GNU/Linux 13 (trixie)")
+    assert "trixie" in images.host_tor_problem(_relay(), base, trixie)
+    assert "base is localhost/other" in images.host_tor_problem(_relay(), "localhost/other:1", BOOKWORM)
+    assert "no tor stage" in images.host_tor_problem(images.plan(kinds=["prometheus"])[0], base, BOOKWORM)
+    # Not built yet and no build dependencies: building would install packages on this machine.
+    monkeypatch.setattr(images.builds, "cached", lambda key: None)
+    monkeypatch.setattr(images, "_missing_build_deps", lambda: ["libssl-dev"])
+    assert "libssl-dev; make setup" in images.host_tor_problem(_relay(), base, BOOKWORM)
+    monkeypatch.setattr(images, "_missing_build_deps", lambda: [])
+    assert images.host_tor_problem(_relay(), base, BOOKWORM) is None
+
+
+def test_torbed_image_tor_setting(monkeypatch):
+    monkeypatch.setattr(images, "host_tor_problem", lambda img, base: None)
+    monkeypatch.delenv(images.TOR_SOURCE_ENV, raising=False)
+    assert images.tor_source(_relay(), "debian:bookworm-slim")[0] == "host"
+    monkeypatch.setenv(images.TOR_SOURCE_ENV, "image")
+    assert images.tor_source(_relay(), "debian:bookworm-slim")[0] == "image"
+    monkeypatch.setenv(images.TOR_SOURCE_ENV, "host")
+    assert images.tor_source(_relay(), "debian:bookworm-slim")[0] == "host"
+    monkeypatch.setattr(images, "host_tor_problem", lambda img, base: "the image is for arm64")
+    with pytest.raises(images.ImageError, match="TORBED_IMAGE_TOR=host, but the image is for arm64"):
+        images.tor_source(_relay(), "debian:bookworm-slim")
+    monkeypatch.setenv(images.TOR_SOURCE_ENV, "auto")
+    assert images.tor_source(_relay(), "debian:bookworm-slim") == ("image", "the image is for arm64")
+    monkeypatch.setenv(images.TOR_SOURCE_ENV, "native")
+    with pytest.raises(images.ImageInputError, match="auto, image or host"):
+        images.tor_source(_relay(), "debian:bookworm-slim")
+
+
+def test_where_tor_comes_from_is_not_in_the_content_tag():
+    # The same sources and build script either way: the tag names what is built, not where.
+    img = _relay()
+    other = dataclasses.replace(img, build_args=dict(img.build_args, TOR_STAGE="tor-native",
+                                                     TOR_NATIVE=".stage/tor/0.4.9.11-0123"))
+    assert images.content_digest(other) == images.content_digest(img)
+    patched = dataclasses.replace(img, build_args=dict(img.build_args, PATCHES="x.patch"))
+    assert images.content_digest(patched) != images.content_digest(img)
+    # The staged directory is named by a build argument, not read as a COPY source of its own.
+    assert not any(".stage/tor" in p.as_posix() for p in images.build_inputs(img))

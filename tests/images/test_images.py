@@ -158,6 +158,34 @@ def test_config_only_families_share_the_unpatched_tor(docker, built):
     assert digests["relay-vanilla"] != digests["dirauth"]
 
 
+def test_tor_is_this_machines_own_build_where_it_is_the_same(docker, built, tmp_path):
+    """Where torbed.images takes the image's tor from this machine's build (same Debian release
+    and architecture as the base image), the image holds exactly that build, stripped as the
+    image's tor stage strips it, and its build.json says so; elsewhere the tor stage compiled it."""
+    import json
+    import shutil
+
+    from torbed import builds
+    from torbed.variants import load_variant
+
+    base = images.ensure_base(images.host_arch(), docker)
+    for kind, variant in (("dirauth", None), ("relay-vanilla", load_variant("vanilla"))):
+        img = next(i for i in images.plan() if (f"relay-{i.family}" if i.kind == "relay" else i.kind) == kind)
+        source, why = images.tor_source(img, base)
+        info = json.loads(run(docker, built[kind], "cat", "/usr/local/share/torbed/tor-build.json").stdout)
+        if source == "image":
+            assert "built_on" not in info, why
+            continue
+        b = builds.ensure(variant)
+        copy = tmp_path / f"{kind}-tor"
+        shutil.copy2(b.tor, copy)
+        subprocess.run(["strip", "--strip-unneeded", str(copy)], check=True)
+        proc = run(docker, built[kind], "sha256sum", "/usr/local/bin/tor")
+        assert proc.stdout.split()[0] == subprocess.run(["sha256sum", str(copy)], capture_output=True,
+                                                        text=True).stdout.split()[0], kind
+        assert info["built_on"].startswith("build machine") and info["patches"] == b.info["patches"]
+
+
 def test_client_python_and_tc(docker, built):
     code = ("import torbed.client.driver, torbed.collectors, torbed.fileserver, torbed.keys, torbed.variants\n"
             "import torbed.pods.results\n"
