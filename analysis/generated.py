@@ -18,7 +18,8 @@ them after the run's facts (analysis/render.py ``_setup_blocks``).
 
 from __future__ import annotations
 
-TRAFFIC_KEYS = ("clients_per_relay", "mix", "workload_web", "workload_bulk", "workload_perf")
+TRAFFIC_KEYS = ("clients_per_relay", "mix", "workload_web", "workload_bulk", "workload_http", "workload_ssh",
+                "workload_perf")
 
 
 def design(scenario: dict) -> str:

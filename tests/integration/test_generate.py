@@ -56,10 +56,11 @@ def generated_run(tmp_path_factory):
     net = write_network(tmp / "collector", n=300, seed=0)
     out_file = tmp / "gen.yaml"
     # --min-utilization 0: this network is for checking that a generated scenario runs, not
-    # for measuring, and 6 clients on 30 relays would otherwise hold every rate at tor's
+    # for measuring, and 8 clients on 30 relays would otherwise hold every rate at tor's
     # floor (the budget keeps relays loaded), leaving too few pages in 30 s to see by bytes.
-    p = run_torbed(["generate", str(net.consensus), str(net.descriptors), "--relays", str(RELAYS), "--clients", "6",
-                    "--seed", "2", "--duration", "30s", "--warmup", "5s", "--no-perf", "--bench-dir", "",
+    # Two of the clients replay the captured sessions (a replay server beside the file server).
+    p = run_torbed(["generate", str(net.consensus), str(net.descriptors), "--relays", str(RELAYS), "--clients", "8",
+                    "--mix", "web=0.625,bulk=0.125,http=0.125,ssh=0.125", "--seed", "2", "--duration", "30s", "--warmup", "5s", "--no-perf", "--bench-dir", "",
                     "--min-utilization", "0", "-o", str(out_file)])
     assert p.returncode == 0, p.stderr
     p = run_torbed(["validate", str(out_file)])
@@ -181,13 +182,19 @@ def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     # Exits: the clients' general circuits (tor's own choice; built events carry the path)
     # ended at two or more of the sample's exits. Not by bytes: pages are a small share of an
     # exit's writes beside directory traffic once the generator holds the rates at tor's
-    # floor for a load this light (6 clients on 30 relays: 75 KiB/s each, 18 pages in 30 s).
+    # floor for a load this light (8 clients on 30 relays, 5 of them fetching pages).
     exits = [n for n, flags in meta["consensus_flags"].items() if "Exit" in flags]
     name_of = {n["fingerprint"]: n["name"] for n in meta["nodes"] if n.get("fingerprint")}
     last_hops = {name_of.get(c["path"][-1]) for c in records(rep / "circuits.jsonl")
                  if c.get("event") == "built" and c.get("purpose") == "GENERAL" and c.get("path")
                  and not {"IS_INTERNAL", "ONEHOP_TUNNEL"} & set(c.get("build_flags") or ())}
     assert len(last_hops & set(exits)) >= 2, (last_hops, exits)
+    # The replayed sessions went through tor's own paths too: cells of both traces delivered
+    # in the window.
+    cells = [c for c in records(rep / "cells.jsonl") if not c.get("warmup") and c.get("t_recv")]
+    by_trace = {t: sum(1 for c in cells if c.get("group") == t) for t in ("http", "ssh")}
+    print(f"replayed cells delivered in the window: {by_trace}")
+    assert by_trace["http"] >= 20 and by_trace["ssh"] >= 5, by_trace
     assert namespaces(run) == []
     # The shapers applied the latency model's delays: a request and its first byte cross the
     # path twice, so no TTFB is under twice the least path delay (unshaped, a 50 KiB page's TTFB

@@ -174,19 +174,22 @@ class Demand:
     of bulk clients (downloads back to back)."""
     fetches: tuple[tuple[int, int, float], ...] = ()
     bulk: int = 0
+    replays: tuple[tuple[int, float], ...] = ()    # (count, the trace's bytes per second of its loop)
 
     def offered(self, rate: float) -> float:
         """Bytes/s the clients ask for when a path carries ``rate`` bytes/s (a fetch takes its
-        pause plus its file's time at that rate; a bulk client takes the rate)."""
+        pause plus its file's time at that rate; a bulk client takes the rate; a replay client
+        its trace's bytes over the trace's loop, at most the rate)."""
         rate = max(rate, 1.0)
-        return sum(n * size / (pause + size / rate) for n, size, pause in self.fetches) + self.bulk * rate
+        return (sum(n * size / (pause + size / rate) for n, size, pause in self.fetches) + self.bulk * rate
+                + sum(n * min(bps, rate) for n, bps in self.replays))
 
 
 def demand(clients: dict[str, dict], files: dict[str, str]) -> Demand:
     """The Demand of a scenario's client groups (the generator's: fetch with ``think`` (its
     mean) or ``pause``, or bulk) and its server's files."""
     from ..units import parse_duration, parse_size
-    fetches, bulk = [], 0
+    fetches, bulk, replays = [], 0, []
     for spec in clients.values():
         w, n = spec["workload"], int(spec["count"])
         if w["kind"] == "bulk":
@@ -194,7 +197,21 @@ def demand(clients: dict[str, dict], files: dict[str, str]) -> Demand:
         elif w["kind"] == "fetch":
             gap = parse_duration(w["think"]["mean"]) if "think" in w else parse_duration(w.get("pause", "0s"))
             fetches.append((n, parse_size(files[w["file"]]), gap))
-    return Demand(tuple(fetches), bulk)
+        elif w["kind"] == "replay":
+            replays.append((n, _trace_rate(w["trace"], parse_duration(w.get("gap", "1s")))))
+    return Demand(tuple(fetches), bulk, tuple(replays))
+
+
+def _trace_rate(trace: str, gap_s: float) -> float:
+    """A replayed trace's bytes (both directions) per second of its loop (its duration plus the
+    gap before it starts again). A relative path is torbed's own (the generator's traces)."""
+    from replay import trace as trace_mod
+
+    from .. import resources
+    path = Path(trace) if Path(trace).is_absolute() else resources.path(trace)
+    t = trace_mod.read(path)
+    total = sum(f.bytes(trace_mod.DOWN) + f.bytes(trace_mod.UP) for f in t.flows)
+    return total / max(t.duration + gap_s, 1.0)
 
 
 @dataclass(frozen=True)

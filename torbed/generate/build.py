@@ -46,12 +46,21 @@ WORKLOADS = {
             "think": {"distribution": "exponential", "mean": "5s"}},
     # Bulk: 5 MiB downloads back to back (tornettools' bulk clients).
     "bulk": {"kind": "bulk", "file": "bulk"},
+    # Replayed sessions, cell by cell with their captured timing (replay/traces/README.md): a
+    # headless browser's session and an interactive SSH session, each client of the group
+    # replaying the whole trace from its own offset (distribute: each), looped for the window,
+    # through the replay server beside the file server.
+    "http": {"kind": "replay", "server": "replay", "trace": "replay/traces/http-browsing.trace.jsonl.gz",
+             "distribute": "each"},
+    "ssh": {"kind": "replay", "server": "replay", "trace": "replay/traces/ssh-session.trace.jsonl.gz",
+            "distribute": "each"},
 }
 # OnionPerf-style probes: one client per size, one fetch every 30 s (OnionPerf fetches every
 # 5 minutes; a testbed window is minutes long).
 PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
 PERF_PAUSE = "30s"
 SERVER = "www"
+REPLAY_SERVER, REPLAY_PORT = "replay", 8000
 # Clients per sampled relay (default). Tor Metrics counts ~2.5 million daily users for ~7,000
 # relays, but most users are idle most of the time; one active measurement client per relay
 # keeps the sampled network about as loaded as its relay count, and scales with it.
@@ -62,14 +71,18 @@ TRAFFIC_MODEL = (
     "remainder); every client is a tor of its own that chooses its own paths from the testbed's consensus "
     "(no fixed paths), so the sampled consensus weights decide which relays carry it. Workloads: web = "
     "one 50 KiB page, then a think time drawn from an exponential distribution of mean 5 s, repeated "
-    "(tgen's web size); bulk = 5 MiB downloads back to back (tornettools' bulk clients); perf = three "
-    "OnionPerf-style probes, one per size (50 KiB, 1 MiB, 5 MiB), a fetch every 30 s.")
+    "(tgen's web size); bulk = 5 MiB downloads back to back (tornettools' bulk clients); http and ssh "
+    "(when the mix names them) = captured sessions replayed cell by cell with their timing, looped, each "
+    "client from its own offset in the trace; perf = three OnionPerf-style probes, one per size (50 KiB, "
+    "1 MiB, 5 MiB), a fetch every 30 s.")
 
 
 def traffic_parameters(n_clients: int, relays: int, mix: dict[str, float], perf: bool) -> dict:
     """The traffic model's parameters, flat, for ``generated.parameters`` (and the report)."""
     return {"traffic_model": TRAFFIC_MODEL, "clients_per_relay": round(n_clients / relays, 4),
             "workload_web": "fetch 50KiB page, think exponential mean 5s", "workload_bulk": "bulk 5MiB back to back",
+            **{f"workload_{k}": f"replay {WORKLOADS[k]['trace']}, looped, each client from its own offset"
+               for k in ("http", "ssh") if mix.get(k)},
             "workload_perf": f"fetch 50KiB / 1MiB / 5MiB every {PERF_PAUSE}" if perf else "off",
             "mix": ",".join(f"{k}={v:g}" for k, v in mix.items())}
 
@@ -227,6 +240,12 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
     files = {"page": FILES["page"], "bulk": FILES["bulk"]}
     if any(c.startswith("perf") for c in clients):
         files.update({k: FILES[k] for k in ("p50k", "p1m", "p5m")})
+    servers = {SERVER: {"files": files}}
+    if any(c["workload"]["kind"] == "replay" for c in clients.values()):
+        # Two server groups: every workload names its own.
+        servers[REPLAY_SERVER] = {"replay": {"port": REPLAY_PORT}}
+        for c in clients.values():
+            c["workload"].setdefault("server", SERVER)
     return {
         "apiVersion": "torbed/v1",
         "name": name,
@@ -236,7 +255,7 @@ def scenario(name: str, description: str, seed: int, variants: list[str], groups
         "repetitions": 1,
         "network": {"authorities": authorities, "relays": relays},
         "links": {"pairs": pairs},
-        "servers": {SERVER: {"files": files}},
+        "servers": servers,
         "clients": clients,
         "measure": {"warmup": warmup, "duration": duration},
         "generated": generated,

@@ -174,7 +174,8 @@ def register(sub, fmt) -> None:
                    help="measurement clients besides the OnionPerf probes (default: one per relay)")
     p.add_argument("--mix", type=_mix, default=dict(build.DEFAULT_MIX),
                    help="clients' workloads as shares, NAME=SHARE,... (web: 50 KiB pages with 5 s think time; "
-                        "bulk: 5 MiB back to back)")
+                        "bulk: 5 MiB back to back; http, ssh: a captured browsing or SSH session replayed with "
+                        "its timing, looped)")
     p.add_argument("--no-perf", action="store_true", help="no OnionPerf-style probes (50 KiB, 1 MiB, 5 MiB)")
     p.add_argument("--networks", type=_positive_int, default=1,
                    help="independently sampled networks, one per block (seeds SEED, SEED+1, ...; repetitions = "

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torbed import cli
+from torbed import cli, resources
 from torbed.generate import BudgetError, SampleError, budget as budget_mod, build, generate, sample, sources
 from torbed.scenario import parse
 
@@ -288,6 +288,37 @@ def test_clients_scale_with_the_network(net):
     clients = res.data["clients"]
     assert clients["web"]["count"] == 15 and clients["bulk"]["count"] == 5
     assert {"perf50k", "perf1m", "perf5m"} <= set(clients)
+
+
+def test_replayed_sessions_in_the_mix(net):
+    """http and ssh in the mix: captured sessions replayed through a replay server of their own
+    beside the file server, every workload naming its server, on paths tor chooses; their bytes
+    count in the clients' offered load."""
+    mix = {"web": 0.5, "bulk": 0.1, "http": 0.2, "ssh": 0.2}
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=1, budget=BUDGET, mix=mix)
+    data = res.data
+    clients = data["clients"]
+    assert {k: clients[k]["count"] for k in mix} == {"web": 10, "bulk": 2, "http": 4, "ssh": 4}
+    assert data["servers"]["replay"] == {"replay": {"port": build.REPLAY_PORT}}
+    for name in ("http", "ssh"):
+        w = clients[name]["workload"]
+        assert w["kind"] == "replay" and w["server"] == "replay" and w["distribute"] == "each"
+        assert resources.path(w["trace"]).is_file()
+        assert "path" not in clients[name]
+    assert all(clients[k]["workload"]["server"] == build.SERVER for k in ("web", "bulk", "perf50k"))
+    parse(data, "gen")      # the scenario model accepts it
+    params = data["generated"]["parameters"]
+    assert "ssh-session.trace" in params["workload_ssh"] and "http-browsing.trace" in params["workload_http"]
+    # Offered load: the replay clients add their traces' bytes per second of loop, never more
+    # than the path's rate.
+    d = budget_mod.demand(clients, data["servers"]["www"]["files"])
+    without = budget_mod.demand({k: v for k, v in clients.items() if k not in ("http", "ssh")}, data["servers"]["www"]["files"])
+    assert [n for n, _ in d.replays] == [4, 4] and all(bps > 100 for _, bps in d.replays)
+    assert d.offered(1e6) - without.offered(1e6) == pytest.approx(sum(n * bps for n, bps in d.replays))
+    assert d.offered(50.0) - without.offered(50.0) == pytest.approx(8 * 50.0)
+    # Without them nothing changes: one server group, no server named.
+    plain = generate(net.consensus, [net.descriptors], relays=20, seed=1, budget=BUDGET)
+    assert list(plain.data["servers"]) == [build.SERVER] and "server" not in plain.data["clients"]["web"]["workload"]
 
 
 def test_scale_instead_of_a_count(net):
