@@ -362,6 +362,14 @@ if [ "$CHECK" -eq 1 ]; then
   CONFIGURE_FLAGS+=(--enable-fatal-warnings)
 else
   CONFIGURE_FLAGS+=(--disable-unittests)
+  # Native builds use the same -Werror (configure adds it after its own checks,
+  # so the binary is the one it would be without): a patch set's check build
+  # then compiles tor's own files with the command lines of its variant build,
+  # and the compiler cache serves them.  Not for cross or TSan builds, whose
+  # compilers warn where the native one does not.
+  if [ -z "${HOST:-}" ] && [ "$TSAN" -eq 0 ]; then
+    CONFIGURE_FLAGS+=(--enable-fatal-warnings)
+  fi
 fi
 # Cross-compilation: let configure pick $HOST-gcc (or $CC) and the target's
 # pkg-config files; nothing below assumes the build machine's architecture.
