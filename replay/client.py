@@ -201,7 +201,7 @@ def _exchange(driver, flow: Flow, iteration: int, sock, circ, state: dict, rec: 
 
     def upstream() -> None:
         try:
-            up_result["sent"] = engine.send_packets(sock, up, epoch, flow.start, stop)
+            up_result["sent"] = engine.send_packets(sock, up, epoch, flow.start, stop, deadline=hard_end)
         except OSError as e:
             up_result["error"] = str(e)
 

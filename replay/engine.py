@@ -5,7 +5,7 @@ Receivers keep per-chunk tuples in memory and write the cells.jsonl records (doc
 when the flow ends, so JSON encoding never sits between a chunk's arrival and the read
 that timestamps it (other flows' threads finishing can still take the GIL for a few ms).
 
-Public API: ``send_packets(sock, packets, epoch, t0, stop, start_seq=0) -> (chunks, bytes)``,
+Public API: ``send_packets(sock, packets, epoch, t0, stop, start_seq=0, deadline=None) -> (chunks, bytes)``,
 ``receive_chunks(sock, recorder, deadline, expected, stop, stop_at_expected=False) -> (chunks, t_first, t_last, eof)``,
 ``CellRecorder(writer, base, t_measure)``.
 """
@@ -64,10 +64,31 @@ def _sleep_until(t: float, stop: threading.Event) -> None:
             time.sleep(left)
 
 
+def _send(sock: socket.socket, data: bytes, stop: threading.Event, deadline: float | None) -> bool:
+    """All of ``data``, for as long as the peer's window stays shut. The other direction's
+    receiver sets a timeout on the shared socket, and a socket's timeout applies to sends too:
+    there it only means "no room yet" (a congested circuit: tor reads no more from a stream
+    whose window is spent), not a broken stream, so this waits on until ``deadline`` (TimeoutError,
+    an OSError) or ``stop`` (returns False). ``sendall`` would give up after the timeout, with
+    an unknown part of the data sent. Raises OSError when the stream breaks."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except socket.timeout:          # nothing was sent by this call
+            if stop.is_set():
+                return False
+            if deadline is not None and time.time() >= deadline:
+                raise TimeoutError(f"the flow's deadline passed with {len(view)} of a chunk's "
+                                   f"{len(data)} bytes unsent (the peer's window stayed shut)") from None
+    return True
+
+
 def send_packets(sock: socket.socket, packets: list[Packet], epoch: float, t0: float,
-                 stop: threading.Event, start_seq: int = 0) -> tuple[int, int]:
-    """Send ``packets`` (one direction of a flow) at ``epoch + (p.t - t0)``. Returns the
-    chunks and payload bytes sent. Raises OSError when the stream breaks."""
+                 stop: threading.Event, start_seq: int = 0, deadline: float | None = None) -> tuple[int, int]:
+    """Send ``packets`` (one direction of a flow) at ``epoch + (p.t - t0)``, or as soon after
+    as the stream takes them (``_send``). Returns the chunks and payload bytes sent. Raises
+    OSError when the stream breaks, TimeoutError when ``deadline`` passes with data unsent."""
     seq = start_seq
     sent = 0
     for p in packets:
@@ -76,7 +97,8 @@ def send_packets(sock: socket.socket, packets: list[Packet], epoch: float, t0: f
         if stop.is_set():
             break
         data = wire.packet_chunks(seq, t_sched, p.size, time.time())
-        sock.sendall(data)
+        if not _send(sock, data, stop, deadline):
+            break
         seq += len(wire.chunk_sizes(p.size))
         sent += p.size
     return seq - start_seq, sent

@@ -71,7 +71,7 @@ class _Handler(socketserver.BaseRequestHandler):
         t = threading.Thread(target=upstream, daemon=True)
         t.start()
         try:
-            sent = engine.send_packets(sock, down, epoch, flow.start, stop)
+            sent = engine.send_packets(sock, down, epoch, flow.start, stop, deadline=deadline)
         except OSError as e:
             srv.log(f"{h.get('client')} {flow.id}#{h.get('iteration')}: downstream broke: {e}")
             sent = None

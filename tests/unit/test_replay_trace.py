@@ -324,6 +324,62 @@ def test_server_replays_at_recorded_times_on_loopback(tmp_path):
     assert 0 <= med < 5.0
 
 
+def _bulk_flow_trace(path, down_bytes: int) -> Trace:
+    """One flow: a request up, then ``down_bytes`` down in one burst (a page a congested
+    circuit cannot take at once)."""
+    flow = Flow("f", [Packet(0.0, UP, 400), *[Packet(0.01, DOWN, 16384) for _ in range(down_bytes // 16384)]])
+    trace = Trace([flow])
+    write(trace, path)
+    return trace
+
+
+def test_a_peer_that_stops_reading_slows_the_flow_and_does_not_cut_it(tmp_path):
+    """Backpressure (tor reads no more from a stream whose window is spent) holds the server's
+    sends for seconds; the flow must go on when the window opens, not end with "timed out"
+    because the receiving thread's socket timeout also applies to sends (it did: Gopal &
+    Heninger Exp. 2 lost 10-15% of its replayed flows that way)."""
+    trace = _bulk_flow_trace(tmp_path / "b.jsonl.gz", 16 << 20)
+    cells = tmp_path / "cells.jsonl"
+    log = (tmp_path / "server.log").open("w")
+    srv = ReplayServer({"b": tmp_path / "b.jsonl.gz"}, "127.0.0.1", 0, cells, log)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.tcp.server_address[1]))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(json.dumps({"trace": "b", "flow": "f", "t_measure": 0, "client": "c"}).encode() + b"\n")
+        engine.send_packets(sock, [p for p in trace.flows[0].packets if p.direction == UP], time.time(), 0.0,
+                            threading.Event())
+        time.sleep(3.0)          # the window stays shut: the server's sends block for seconds
+        rec = engine.CellRecorder(RecordWriter(tmp_path / "down.jsonl"), {"direction": DOWN}, 0.0)
+        expected = sum(len(wire.chunk_sizes(p.size)) for p in trace.flows[0].packets if p.direction == DOWN)
+        n, _, _, eof = engine.receive_chunks(sock, rec, time.time() + 30, expected, threading.Event())
+    finally:
+        srv.shutdown()
+        log.close()
+    assert "broke" not in (tmp_path / "server.log").read_text(), (tmp_path / "server.log").read_text()
+    assert n == expected and eof
+
+
+def test_a_shut_window_past_the_flows_deadline_breaks_it_then():
+    """A peer that never reads: the send gives up at the deadline it was given, not before."""
+    a, b = socket.socketpair()
+    a.settimeout(0.2)                  # as the receiving thread leaves it
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        t0 = time.time()
+        with pytest.raises(TimeoutError, match="deadline"):
+            engine.send_packets(a, [Packet(0.0, DOWN, 4 << 20)], t0, 0.0, threading.Event(), deadline=t0 + 1.5)
+        assert 1.4 <= time.time() - t0 < 5.0
+        # A stop ends it without an error.
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        chunks, sent = engine.send_packets(a, [Packet(0.0, DOWN, 4 << 20)], time.time(), 0.0, stop)
+        assert (chunks, sent) == (0, 0)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_flows_are_dealt_to_clients_by_circuit_key():
     from types import SimpleNamespace
 

@@ -205,7 +205,7 @@ def demand(clients: dict[str, dict], files: dict[str, str]) -> Demand:
 def _trace_rate(trace: str, gap_s: float) -> float:
     """A replayed trace's bytes (both directions) per second of its loop (its duration plus the
     gap before it starts again). A relative path is torbed's own (the generator's traces)."""
-    from replay import trace as trace_mod
+    from ..replay import trace as trace_mod
 
     from .. import resources
     path = Path(trace) if Path(trace).is_absolute() else resources.path(trace)
