@@ -300,12 +300,10 @@ def _launch(prereg, exp: str, records: Records, runs_root: Path, repo: Path, dur
     e = prereg.experiments[exp]
     last = (records.runs(exp) or [None])[-1]
     if not fresh and last and last.get("path") and Path(last["path"]).is_dir() \
-            and last["host"] == socket.gethostname():
-        info = json.loads((Path(last["path"]) / "run.json").read_text())
-        if info.get("status") not in ("ok", "partial", "failed"):
-            cmd = _torbed("--resume", last["path"])
-            print(f"campaign: {exp}: {' '.join(cmd[1:])}", flush=True)
-            return subprocess.Popen(cmd, start_new_session=True), last
+            and last["host"] == socket.gethostname() and _resumable(exp, Path(last["path"])):
+        cmd = _torbed("--resume", last["path"])
+        print(f"campaign: {exp}: {' '.join(cmd[1:])}", flush=True)
+        return subprocess.Popen(cmd, start_new_session=True), last
     out = runs_root / exp / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     offset = records.next_block(exp)
@@ -317,6 +315,25 @@ def _launch(prereg, exp: str, records: Records, runs_root: Path, repo: Path, dur
     entry = {"offset": offset, "repetitions": blocks, "out": str(out), "path": None,
              "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return proc, entry
+
+
+def _resumable(exp: str, run_dir: Path) -> bool:
+    """Whether the experiment's last run directory can go on (``torbed run --resume``'s own
+    checks). One that cannot - it finished, or torbed, a variant's build inputs or the scenario
+    changed since it began - is left as it is: its finished blocks are recorded already, and
+    the next blocks start as a new run (said here, and each block's record carries its own
+    provenance: torbed commit, tor binaries)."""
+    from torbed import resume
+    from torbed.errors import InputError
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        if info.get("status") in ("ok", "partial", "failed"):
+            return False
+        resume.resumable(run_dir)
+    except (OSError, ValueError, InputError) as err:
+        print(f"campaign: {exp}: {run_dir} cannot be resumed ({err}); the next blocks start as a new run", flush=True)
+        return False
+    return True
 
 
 def block_seed(scenario: Path, offset: int) -> int:

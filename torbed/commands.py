@@ -51,23 +51,15 @@ def cmd_run(args) -> int:
 def cmd_resume(args) -> int:
     """``torbed run --resume RUN_DIR``: the run's own scenario file and overrides (run.json
     ``source``, ``overrides``), checked against the fingerprint taken when it began."""
-    from . import engine, resume, scenario as scenario_mod
+    from . import engine, resume
     from .shaping import ShapingError
     run_dir = Path(args.resume)
     run_json = run_dir / "run.json"
     if args.scenario or args.repetitions or args.duration or args.warmup or args.seed is not None:
         raise InputError(f"--resume {run_dir}: SCENARIO, --repetitions, --duration, --warmup and --seed come from "
                          f"{run_json} (source, overrides); give none of them")
-    info = resume.load_for_resume(run_dir)
+    info, s, variants = resume.resumable(run_dir, args.variant)
     source = info.get("source_resolved") or info["source"]
-    if not Path(source).is_file():
-        raise InputError(f"{run_json}: source: the scenario file '{source}' is gone; it is needed to resume")
-    s = scenario_mod.load(source)
-    ov = info.get("overrides") or {}
-    s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"),
-                                    measure__warmup=ov.get("warmup"), seed=ov.get("seed"))
-    variants = args.variant or info["variants"]
-    resume.check_unchanged(info, s, variants, run_json)
     if args.backend != info.get("backend", "local"):
         raise InputError(f"{run_json}: backend: the run used '{info.get('backend')}', not '{args.backend}'")
     host_load = check_host_load(require_quiet=args.require_quiet)

@@ -27,6 +27,7 @@ Public API:
 - ``git_commit() -> str | None``
 - ``load_for_resume(run_dir) -> dict``: run.json, checked to be resumable
 - ``check_unchanged(info, scenario, variants, run_json)``: raises InputError
+- ``resumable(run_dir, variants=None) -> (info, scenario, variants)``: all of the above, as ``--resume`` checks
 - ``triage(run_dir, info) -> (done, partial)``: repetitions to keep and to re-run
 - ``discard(run_dir, variant, k, session_no) -> dict``: move one attempt aside, its history entry
 """
@@ -156,6 +157,25 @@ def check_unchanged(info: dict, scenario, variants: list[str], run_json: Path) -
         if then.get("variants", {}).get(v) != d:
             raise InputError(f"{run_json}: fingerprint.variants.{v}: the variant's definition (build inputs, "
                              f"torrc or parameters) changed since the run began; start a new run instead")
+
+
+def resumable(run_dir: Path, variants: list[str] | None = None) -> tuple[dict, object, list[str]]:
+    """run.json, the run's own scenario (its file with the run's overrides) and the variants,
+    once checked that ``torbed run --resume`` may continue it; raises InputError naming the
+    file and field otherwise (what ``torbed run --resume`` prints)."""
+    from . import scenario as scenario_mod
+    run_json = Path(run_dir) / "run.json"
+    info = load_for_resume(run_dir)
+    source = info.get("source_resolved") or info["source"]
+    if not Path(source).is_file():
+        raise InputError(f"{run_json}: source: the scenario file '{source}' is gone; it is needed to resume")
+    s = scenario_mod.load(source)
+    ov = info.get("overrides") or {}
+    s = scenario_mod.with_overrides(s, source, repetitions=ov.get("repetitions"), measure__duration=ov.get("duration"),
+                                    measure__warmup=ov.get("warmup"), seed=ov.get("seed"))
+    variants = list(variants or info["variants"])
+    check_unchanged(info, s, variants, run_json)
+    return info, s, variants
 
 
 def _status(run_dir: Path, variant: str, k: int) -> str | None:

@@ -138,9 +138,25 @@ def test_a_campaign_session_runs_records_and_concludes(tmp_path, fake_torbed):
     assert len(fake_torbed.launched) == 1
 
 
+def resumable_copy(dest, variants_then=None):
+    """An interrupted run that `torbed run --resume` accepts: run.json with the experiment's
+    scenario as its source and the fingerprint taken now (``variants_then``: variant digests
+    as they were when it began)."""
+    from torbed import resume, scenario as scenario_mod
+    run = golden_copy(dest, status="interrupted")
+    src = reproduce.REPO / P.experiments[EXP].scenario
+    info = json.loads((run / "run.json").read_text())
+    fp = resume.fingerprint(scenario_mod.load(str(src)), info["variants"])
+    fp["variants"].update(variants_then or {})
+    info.update(source=str(src), sessions=[], fingerprint=fp,
+                order=[[v, k] for k in range(int(info["repetitions"])) for v in info["variants"]])
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
 def test_an_unfinished_run_on_this_host_is_resumed_a_missing_one_is_not(tmp_path, fake_torbed):
     rec = campaign.Records(tmp_path / "records")
-    run = golden_copy(tmp_path / "raw" / "golden-run", status="interrupted")
+    run = resumable_copy(tmp_path / "raw" / "golden-run")
     entry = {"offset": 0, "repetitions": 12, "out": str(run.parent), "path": str(run),
              "host": socket.gethostname(), "started": "x"}
     rec.add_run(EXP, entry)
@@ -153,6 +169,19 @@ def test_an_unfinished_run_on_this_host_is_resumed_a_missing_one_is_not(tmp_path
     from torbed import scenario as scenario_mod
     base = scenario_mod.load(str(reproduce.REPO / P.experiments[EXP].scenario)).seed
     assert int(proc.cmd[proc.cmd.index("--seed") + 1]) == base + 12
+
+
+def test_a_run_whose_variant_changed_since_is_left_and_the_next_blocks_start_anew(tmp_path, fake_torbed, capsys):
+    """torbed run --resume refuses a run whose variant build inputs changed (a new build-tor.sh,
+    a new patch): the campaign then starts the next blocks as a new run instead of stopping."""
+    rec = campaign.Records(tmp_path / "records")
+    run = resumable_copy(tmp_path / "raw" / "golden-run", variants_then={"ewma-66": "0" * 64})
+    rec.add_run(EXP, {"offset": 0, "repetitions": 12, "out": str(run.parent), "path": str(run),
+                      "host": socket.gethostname(), "started": "x"})
+    proc, got = campaign._launch(P, EXP, rec, tmp_path / "runs", reproduce.REPO, None, 9)
+    assert "--resume" not in proc.cmd and got["offset"] == 12
+    out = capsys.readouterr().out
+    assert "cannot be resumed" in out and "fingerprint.variants.ewma-66" in out and "start as a new run" in out
 
 
 def test_the_estimate_uses_the_model_then_the_records_own_times(tmp_path):
