@@ -207,8 +207,9 @@ def backend_rows(f: Fields) -> list[Row]:
             ok = verdict(all(f.num(f"{s}.relay_{m}.median") <= limit for m in ("rss_ready_mib", "rss_end_mib")
                              if f.num(f"{s}.relay_{m}.n")))
         rows.append(Row(f"{net}: relay RSS ready / after soak / peak", rss, target, ok))
-    if {"quickstart", "quickstart-classic"} <= set(nets) and all(f.get(f"{n}.summary") for n in ("quickstart", "quickstart-classic")):
-        fast, classic = (f.num(f"{n}.summary.cmd_to_ready_s.median") for n in ("quickstart", "quickstart-classic"))
+    pair = ("quickstart", "quickstart-classic")
+    if set(pair) <= set(nets) and all(f.get(f"{n}.summary") for n in pair):
+        fast, classic = (f.num(f"{n}.summary.cmd_to_ready_s.median") for n in pair)
         rows.append(Row("quickstart vs quickstart-classic (fast bring-up off), same bench run: ready, medians",
                         f"{fast:.1f} s vs {classic:.1f} s", "", f"x{fast / classic:.2f}"))
     return rows
@@ -226,7 +227,8 @@ def _phases(f: Fields, summary: str) -> dict[str, str]:
         return {}
     out = {}
     for key, what in PHASES.items():
-        med = f.get(f"{summary}.phases_s.{key}.median", (int, float, type(None))) if f.has(f"{summary}.phases_s.{key}") else None
+        phase = f"{summary}.phases_s.{key}"
+        med = f.get(f"{phase}.median", (int, float, type(None))) if f.has(phase) else None
         if med is not None:
             out[what] = f"{med:.1f} s"
     return out
