@@ -122,14 +122,10 @@ def numbers_read(path: Path) -> list[tuple[str, float]]:
     return out
 
 
-def test_every_number_the_committed_table_reads_shows_in_it(tmp_path):
-    # Each number of each committed result, changed on its own in a copy, changes the table:
-    # the check catches a wrong number wherever it sits.
-    root = tmp_path / "repo"
-    shutil.copytree(ROOT / bt.RESULTS, root / bt.RESULTS)
-    (root / "docs" / "performance.md").write_text((ROOT / bt.DOC).read_text())
-    assert bt.check(root) == []
-    unnoticed, tried = [], 0
+def unnoticed_changes(root: Path) -> tuple[int, list[str]]:
+    """Each number the table reads from each recorded result of ``root``, changed on its own:
+    (how many were tried, those the check did not catch)."""
+    missed, tried = [], 0
     for path in bt.result_files(root / bt.RESULTS):
         original = path.read_text()
         for dotted, v in numbers_read(path):
@@ -142,16 +138,56 @@ def test_every_number_the_committed_table_reads_shows_in_it(tmp_path):
             except bt.ResultError:          # e.g. a median no longer within its [min, max]
                 noticed = True
             if not noticed:
-                unnoticed.append(f"{path.name}: {dotted}")
+                missed.append(f"{path.name}: {dotted}")
         path.write_text(original)
-    assert tried >= 10 and not unnoticed, unnoticed
+    return tried, missed
+
+
+def test_every_number_the_committed_table_reads_shows_in_it(tmp_path):
+    # Each number of each committed result, changed on its own in a copy, changes the table:
+    # the check catches a wrong number wherever it sits.
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / bt.RESULTS, root / bt.RESULTS)
+    (root / "docs" / "performance.md").write_text((ROOT / bt.DOC).read_text())
+    assert bt.check(root) == []
+    tried, missed = unnoticed_changes(root)
+    assert tried >= 10 and not missed, missed
+
+
+def test_every_part_renders_and_every_number_it_reads_shows(tmp_path):
+    # Every part, whether or not a result of it is committed now.
+    about = {part: _about(part, ["--quick"], True) for part in bt.PARTS}
+    load = {"levels": [{"users": 10, "workers": 1, "users_reached": 10, "requests": 120, "failures": 0,
+                        "requests_per_s": 2.26, "cpu_pct_per_user": 0.38, "web_p50_ms": 27, "web_p90_ms": 93,
+                        "carried": True, "rate_per_user_vs_smallest": 1.0},
+                       {"users": 100, "error": "network never became ready"}], "bench_run": about["load"]}
+    prom = {"modes": {"on": {"ready_s": [10.0, 12.0], "relay_cpu_cores": [0.037],
+                             "observer_cpu_cores": [{"prometheus": 0.003, "driver": 0.016, "collector": None}]},
+                      "off": {"ready_s": [9.0], "relay_cpu_cores": [0.036]}},
+            "ttlb": {"web": {"n_on": 48, "n_off": 50, "median_on": 2.11, "median_off": 2.1, "ks_p": 0.69}},
+            "bench_run": about["prometheus"]}
+    tor = {"transfers_ok": 100, "transfers_failed": 0, "bytes_ok": 5e8, "duration": "2m", "switches_completed": 12,
+           "relays": {"exit0": {"exit_moves": {"to_heavy": 3, "to_light": 2}}}, "problems": [],
+           "bench_run": about["torchestra"]}
+    docs = {"linkemu": linkemu_doc(), "backend": backend_doc(), "mtrelay": mtrelay_doc(), "load": load,
+            "prometheus": prom, "torchestra": tor}
+    root = _repo(tmp_path, {f"{part}-20261128T000102Z.json": doc for part, doc in docs.items()})
+    bt.write(root)
+    text = (root / bt.DOC).read_text()
+    for part in bt.PARTS:
+        assert f"| {part} | " in text
+    assert "| 100 users | failed: network never became ready |  | **failed** |" in text
+    assert "| TTLB web, medians on / off (n) | 2.11 / 2.10 s (48 / 50) |  | x1.00, KS p = 0.69 |" in text
+    assert "| exit moved circuits light->heavy / heavy->light | 3 / 2 | both > 0 | met |" in text
+    tried, missed = unnoticed_changes(root)
+    assert tried >= 50 and not missed, missed
 
 
 def test_each_part_has_rows_and_the_settings_say_quick_or_full(tmp_path):
     root = _repo(tmp_path, {"mtrelay-20261128T003000Z.json": mtrelay_doc()})
     section = bt.render(root / bt.RESULTS)
     assert "| mtrelay | kist: target relay's throughput (max 30 s average) | 2.10 MB/s [2.00-2.20] (n=2) |" in section
-    assert "x2.25 vs stock [2.00-2.50]" in section              # per-block ratios 2.5 and 2.0
+    assert "x2.25 vs stock [2.00-2.50] (n=2 blocks)" in section   # per-block ratios 2.5 and 2.0
     assert "| 2026-11-28 00:01 | quick: `--quick` | 2 cores, load 0.4 |" in section
     full = {**linkemu_doc(), "bench_run": _about("linkemu", [], False)}
     _, (_, settings, _), _ = bt.part_rows(_repo(tmp_path / "b", {"linkemu-20261128T000102Z.json": full})

@@ -295,7 +295,7 @@ def load_rows(f: Fields) -> list[Row]:
             rows.append(Row(f"{users} users", f"failed: {str(lv.get('error'))[:80]}", "", "**failed**"))
             continue
         rows.append(Row(f"{users} users: requests/s (per user vs smallest); CPU % of a core per user; web p50 / p90",
-                        f"{lv.num('requests_per_s'):.1f} ({lv.num('rate_per_user_vs_smallest'):.0%}); "
+                        f"{lv.num('requests_per_s'):.2f} ({lv.num('rate_per_user_vs_smallest'):.0%}); "
                         f"{lv.num('cpu_pct_per_user'):.2f} %; {_ms(lv, 'web_p50_ms')} / {_ms(lv, 'web_p90_ms')} ms; "
                         f"{int(lv.num('failures'))} failed of {int(lv.num('requests'))}",
                         target if i == 0 else "", verdict(lv.get("carried", bool), "carried", "not carried")))
@@ -320,7 +320,8 @@ def mtrelay_rows(f: Fields) -> list[Row]:
         if row.num("vs_baseline.n"):
             ratio = f"x{row.num('vs_baseline.median'):.2f} vs stock"
             if row.num("vs_baseline.n") > 1:
-                ratio += f" [{row.num('vs_baseline.min'):.2f}-{row.num('vs_baseline.max'):.2f}]"
+                ratio += (f" [{row.num('vs_baseline.min'):.2f}-{row.num('vs_baseline.max'):.2f}]"
+                          f" (n={int(row.num('vs_baseline.n'))} blocks)")
         rows.append(Row(f"{arm}: target relay's throughput (max 30 s average)", value, "", ratio))
     total = sum(int(f.num(f"failed_transfers.{arm}")) for arm in f.get("failed_transfers", dict))
     rows.append(Row("failed transfers, all arms; repetitions that did not complete",
