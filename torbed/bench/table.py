@@ -206,7 +206,7 @@ def backend_rows(f: Fields) -> list[Row]:
             target = f"<= {limit:g} MiB (medians)"
             ok = verdict(all(f.num(f"{s}.relay_{m}.median") <= limit for m in ("rss_ready_mib", "rss_end_mib")
                              if f.num(f"{s}.relay_{m}.n")))
-        rows.append(Row(f"{net}: relay RSS ready / after soak / peak", rss, target, ok))
+        rows.append(Row(f"{net}: RSS of each relay, ready / after soak / peak", rss, target, ok))
     pair = ("quickstart", "quickstart-classic")
     if set(pair) <= set(nets) and all(f.get(f"{n}.summary") for n in pair):
         fast, classic = (f.num(f"{n}.summary.cmd_to_ready_s.median") for n in pair)
