@@ -3,6 +3,7 @@
 # (`python -m torbed.bench --help` lists the parts; name some to run only those). Each part
 # prints its figures and writes JSON results under runs/bench/ (BENCH_OUT); BENCH_QUICK=1:
 # each part's shorter settings. One failing part fails the whole (after the others ran).
+# `python -m torbed.bench.table --record PART ...` then puts their figures in docs/performance.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then

@@ -27,3 +27,10 @@ def test_every_module_part_has_a_main_taking_out_and_its_quick_arguments(part):
 def test_an_unknown_part_is_refused_before_anything_runs():
     p = subprocess.run([sys.executable, "-m", "torbed.bench", "nosuch"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "unknown part(s) nosuch" in p.stderr
+
+
+def test_every_part_with_figures_has_rows_in_the_docs_table():
+    # docs/performance.md's table (torbed.bench.table) knows each module part's results format;
+    # `experiments` is a set of pass/fail tests.
+    from torbed.bench import table
+    assert list(table.PARTS) == [p.name for p in PARTS if p.module]

@@ -8,11 +8,13 @@ each part's shorter settings.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from .. import resources
+from .results import QUICK_ENV
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"== bench: {part.name}", flush=True)
         cmd = command(part, a.out, a.quick)
-        if subprocess.run(cmd, cwd=root).returncode != 0:
+        # The parts record whether their arguments were the quick settings (torbed.bench.results).
+        env = {**os.environ, QUICK_ENV: "1" if a.quick else "0"}
+        if subprocess.run(cmd, cwd=root, env=env).returncode != 0:
             print(f"bench: part failed: {' '.join(cmd)}", file=sys.stderr, flush=True)
             rc = 1
     return rc

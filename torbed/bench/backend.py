@@ -24,7 +24,6 @@ Usage: python -m torbed.bench.backend [--runs N] [--soak 300]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -37,6 +36,7 @@ from rich.table import Table
 from .. import constants, resources
 from ..scenario import load
 from ..backends.local.supervise import run_torbed
+from .results import bench_run, stamp as file_stamp
 
 NETWORKS = {"quickstart": "quickstart.yaml", "bench-100-relays": "bench-100-relays.yaml",
             # The same network without the fast bring-up (backends.local), its runs alternating
@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     work = out / "backend-runs"
     work.mkdir(parents=True, exist_ok=True)
     results, failed = {}, False
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    about = bench_run("backend", sys.argv[1:] if argv is None else argv)
+    stamp = file_stamp(about["started"])
     prev_name, prev = previous_results(out, f"backend-{stamp}.json")
     names = args.only or list(DEFAULT_NETWORKS)
     runs: dict[str, list[dict]] = {name: [] for name in names}
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                          "targets": TARGETS.get(name), "env": ENV.get(name)}
     console.print(table(results, prev, prev_name))
     path = out / f"backend-{stamp}.json"
-    path.write_text(json.dumps(results, indent=1, sort_keys=True))
+    path.write_text(json.dumps({**results, "bench_run": about}, indent=1, sort_keys=True))
     console.print(f"results: {path}")
     return 1 if failed else 0
 

@@ -449,11 +449,13 @@ def _terminate(signum, frame):
 
 def run(out_dir: Path, quick: bool, console) -> dict:
     from ..provenance import host_info
+    from .results import bench_run
     n_rtt, n_udp, n_loss, rate_s, tput_s = (100, 200, 10000, 4.0, 4.0) if quick else (500, 600, 50000, 10.0, 8.0)
     bench = Bench(quick, console)
     results: dict = {}
     started = dt.datetime.now(dt.timezone.utc)
     load = os.getloadavg()
+    about = bench_run("linkemu", ["--quick"] if quick else [], quick)
     old = signal.signal(signal.SIGTERM, _terminate)
     try:
         bench.start()
@@ -494,7 +496,8 @@ def run(out_dir: Path, quick: bool, console) -> dict:
     doc = {"schema": 1, "bench": "linkemu", "quick": quick, "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
            "finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": git_commit(),
            "linkemu": str(emulator.binary_path()), "seed": bench.seed, "host": host_info(), "load_before": load,
-           "results": results, "targets": targets}
+           "results": results, "targets": targets,
+           "bench_run": {**about, "started": started.strftime("%Y-%m-%dT%H:%M:%SZ")}}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"linkemu-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")

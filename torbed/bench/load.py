@@ -21,7 +21,6 @@ is not carried. Usage: python -m torbed.bench.load [--users 10,50,100,200] [--wo
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from rich.table import Table
 
 from .. import resources
 from ..backends.local.supervise import run_torbed
+from .results import bench_run, stamp as file_stamp
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 CPU_LIMIT = 0.90          # of one core, per Locust worker
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=int, default=60, help="seconds of load per level")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
+    about = bench_run("load", sys.argv[1:] if argv is None else argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     levels = []
@@ -136,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"largest level carried: {max(carried) if carried else 'none'} users "
                   f"(failures <= {FAILURE_LIMIT:.0%}, every worker < {CPU_LIMIT:.0%} of a core, requests/s per "
                   f"user >= {RATE_LIMIT:.0%} of the smallest level's)")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (out / f"load-{stamp}.json").write_text(json.dumps(
-        {"host_cpus": __import__("os").cpu_count(), "t": time.time(), "levels": levels}, indent=2))
+    (out / f"load-{file_stamp(about['started'])}.json").write_text(json.dumps(
+        {"host_cpus": __import__("os").cpu_count(), "t": time.time(), "levels": levels, "bench_run": about}, indent=2))
     return 0 if levels and levels[0].get("carried") else 1
 
 

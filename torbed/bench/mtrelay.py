@@ -23,7 +23,6 @@ Public API:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from rich.table import Table
 
 from .. import constants, resources
 from ..backends.local.supervise import run_torbed
+from .results import bench_run, stamp as file_stamp
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 SCENARIO = constants.SCENARIOS_DIR / "engler-goldberg-2021-throughput.yaml"
@@ -171,6 +171,7 @@ def _cpu_text(pct: dict[int, float], pid: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    about = bench_run("mtrelay", sys.argv[1:] if argv is None else argv, args.quick)
     from ..analysis.load import load_run
     from ..analysis.metrics import throughput_series
 
@@ -198,11 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(values)
     failed, cpu = _failed_and_cpu(run, sampler)
     _print_results(run, data, rows, failed, cpu)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (args.out / f"mtrelay-{stamp}.json").write_text(json.dumps(
+    (args.out / f"mtrelay-{file_stamp(about['started'])}.json").write_text(json.dumps(
         {"host_cpus": os.cpu_count(), "t": time.time(), "run_dir": str(run_dir), "scenario": data, "rows": rows,
          "values": values, "failed_transfers": failed, "cpu_per_thread": cpu,
-         "incomplete": broken, "load_average": os.getloadavg()}, indent=2))
+         "incomplete": broken, "load_average": os.getloadavg(), "bench_run": about}, indent=2))
     ok = p.returncode == 0 and all(r["n"] > 0 for r in rows) and not any(failed.values())
     return 0 if ok else 1
 

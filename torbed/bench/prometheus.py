@@ -17,7 +17,6 @@ Usage: python -m torbed.bench.prometheus [--runs 2] [--duration 90s] [--out runs
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -33,6 +32,7 @@ from scipy import stats as sstats
 from .. import constants
 from ..backends.local import prometheus
 from ..backends.local.supervise import run_torbed
+from .results import bench_run, stamp as file_stamp
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", default="90s", help="measure.duration of each run")
     ap.add_argument("--out", default="runs/bench")
     args = ap.parse_args(argv)
+    about = bench_run("prometheus", sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scen = _scenarios(out)
@@ -91,10 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         console.print(f"[red]{e}[/red]")
         return 1
-    result = _result(reps, args.runs, args.duration)
+    result = {**_result(reps, args.runs, args.duration), "bench_run": about}
     console.print(_table(result))
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = out / f"prometheus-{stamp}.json"
+    path = out / f"prometheus-{file_stamp(about['started'])}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {path}")
     return 0

@@ -20,6 +20,7 @@ import yaml
 from .. import resources
 from ..analysis.torchestra import analyse, problems, scenario
 from ..backends.local.supervise import run_torbed
+from .results import bench_run, stamp
 
 REPO = resources.ROOT
 
@@ -32,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk", type=int, default=1, help="continuous bulk clients")
     ap.add_argument("--surge", type=int, default=4, help="clients fetching 3 MB every 4 s (cross both ways)")
     ap.add_argument("--light", type=int, default=6, help="clients fetching 200 KB every 2 s")
-    ap.add_argument("--out", default="runs/bench", help="results directory (torchestra-stress.json)")
+    ap.add_argument("--out", default="runs/bench", help="results directory (torchestra-<UTC stamp>.json)")
     a = ap.parse_args(argv)
+    about = bench_run("torchestra", sys.argv[1:] if argv is None else argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="torchestra-stress-") as tmp:
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         summary.update({"duration": a.duration, "wall_s": round(time.time() - t0, 1), "run_dir": str(run_dir)})
         bad = problems(summary)
         summary["problems"] = bad
-        (out / "torchestra-stress.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary["bench_run"] = about
+        (out / f"torchestra-{stamp(about['started'])}.json").write_text(json.dumps(summary, indent=2) + "\n")
     ex = summary["relays"].get("exit0", {})
     print(f"torchestra stress ({a.duration}): {summary['transfers_ok']} transfers ok "
           f"({summary['bytes_ok'] / 1e6:.1f} MB, sha256-checked), {summary['transfers_failed']} failed; "
