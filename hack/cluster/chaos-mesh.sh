@@ -100,7 +100,6 @@ manifests() {
 
 cmd_up() {
   local mod t0 tmp
-  [ -S "$SOCKET_DIR/containerd.sock" ] || die "no containerd socket $SOCKET_DIR/containerd.sock for chaos-daemon (set CHAOS_DAEMON_RUNTIME_SOCKET_DIR to its directory on the nodes)"
   t0=$(now)
   mod=$(chaos_mesh_moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
   # Every controller watches its kind: all CRDs, not only PodChaos. Server-side apply: some
@@ -122,14 +121,20 @@ cmd_up() {
   fi
   if ! kc -n "$NS" rollout status ds/chaos-daemon --timeout=180s >&2; then
     kc -n "$NS" get pods -o wide >&2 || true
+    kc -n "$NS" describe pods -l app.kubernetes.io/component=chaos-daemon | tail -15 >&2 || true
     kc -n "$NS" logs ds/chaos-daemon --tail=40 >&2 || true
-    die "chaos-daemon did not become ready"
+    die "chaos-daemon did not become ready (its node's containerd socket: $SOCKET_DIR/containerd.sock; CHAOS_DAEMON_RUNTIME_SOCKET_DIR names another directory)"
   fi
   log "controller-manager and chaos-daemon running in namespace $NS ($(elapsed "$t0") s)"
 }
 
 cmd_down() {
-  local mod
+  local mod kinds
+  # Chaos objects carry the controller's finalizer: delete any left while it still runs, or
+  # deleting the CRDs would wait for it forever.
+  kinds=$(kc get crd -o name | sed -n 's#^customresourcedefinition.apiextensions.k8s.io/\(.*\.chaos-mesh\.org\)$#\1#p' | paste -sd, -)
+  [ -z "$kinds" ] || kc delete "$kinds" --all -A --ignore-not-found --wait=true --timeout=60s >/dev/null \
+    || log "some Chaos Mesh objects were not deleted within 60 s"
   kc delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
   kc delete clusterrolebinding,clusterrole torbed-chaos-controller-manager --ignore-not-found >/dev/null
   mod=$(chaos_mesh_moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")

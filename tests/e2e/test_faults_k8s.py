@@ -65,6 +65,19 @@ def chaos_mesh(cluster):
     finally:
         down = subprocess.run([*CHAOS_MESH, "down"], capture_output=True, text=True, env=env)
         assert down.returncode == 0, down.stderr[-2000:]
+        assert not _kube_stress_ng(), "stress-ng still runs in a pod's cgroup after chaos-mesh.sh down"
+
+
+def _kube_stress_ng() -> list[int]:
+    """Host pids of stress-ng processes in a Kubernetes pod's cgroup (chaos-daemon's stressors)."""
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if d.joinpath("comm").read_text().startswith("stress-ng") and "kubepods" in d.joinpath("cgroup").read_text():
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
 
 
 class Watch:
@@ -369,7 +382,7 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, t
     # stress-ng in tor's PID namespace and cgroup while injected, gone after recovery.
     assert cpu["during"]["stress_ng_procs"] >= 2 and cpu["during"]["stress_ng_in_cgroup"] >= 2, cpu
     assert cpu["before"]["stress_ng_procs"] == cpu["after"]["stress_ng_procs"] == 0, cpu
-    assert watch.samples[-1][3] == 0, watch.samples[-1]
+    assert watch.samples[-1][3] == 0 and not _kube_stress_ng(), (watch.samples[-1], _kube_stress_ng())
     # The container's CPU at its limit while stressed (CFS: at most the quota), not before.
     assert 0.07 < cpu["during"]["cgroup_cores"] < 0.13 and cpu["during"]["cgroup_cores"] > 1.5 * cpu["before"]["cgroup_cores"], cpu
     assert leftovers(kube, meta["release"]) == []
