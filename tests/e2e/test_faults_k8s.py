@@ -258,7 +258,7 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
 # ---------------------------------------------------------------- StressChaos, by chaos-daemon
 
 STRESS_S = 20           # how long Chaos Mesh keeps the stressor (its own duration: it recovers by itself)
-STRESS_AFTER_S = 30     # after the bulk clients' pods run: inside the workload's window
+STRESS_AFTER_S = 35     # after the bulk clients' pods run: inside the workload's window
 RELAY_CPU_LIMIT = "100m"   # the relays' tor containers: a quota the stressor competes for (tor needs ~37m)
 # In exit0's tor container: the cgroup's CPU time (ns; v1 cpuacct, else v2's usage_usec),
 # tor's own (clock ticks), the stress-ng processes in its PID namespace and in its cgroup.
@@ -354,7 +354,7 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, t
     scenario.write_text(yaml.safe_dump(data))
     watch = StressWatch(kube)
     try:
-        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "80s",
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "85s",
                                 "--set", f"resources.relay.limits.cpu={RELAY_CPU_LIMIT}")
     finally:
         obj = watch.close()
