@@ -260,10 +260,11 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
 STRESS_S = 20           # how long Chaos Mesh keeps the stressor (its own duration: it recovers by itself)
 STRESS_AFTER_S = 35     # after the bulk clients' pods run: inside the workload's window
 RELAY_CPU_LIMIT = "100m"   # the relays' tor containers: a quota the stressor competes for (tor needs ~37m)
-# In exit0's tor container: the cgroup's CPU time (ns; v1 cpuacct, else v2's usage_usec),
+# In exit0's tor container: the cgroup's CPU time (ns; v1 cpuacct, a hierarchy of its own on this
+# machine or joined with cpu, else v2's usage_usec),
 # tor's own (clock ticks), the stress-ng processes in its PID namespace and in its cgroup.
 STRESS_PROBE = (
-    "u=$(cat /sys/fs/cgroup/cpu/cpuacct.usage 2>/dev/null || "
+    "u=$(cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null || cat /sys/fs/cgroup/cpu/cpuacct.usage 2>/dev/null || "
     "echo $(( $(sed -n 's/^usage_usec //p' /sys/fs/cgroup/cpu.stat) * 1000 ))); t=0; s=0; g=0; "
     "for d in /proc/[0-9]*; do case \"$(cat $d/comm 2>/dev/null)\" in "
     "tor) set -- $(cut -d' ' -f14,15 $d/stat); t=$((t+$1+$2));; stress-ng*) s=$((s+1));; esac; done; "
