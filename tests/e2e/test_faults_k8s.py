@@ -258,18 +258,21 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
 # ---------------------------------------------------------------- StressChaos, by chaos-daemon
 
 STRESS_S = 20           # how long Chaos Mesh keeps the stressor (its own duration: it recovers by itself)
-STRESS_AFTER_S = 35     # after the bulk clients' pods run: inside the workload's window
+STRESS_AFTER_S = 12     # after exit0 started relaying the workload (its pod sending over 200 kB/s)
+BUSY_BPS = 200_000      # exit0's pod's transmit rate that means the bulk transfers run through it
 RELAY_CPU_LIMIT = "100m"   # the relays' tor containers: a quota the stressor competes for (tor needs ~37m)
 # In exit0's tor container: the cgroup's CPU time (ns; v1 cpuacct, a hierarchy of its own on this
 # machine or joined with cpu, else v2's usage_usec),
-# tor's own (clock ticks), the stress-ng processes in its PID namespace and in its cgroup.
+# tor's own (clock ticks), the stress-ng processes in its PID namespace and in its cgroup, and
+# the pod's eth0 transmit bytes (when the workload runs through exit0: the bring-up's length varies).
 STRESS_PROBE = (
     "u=$(cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null || cat /sys/fs/cgroup/cpu/cpuacct.usage 2>/dev/null || "
     "echo $(( $(sed -n 's/^usage_usec //p' /sys/fs/cgroup/cpu.stat) * 1000 ))); t=0; s=0; g=0; "
     "for d in /proc/[0-9]*; do case \"$(cat $d/comm 2>/dev/null)\" in "
     "tor) set -- $(cut -d' ' -f14,15 $d/stat); t=$((t+$1+$2));; stress-ng*) s=$((s+1));; esac; done; "
     "for p in $(cat /sys/fs/cgroup/cpu/cgroup.procs 2>/dev/null || cat /sys/fs/cgroup/cgroup.procs); do "
-    "case \"$(cat /proc/$p/comm 2>/dev/null)\" in stress-ng*) g=$((g+1));; esac; done; echo \"probe $u $t $s $g\"")
+    "case \"$(cat /proc/$p/comm 2>/dev/null)\" in stress-ng*) g=$((g+1));; esac; done; "
+    "x=$(sed 's/:/ /' /proc/net/dev | awk '$1 == \"eth0\" {print $10}'); echo \"probe $u $t $s $g ${x:-0}\"")
 
 
 def _stress_chaos() -> dict:
@@ -282,27 +285,35 @@ def _stress_chaos() -> dict:
 
 
 class StressWatch:
-    """Creates the StressChaos once the bulk clients run (plus STRESS_AFTER_S) and reads
-    STRESS_PROBE in exit0's tor container about once a second: (t, cgroup ns, tor ticks,
-    stress-ng in the PID namespace, in the cgroup)."""
+    """Reads STRESS_PROBE in exit0's tor container about once a second: (t, cgroup ns, tor
+    ticks, stress-ng in the PID namespace, in the cgroup, eth0 bytes sent); creates the
+    StressChaos STRESS_AFTER_S after exit0 started relaying the workload."""
 
     def __init__(self, kube):
         self.kube, self.stop, self.samples, self.created, self.error = kube, threading.Event(), [], None, None
-        self.instances = {}   # Chaos Mesh's stressor start times (ms), gone from the status once recovered
+        self.instances = {}   # Chaos Mesh's stressor start times, gone from the status once recovered
+        self.busy = None      # when exit0 was first seen relaying the workload
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def _sending(self) -> bool:
+        """exit0's pod sent over BUSY_BPS in the samples of the last 4 s (at least 2 s apart)."""
+        recent = [x for x in self.samples if x[0] > time.time() - 4]
+        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 2:
+            return False
+        return (recent[-1][5] - recent[0][5]) / (recent[-1][0] - recent[0][0]) > BUSY_BPS
 
     def _pod(self, core, selector):
         pods = core.list_namespaced_pod("default", label_selector=selector).items
         return next((p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp), None)
 
     def _run(self):
-        core, t_bulk = self.kube.CoreV1Api(), None
+        core = self.kube.CoreV1Api()
         while not self.stop.is_set():
             try:
-                if t_bulk is None and self._pod(core, "app.kubernetes.io/component=client,torbed.io/group=bulk"):
-                    t_bulk = time.time()
-                if t_bulk and self.created is None and time.time() - t_bulk > STRESS_AFTER_S:
+                if self.busy is None and self._sending():
+                    self.busy = time.time()
+                if self.busy and self.created is None and time.time() - self.busy > STRESS_AFTER_S:
                     self.kube.CustomObjectsApi().create_namespaced_custom_object(
                         "chaos-mesh.org", "v1alpha1", "default", "stresschaos", _stress_chaos())
                     self.created = time.time()
@@ -370,7 +381,7 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, t
     meta = json.loads((rep / "meta.json").read_text())
     st = k8s_faults.chaos_status(obj)
     inst = next(iter(watch.instances.values()), {})
-    saved = {"created": watch.created, **st, "stress_ng_start": inst.get("startTime"),
+    saved = {"created": watch.created, "exit0_busy": watch.busy, **st, "stress_ng_start": inst.get("startTime"),
              "t_workload_start": meta["t_workload_start"]}
     t_in, t_out = st["t_injected"], st["t_recovered"]
     assert t_in and t_out, st   # injected and recovered, each reported by Chaos Mesh
@@ -389,8 +400,9 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, t
     assert cpu["during"]["stress_ng_procs"] >= 2 and cpu["during"]["stress_ng_in_cgroup"] >= 2, cpu
     assert cpu["before"]["stress_ng_procs"] == cpu["after"]["stress_ng_procs"] == 0, cpu
     assert watch.samples[-1][3] == 0 and not _kube_stress_ng(), (watch.samples[-1], _kube_stress_ng())
-    # The container's CPU at its limit while stressed (CFS: at most the quota), not before.
-    assert 0.07 < cpu["during"]["cgroup_cores"] < 0.13 and cpu["during"]["cgroup_cores"] > 1.5 * cpu["before"]["cgroup_cores"], cpu
+    # The container's CPU at its 100m limit while stressed (CFS: at most the quota), well below
+    # it before (tor's 0.02 cores and the probe's own execs, about 0.04: measured 0.058).
+    assert 0.09 < cpu["during"]["cgroup_cores"] < 0.13 and cpu["during"]["cgroup_cores"] > cpu["before"]["cgroup_cores"] + 0.025, cpu
     # A competitor, not a cap: tor (0.02 cores here, its bottleneck the middle's 4 Mbit/s link)
     # kept relaying; measured: throughput unchanged (docs/faults.md). Only its collapse fails.
     assert bw["during"] > 0.5 * bw["before"], bw
