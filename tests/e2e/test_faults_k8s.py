@@ -272,7 +272,8 @@ STRESS_PROBE = (
     "tor) set -- $(cut -d' ' -f14,15 $d/stat); t=$((t+$1+$2));; stress-ng*) s=$((s+1));; esac; done; "
     "for p in $(cat /sys/fs/cgroup/cpu/cgroup.procs 2>/dev/null || cat /sys/fs/cgroup/cgroup.procs); do "
     "case \"$(cat /proc/$p/comm 2>/dev/null)\" in stress-ng*) g=$((g+1));; esac; done; "
-    "x=$(sed 's/:/ /' /proc/net/dev | awk '$1 == \"eth0\" {print $10}'); echo \"probe $u $t $s $g ${x:-0}\"")
+    "x=0; while read -r l; do case \"$l\" in eth0:*) set -- ${l#eth0:}; x=$9;; esac; done </proc/net/dev; "
+    "echo \"probe $u $t $s $g $x\"")
 
 
 def _stress_chaos() -> dict:
@@ -324,9 +325,12 @@ class StressWatch:
                 exit0 = self._pod(core, "app.kubernetes.io/component=relay,torbed.io/group=exit")
                 if exit0 is not None:
                     t0 = time.time()
-                    out = exec_in(self.kube, exit0.metadata.name, "tor", STRESS_PROBE).split()
-                    if out[:1] == ["probe"]:
-                        self.samples.append(((t0 + time.time()) / 2, *map(int, out[1:])))
+                    out = exec_in(self.kube, exit0.metadata.name, "tor", STRESS_PROBE)
+                    line = next((x for x in out.splitlines() if x.startswith("probe ")), None)
+                    if line is None:
+                        self.error = f"probe: {out.strip()[-300:]}"
+                    else:
+                        self.samples.append(((t0 + time.time()) / 2, *map(int, line.split()[1:])))
             except Exception as e:   # kept: the test fails on it if no StressChaos was made
                 self.error = repr(e)
             self.stop.wait(1.0)
@@ -375,7 +379,8 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, t
                                 "--set", f"resources.relay.limits.cpu={RELAY_CPU_LIMIT}")
     finally:
         obj = watch.close()
-    assert obj is not None, f"no StressChaos was created ({watch.error}); {p.stdout[-2000:]}{p.stderr[-2000:]}"
+    assert obj is not None, (f"no StressChaos was created ({watch.error}; {len(watch.samples)} probes, the last "
+                             f"{watch.samples[-3:]}); {p.stdout[-2000:]}{p.stderr[-2000:]}")
     assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]
     rep = run_dir / "vanilla" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
