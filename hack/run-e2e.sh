@@ -4,7 +4,8 @@
 # XML under $TORBED_TEST_REPORTS):
 #
 #   cluster-build  Kubernetes, CoreDNS, pause, toolbox (hack/cluster/cluster.sh build; cached by version)
-#   chaos-build    Chaos Mesh's controller-manager (hack/cluster/chaos-mesh.sh build; cached by version)
+#   chaos-build    Chaos Mesh's controller-manager (cached by version) and chaos-daemon (cached by
+#                  content): hack/cluster/chaos-mesh.sh build
 #   e2e-images     the images the tests install (torbed.images; cached by content), and
 #                  the arm64 relay image the emulated Pi node runs
 #   e2e            tests/e2e (-m "e2e and not experiment"); the session fixture brings the

@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Chaos Mesh's controller-manager, built from its Go module, for the local e2e cluster.
+# Chaos Mesh for the local e2e cluster: its controller-manager and chaos-daemon, built from its
+# Go module (CHAOS_MESH_VERSION, hack/versions.env).
 #
-#   hack/cluster/chaos-mesh.sh build        build (once) the binary and an image FROM scratch into
-#                                   $CACHE/k8s/chaos-mesh-<version>/; prints the image tarball
-#   hack/cluster/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run the controller-manager in
-#                                   namespace chaos-mesh (KUBECONFIG must point at the cluster;
-#                                   on the local cluster, `hack/cluster/cluster.sh load-image TARBALL` first)
+#   hack/cluster/chaos-mesh.sh build        build (once) the controller-manager (an image FROM scratch
+#                                   in $CACHE/k8s/chaos-mesh-<version>/, cached by version) and
+#                                   chaos-daemon (hack/cluster/chaos-daemon/build.sh, cached
+#                                   by content); prints the two image tarballs, one a line
+#   hack/cluster/chaos-mesh.sh up           apply Chaos Mesh's CRDs and run both in namespace chaos-mesh
+#                                   (KUBECONFIG must point at the cluster; on the local cluster,
+#                                   `hack/cluster/cluster.sh load-image TARBALL...` first)
 #   hack/cluster/chaos-mesh.sh down         remove what `up` created (the CRDs too)
-#   hack/cluster/chaos-mesh.sh image        print the image name
+#   hack/cluster/chaos-mesh.sh image        print the controller-manager's image name
 #
-# Only the controller runs: it carries out PodChaos pod-kill (and pod-failure) through the
-# API server. chaos-daemon, which container-kill and every network/stress/IO fault need, is
-# not built or run (its network faults need sch_netem, which this kernel lacks).
+# What runs: the controller (PodChaos pod-kill and pod-failure it carries out through the API
+# server) and chaos-daemon on every amd64 node (a privileged DaemonSet with the host's PID
+# namespace, the cluster containerd's socket and the host's /sys): it carries out what needs
+# the node, of which torbed uses PodChaos container-kill (SIGKILL through containerd) and
+# StressChaos CPU stressors (stress-ng in the target container's cgroup and PID namespace),
+# both exercised by tests/e2e/test_faults_k8s.py. Its image lacks the helpers of the other
+# kinds (hack/cluster/chaos-daemon/Dockerfile says which); NetworkChaos delay and loss need
+# sch_netem, which this kernel lacks. The controller reaches chaos-daemon over plain gRPC
+# (no mTLS: no certificates for it are made here).
 # The admission webhooks are not registered with the API server: the CRDs' OpenAPI schemas
 # still validate objects server-side, and the controller's webhook server (it always starts
 # one) gets a throwaway self-signed certificate.
+#
+# Environment: CHAOS_DAEMON_RUNTIME_SOCKET_DIR  the directory of the node's containerd socket
+#              (containerd.sock) that chaos-daemon mounts (default: the local cluster's,
+#              /run/torbed-k8s/containerd)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/cluster/common.sh
@@ -27,16 +40,17 @@ IMAGE_REV=1
 DIR=$CACHE/k8s/chaos-mesh-$SHORT-api-${CHAOS_MESH_API_VERSION##*-}-r$IMAGE_REV
 IMAGE=localhost/torbed/chaos-controller-manager:$SHORT
 NS=chaos-mesh
+DAEMON_BUILD=$HERE/chaos-daemon/build.sh
+SOCKET_DIR=${CHAOS_DAEMON_RUNTIME_SOCKET_DIR:-/run/torbed-k8s/containerd}
 
 LOG_TAG=chaos-mesh
 
-moddir() {
-  local info
-  info=$(go mod download -json "$1") || die "go mod download $1 failed: $info"
-  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$info"
+cmd_build() {
+  build_controller
+  "$DAEMON_BUILD" build
 }
 
-cmd_build() {
+build_controller() {
   command -v go >/dev/null || die "go is required"
   mkdir -p "$CACHE/k8s"
   exec 9>"$CACHE/k8s/.chaos-mesh.lock"
@@ -46,10 +60,8 @@ cmd_build() {
     echo "$DIR/chaos-controller-manager.tar"
     return
   fi
-  local t0 mod src out
+  local t0 src out
   t0=$(now)
-  mod=$(moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
-  [ -d "$mod/cmd/chaos-controller-manager" ] || die "no cmd/chaos-controller-manager in $mod"
   out=$DIR.tmp
   rm -rf "$out"
   # /tmp: the only writable place a FROM-scratch image would otherwise lack.
@@ -57,10 +69,7 @@ cmd_build() {
   chmod 1777 "$out/rootfs/tmp"
   # The module cache is read-only and go.mod needs one edit: build from a copy.
   src=$out/src
-  cp -r "$mod" "$src"
-  chmod -R u+w "$src"
-  (cd "$src" && go mod edit -dropreplace github.com/chaos-mesh/chaos-mesh/api \
-      -require "github.com/chaos-mesh/chaos-mesh/api@$CHAOS_MESH_API_VERSION")
+  chaos_mesh_src "$src"
   log "building chaos-controller-manager $CHAOS_MESH_VERSION (api $CHAOS_MESH_API_VERSION)"
   # Static (CGO off): the image is FROM scratch.
   if ! (cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
@@ -86,13 +95,13 @@ kc() {
 }
 
 manifests() {
-  render chaos-mesh.yaml NS="$NS" IMAGE="$IMAGE"
+  render chaos-mesh.yaml NS="$NS" IMAGE="$IMAGE" DAEMON_IMAGE="$("$DAEMON_BUILD" image)" SOCKET_DIR="$SOCKET_DIR"
 }
 
 cmd_up() {
   local mod t0 tmp
   t0=$(now)
-  mod=$(moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
+  mod=$(chaos_mesh_moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
   # Every controller watches its kind: all CRDs, not only PodChaos. Server-side apply: some
   # CRDs exceed the client-side last-applied annotation's size limit.
   kc apply --server-side --force-conflicts -f "$mod/helm/chaos-mesh/crds/" >/dev/null
@@ -110,14 +119,25 @@ cmd_up() {
     kc -n "$NS" logs deploy/chaos-controller-manager --tail=40 >&2 || true
     die "the controller-manager did not become available"
   fi
-  log "controller-manager running in namespace $NS ($(elapsed "$t0") s)"
+  if ! kc -n "$NS" rollout status ds/chaos-daemon --timeout=180s >&2; then
+    kc -n "$NS" get pods -o wide >&2 || true
+    kc -n "$NS" describe pods -l app.kubernetes.io/component=chaos-daemon | tail -15 >&2 || true
+    kc -n "$NS" logs ds/chaos-daemon --tail=40 >&2 || true
+    die "chaos-daemon did not become ready (its node's containerd socket: $SOCKET_DIR/containerd.sock; CHAOS_DAEMON_RUNTIME_SOCKET_DIR names another directory)"
+  fi
+  log "controller-manager and chaos-daemon running in namespace $NS ($(elapsed "$t0") s)"
 }
 
 cmd_down() {
-  local mod
+  local mod kinds
+  # Chaos objects carry the controller's finalizer: delete any left while it still runs, or
+  # deleting the CRDs would wait for it forever.
+  kinds=$(kc get crd -o name | sed -n 's#^customresourcedefinition.apiextensions.k8s.io/\(.*\.chaos-mesh\.org\)$#\1#p' | paste -sd, -)
+  [ -z "$kinds" ] || kc delete "$kinds" --all -A --ignore-not-found --wait=true --timeout=60s >/dev/null \
+    || log "some Chaos Mesh objects were not deleted within 60 s"
   kc delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
   kc delete clusterrolebinding,clusterrole torbed-chaos-controller-manager --ignore-not-found >/dev/null
-  mod=$(moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
+  mod=$(chaos_mesh_moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
   kc delete --ignore-not-found -f "$mod/helm/chaos-mesh/crds/" >/dev/null
   log "removed"
 }

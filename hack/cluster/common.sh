@@ -26,6 +26,26 @@ PAUSE_IMAGE=localhost/torbed/pause:1.0
 COREDNS_IMAGE=localhost/torbed/coredns:$COREDNS_VERSION
 TOOLBOX_IMAGE=localhost/torbed/toolbox:1
 
+# Chaos Mesh (hack/cluster/chaos-mesh.sh, hack/cluster/chaos-daemon/build.sh).
+# chaos_mesh_moddir MODULE@VERSION: the module's directory in the Go module cache (downloaded
+# when missing).
+chaos_mesh_moddir() {
+  local info
+  info=$(go mod download -json "$1") || die "go mod download $1 failed: $info"
+  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$info"
+}
+
+# chaos_mesh_src DEST: a writable copy of the pinned chaos-mesh module whose go.mod requires the
+# pinned api module instead of replacing it with ./api (hack/versions.env says why).
+chaos_mesh_src() {
+  local mod
+  mod=$(chaos_mesh_moddir "github.com/chaos-mesh/chaos-mesh@$CHAOS_MESH_VERSION")
+  cp -r "$mod" "$1"
+  chmod -R u+w "$1"
+  (cd "$1" && go mod edit -dropreplace github.com/chaos-mesh/chaos-mesh/api \
+      -require "github.com/chaos-mesh/chaos-mesh/api@$CHAOS_MESH_API_VERSION")
+}
+
 # render FILE NAME=VALUE...: hack/cluster/config/FILE on stdout, each __NAME__ replaced by VALUE
 # (any characters, newlines included).
 render() {

@@ -114,6 +114,18 @@ class PodCtx:
         self.calls.append(("create", obj["spec"]["action"]))
         return f"Chaos Mesh PodChaos {obj['metadata']['name']} created"
 
+    def wait_injected(self, name, want):
+        self.calls.append(("wait", name, want))
+        return {"object": name, **k8s.chaos_status(PODCHAOS), "t_seen": 1.0}
+
+
+# A PodChaos container-kill's status as Chaos Mesh's controller writes it (the fields torbed reads).
+T_APPLY = 1795820462.0   # 2026-11-27T23:01:02Z
+PODCHAOS = {"kind": "PodChaos", "status": {"experiment": {"containerRecords": [
+    {"id": "default/r-middle-0/tor", "phase": "Injected", "selectorKey": ".", "injectedCount": 1, "events": [
+        {"operation": "Apply", "type": "Failed", "timestamp": "2026-11-27T23:01:01Z", "message": "rpc error"},
+        {"operation": "Apply", "type": "Succeeded", "timestamp": "2026-11-27T23:01:02Z"}]}]}}}
+
 
 def _fault(**kw):
     return scenario.parse(with_faults(kw)).faults[0]
@@ -132,8 +144,10 @@ def test_k8s_kill_is_sigkill_with_the_pod_held_on_either_path():
     ctx = PodCtx(chaos={0: obj})   # chaos-daemon runs: it sends the SIGKILL, after the hold
     act = k8s.Kill(0, f, ["middle0"])
     act.apply(ctx)
-    assert [c[1].split()[0] for c in ctx.calls] == ["touch", "container-kill"]
+    assert [c[1].split()[0] for c in ctx.calls] == ["touch", "container-kill", "x-fault-0"]
     assert act.mechanism.startswith("Chaos Mesh PodChaos container-kill")
+    # The apply record has Chaos Mesh's own report of the kill, waited for (one pod).
+    assert ctx.calls[2] == ("wait", "x-fault-0", 1) and act.record["chaos_mesh"]["t_injected"] == T_APPLY
     ctx = PodCtx(chaos={0: obj}, daemon_problem="no chaos-daemon pod runs")
     act = k8s.Kill(0, f, ["middle0"])
     act.apply(ctx)
@@ -228,3 +242,45 @@ def test_kill_on_kubernetes_notices_a_tor_that_survived_its_signal():
         live.kill()
         live.wait()
         zombie.wait()
+
+
+def test_chaos_mesh_status_gives_injection_and_recovery_times():
+    st = k8s.chaos_status(PODCHAOS)
+    assert st["t_injected"] == T_APPLY and st["t_recovered"] is None
+    [rec] = st["records"]
+    assert rec["id"] == "default/r-middle-0/tor" and rec["phase"] == "Injected"
+    assert rec["events"][0] == {"operation": "Apply", "type": "Failed", "t": T_APPLY - 1, "message": "rpc error"}
+    recovered = json.loads(json.dumps(PODCHAOS))
+    recovered["status"]["experiment"]["containerRecords"][0]["events"].append(
+        {"operation": "Recover", "type": "Succeeded", "timestamp": "2026-11-27T23:01:17Z"})
+    assert k8s.chaos_status(recovered)["t_recovered"] == T_APPLY + 15
+    assert k8s.chaos_status({"kind": "PodChaos"}) == {"records": [], "t_injected": None, "t_recovered": None}
+
+
+class ChaosCluster:
+    """The API as Ctx.wait_injected reads it: one object whose status is given."""
+    ApiException, TransportError = RuntimeError, (OSError,)
+
+    def __init__(self, obj):
+        self.ns, self.obj = "default", obj
+        self.custom = SimpleNamespace(get_namespaced_custom_object=lambda *a: self.obj)
+
+    def _call(self, what, fn, *args):
+        return fn(*args)
+
+
+def test_a_container_kill_chaos_mesh_does_not_report_done_fails_the_fault():
+    """Reported done: the status; not done within the timeout, after a failed injection (its
+    message kept) or none at all (CRDs installed, no controller): RunFailed, the fault did not
+    happen."""
+    ctx = k8s.Ctx(ChaosCluster(PODCHAOS), None, "r", {})
+    ctx.created["x-fault-0"] = "podchaos"
+    assert ctx.wait_injected("x-fault-0", 1)["t_injected"] == T_APPLY
+    failed = json.loads(json.dumps(PODCHAOS))
+    failed["status"]["experiment"]["containerRecords"][0]["events"].pop()
+    ctx.cluster.obj = failed
+    with pytest.raises(RunFailed, match="0 of 1 containers injected 0 s after .* failed: default/r-middle-0/tor: rpc error"):
+        ctx.wait_injected("x-fault-0", 1, timeout_s=0.3)
+    ctx.cluster.obj = {"kind": "PodChaos"}
+    with pytest.raises(RunFailed, match="the injection was not reported"):
+        ctx.wait_injected("x-fault-0", 1, timeout_s=0.3)

@@ -9,8 +9,10 @@ mechanism used is in each apply record (``mechanism``):
   (``/run/torbed/fault-hold``; the chart's tor container waits while it is there instead of
   starting tor), then sends SIGKILL through ``kubectl exec``, or, with Chaos Mesh (the chart's
   ``<release>-faults`` ConfigMap has the kill) and its chaos-daemon running, creates the
-  chart's PodChaos container-kill (SIGKILL from chaos-daemon) at the fault's time. Without
-  chaos-daemon the same SIGKILL is sent by torbed, and the record says why.
+  chart's PodChaos container-kill (SIGKILL from chaos-daemon) at the fault's time and waits
+  for Chaos Mesh's report of it (``chaos_status``: kept in the apply record, with Chaos
+  Mesh's injection time). Without chaos-daemon the same SIGKILL is sent by torbed, and the
+  record says why.
 - restart: SIGTERM to tor through ``kubectl exec`` (Chaos Mesh has no SIGTERM action); with a
   duration the pod is held for it, then released; the kubelet starts the container again,
   after its crash back-off from the second exit of a container on (10 s, 20 s, 40 s ...:
@@ -31,7 +33,8 @@ mechanism used is in each apply record (``mechanism``):
   tor exits, that is a kill and restart, not a pause).
 
 Public API: ``make_runner(backend, rep, t_work, chaos) -> FaultRunner``,
-``chaos_objects(cluster, release) -> {fault index: manifest} | None``.
+``chaos_objects(cluster, release) -> {fault index: manifest} | None``,
+``chaos_status(obj) -> dict`` (what Chaos Mesh reports it did with an object, and when).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import yaml
 
@@ -52,6 +56,9 @@ from .backoff import kubelet_backoff_s
 GROUP, VERSION = "chaos-mesh.org", "v1alpha1"
 RESIZE_TIMEOUT_S = 20.0
 DAEMON_LABEL = "app.kubernetes.io/component=chaos-daemon"
+# How long a created container-kill may take until Chaos Mesh reports it done (measured on the
+# local 2-core cluster: about 1 s; its controller retries a failed injection with back-off).
+CHAOS_INJECT_TIMEOUT_S = 20.0
 # The tor processes of the pod (tor is PID 1 of its container, or a child of the pod's
 # pause process when the pod shares its process namespace), signalled; prints their pids.
 SIGNAL_TOR = ('%s p=; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = tor ] && p="$p ${d#/proc/}"; done; '
@@ -90,6 +97,33 @@ def chaos_daemon_problem(cluster) -> str | None:
     if not any(p.status.phase == "Running" for p in pods):
         return f"no chaos-daemon pod runs in the cluster (label {DAEMON_LABEL})"
     return None
+
+
+def chaos_status(obj: dict) -> dict:
+    """What Chaos Mesh reports it did with an object, from its status: per container record
+    (``id``: namespace/pod/container) the phase and the events, each ``{operation: Apply |
+    Recover, type: Succeeded | Failed, t: Unix s, message}`` (Chaos Mesh's timestamps have
+    a resolution of 1 s); ``t_injected`` / ``t_recovered``: the last successful Apply /
+    Recover of any record (None while there is none)."""
+    recs = ((obj.get("status") or {}).get("experiment") or {}).get("containerRecords") or []
+    out, last = [], {"Apply": None, "Recover": None}
+    for r in recs:
+        events = []
+        for e in r.get("events") or []:
+            t = _unix(e.get("timestamp"))
+            events.append({"operation": e.get("operation"), "type": e.get("type"), "t": t,
+                           **({"message": e["message"]} if e.get("message") else {})})
+            if e.get("type") == "Succeeded" and e.get("operation") in last and t is not None:
+                last[e["operation"]] = max(t, last[e["operation"]] or t)
+        out.append({"id": r.get("id"), "phase": r.get("phase"), "events": events})
+    return {"records": out, "t_injected": last["Apply"], "t_recovered": last["Recover"]}
+
+
+def _unix(ts: str | None) -> float | None:
+    """An RFC 3339 timestamp of the API (``2026-11-27T23:01:02Z``) as Unix seconds."""
+    if not ts:
+        return None
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def check_chaos_mesh(cluster, objects: dict[int, dict]) -> None:
@@ -138,20 +172,44 @@ class Ctx:
             raise RunFailed(f"Kubernetes API: delete {plural} {name}: {e}") from None
         return f"{plural} {name} deleted"
 
+    def _read(self, name: str) -> dict:
+        return self.cluster._call(f"read {self.created[name]} {name}", self.cluster.custom.get_namespaced_custom_object,
+                                  GROUP, VERSION, self.cluster.ns, self.created[name], name)
+
     def _keep_status(self, name: str) -> None:
         """meta.json ``chaos_objects``: what Chaos Mesh says it did with the object (the pods
-        it injected), read before the object is deleted: a cluster whose CRDs exist but whose
-        controller does not run accepts the object and does nothing."""
+        it injected, its events and their times), read before the object is deleted: a
+        cluster whose CRDs exist but whose controller does not run accepts the object and
+        does nothing."""
         try:
-            obj = self.cluster.custom.get_namespaced_custom_object(GROUP, VERSION, self.cluster.ns,
-                                                                   self.created[name], name)
-        except (self.cluster.ApiException, *self.cluster.TransportError) as e:
+            obj = self._read(name)
+        except RunFailed as e:
             self.meta.setdefault("chaos_objects", {})[name] = {"status": f"not readable: {e}"}
             return
-        recs = ((obj.get("status") or {}).get("experiment") or {}).get("containerRecords") or []
-        injected = sorted(r.get("id") for r in recs if any(
-            e.get("operation") == "Apply" and e.get("type") == "Succeeded" for e in r.get("events") or []))
-        self.meta.setdefault("chaos_objects", {})[name] = {"kind": obj["kind"], "injected": injected}
+        st = chaos_status(obj)
+        injected = sorted(r["id"] for r in st["records"] if any(
+            e["operation"] == "Apply" and e["type"] == "Succeeded" for e in r["events"]))
+        self.meta.setdefault("chaos_objects", {})[name] = {"kind": obj["kind"], "injected": injected, **st}
+
+    def wait_injected(self, name: str, want: int, timeout_s: float = CHAOS_INJECT_TIMEOUT_S) -> dict:
+        """Wait until Chaos Mesh reports a successful injection into ``want`` containers of
+        the object it was just given (``chaos_status``, plus ``t_seen``: when torbed read
+        it). Raises RunFailed when they were not all injected within ``timeout_s`` (Chaos
+        Mesh retries a failed injection meanwhile): the fault did not happen."""
+        t0 = time.time()
+        while True:
+            st = chaos_status(self._read(name))
+            done = [r for r in st["records"] if any(e["operation"] == "Apply" and e["type"] == "Succeeded"
+                                                    for e in r["events"])]
+            if len(done) >= want:
+                return {"object": name, **st, "t_seen": time.time()}
+            if time.time() - t0 > timeout_s:   # a failed injection is retried: wait for its retry too
+                failed = [f"{r['id']}: {e.get('message', '')}" for r in st["records"] for e in r["events"]
+                          if e["operation"] == "Apply" and e["type"] == "Failed"]
+                why = "failed: " + "; ".join(failed) if failed else "was not reported (is its controller running?)"
+                raise RunFailed(f"Chaos Mesh {self.created[name]} {name}: {len(done)} of {want} containers "
+                                f"injected {timeout_s:.0f} s after it was created; the injection {why}")
+            time.sleep(0.2)
 
     def cleanup(self) -> list[str]:
         """Delete the Chaos Mesh objects still there (one-shot kinds stay until now, so their
@@ -319,10 +377,15 @@ class Kill(Action):
         obj = ctx.chaos_object(self.index)
         why = None if obj is None else ctx.daemon_problem()
         exits = {pod: ctx.tor_exits(pod) for pod in self.pods}
+        chaos = {}
         if obj is not None and why is None:
             for pod in self.pods:
                 ctx.hold(pod, True)
+            t_create = time.time()
             how = ctx.create(obj) + " (container-kill: SIGKILL from chaos-daemon)"
+            # The record says when Chaos Mesh reports the kill done, not only that it was asked.
+            chaos = {"chaos_mesh": {**ctx.wait_injected(obj["metadata"]["name"], len(self.pods)),
+                                    "t_created": t_create}}
             mechanism = "Chaos Mesh PodChaos container-kill (SIGKILL from chaos-daemon), pod held"
         else:
             self.pids = {pod: ctx.signal_tor(pod, "KILL", hold=True) for pod in self.pods}
@@ -334,7 +397,7 @@ class Kill(Action):
         self.record = {"pods": self.pods, "how": how, "signal": "SIGKILL",
                        "note": "the pod is held: its tor container, started again by the kubelet, waits "
                                "instead of starting tor",
-                       "tor_exits_before": exits, **({"chaos_mesh_not_used": why} if why else {})}
+                       "tor_exits_before": exits, **chaos, **({"chaos_mesh_not_used": why} if why else {})}
         return f"{how}: {', '.join(self.pods)}"
 
     def undo(self, ctx, reason):
