@@ -260,6 +260,7 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
 STRESS_S = 20           # how long Chaos Mesh keeps the stressor (its own duration: it recovers by itself)
 STRESS_AFTER_S = 12     # after exit0 started relaying the workload (its pod sending over 200 kB/s)
 BUSY_BPS = 200_000      # exit0's pod's transmit rate that means the bulk transfers run through it
+BUSY_SPAN_S = 8         # ... sustained this long
 RELAY_CPU_LIMIT = "100m"   # the relays' tor containers: a quota the stressor competes for (tor needs ~37m)
 
 
@@ -319,9 +320,12 @@ class StressWatch:
         self.thread.start()
 
     def _sending(self) -> bool:
-        """exit0's pod sent over BUSY_BPS in the samples of the last 4 s (at least 2 s apart)."""
-        recent = [x for x in self.samples if x[0] > time.time() - 4]
-        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 2:
+        """exit0's pod sent over BUSY_BPS over the samples of the last BUSY_SPAN_S (at least
+        BUSY_SPAN_S - 2 s apart): the workload's bulk transfers, not a bring-up burst (a relay's
+        bandwidth self-test and directory fetches crossed 200 kB/s for a few seconds once, 21 s
+        before the workload, and the stressor came before it)."""
+        recent = [x for x in self.samples if x[0] > time.time() - BUSY_SPAN_S]
+        if len(recent) < 2 or recent[-1][0] - recent[0][0] < BUSY_SPAN_S - 2:
             return False
         return (recent[-1][5] - recent[0][5]) / (recent[-1][0] - recent[0][0]) > BUSY_BPS
 
