@@ -15,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-import subprocess
+
+from ..resume import git_commit
 
 QUICK_ENV = "TORBED_BENCH_QUICK"
 
@@ -37,17 +38,7 @@ def bench_run(part: str, argv: list[str] | None, quick: bool = False) -> dict:
     quick = quick or os.environ.get(QUICK_ENV) == "1"
     return {"part": part, "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "host": {"cpus": os.cpu_count(), "hostname": socket.gethostname(), "load1": round(os.getloadavg()[0], 2)},
-            "settings": {"quick": quick, "args": _without_out(list(argv or []))}, "commit": _commit()}
-
-
-def _commit() -> str | None:
-    from .. import resources
-    try:
-        p = subprocess.run(["git", "-C", str(resources.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.strip() or None
+            "settings": {"quick": quick, "args": _without_out(list(argv or []))}, "commit": git_commit()}
 
 
 def stamp(started: str) -> str:

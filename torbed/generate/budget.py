@@ -209,9 +209,8 @@ def _trace_rate(trace: str, gap_s: float) -> float:
 
     from .. import resources
     path = Path(trace) if Path(trace).is_absolute() else resources.path(trace)
-    t = trace_mod.read(path)
-    total = sum(f.bytes(trace_mod.DOWN) + f.bytes(trace_mod.UP) for f in t.flows)
-    return total / max(t.duration + gap_s, 1.0)
+    totals = trace_mod.info(trace_mod.read(path))
+    return sum(totals["bytes"].values()) / max(totals["duration_s"] + gap_s, 1.0)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ DEFAULT_BIN_RATIO = math.sqrt(2)
 # that tor's own rate limit is the one that binds, as on a real relay's access link.
 LINK_WIRE_OVERHEAD = 1.06
 
+REPLAY_SERVER, REPLAY_PORT = "replay", 8000   # the replayed sessions' server group
 # Client mix (item 2 of issue 41). Fractions of the clients; sizes as tgen's/OnionPerf's.
 DEFAULT_MIX = {"web": 0.9, "bulk": 0.1}
 FILES = {"page": "50KiB", "bulk": "5MiB", "p50k": "50KiB", "p1m": "1MiB", "p5m": "5MiB"}
@@ -50,9 +51,9 @@ WORKLOADS = {
     # headless browser's session and an interactive SSH session, each client of the group
     # replaying the whole trace from its own offset (distribute: each), looped for the window,
     # through the replay server beside the file server.
-    "http": {"kind": "replay", "server": "replay", "trace": "replay/traces/http-browsing.trace.jsonl.gz",
+    "http": {"kind": "replay", "server": REPLAY_SERVER, "trace": "replay/traces/http-browsing.trace.jsonl.gz",
              "distribute": "each"},
-    "ssh": {"kind": "replay", "server": "replay", "trace": "replay/traces/ssh-session.trace.jsonl.gz",
+    "ssh": {"kind": "replay", "server": REPLAY_SERVER, "trace": "replay/traces/ssh-session.trace.jsonl.gz",
             "distribute": "each"},
 }
 # OnionPerf-style probes: one client per size, one fetch every 30 s (OnionPerf fetches every
@@ -60,7 +61,6 @@ WORKLOADS = {
 PERF = {"perf50k": "p50k", "perf1m": "p1m", "perf5m": "p5m"}
 PERF_PAUSE = "30s"
 SERVER = "www"
-REPLAY_SERVER, REPLAY_PORT = "replay", 8000
 # Clients per sampled relay (default). Tor Metrics counts ~2.5 million daily users for ~7,000
 # relays, but most users are idle most of the time; one active measurement client per relay
 # keeps the sampled network about as loaded as its relay count, and scales with it.
