@@ -3,7 +3,9 @@
 Each finished repetition becomes a small committed record,
 ``<records>/<experiment>/<variant>-rep-<block>.json``: its per-repetition value of every
 metric the pre-registration (analysis/prereg.py) uses, its gate results and provenance
-(scenario hash, tor build and version, torbed version and commit, host), and its timing. The
+(scenario hash, tor build and version, torbed version and commit, host), and its timing; a
+repetition a gate rejected keeps its values apart, as ``values_invalid`` (no test reads them:
+they let a later reader re-analyse under other gates without the raw run). The
 campaign and the document are computed from those records only: a raw run directory is used
 while it exists (``torbed run --resume`` continues it) and its absence never blocks.
 
@@ -117,7 +119,10 @@ def _gates(meta: dict) -> dict:
         return {"recorded": False, "valid": True}
     return {"recorded": True, "valid": bool(g.get("valid", True)), "invalid_reasons": g.get("invalid_reasons") or [],
             "flags": g.get("flags") or [],
-            **{k: (g.get(k) or {}).get("status") for k in ("queueing", "cpu", "completion")}}
+            **{k: (g.get(k) or {}).get("status") for k in ("queueing", "cpu", "completion")},
+            # Transfers cut off while still moving (the window's end, a replay flow behind its
+            # schedule): kept as censored times, but a reader should see how many.
+            "censored_fraction": (g.get("completion") or {}).get("censored_fraction")}
 
 
 def _provenance(info: dict, meta: dict, variant: str) -> dict:
@@ -161,16 +166,23 @@ def harvest(run_dir: Path, exp: str, comps, records: Records, offset: int, smoke
     if not todo:
         return 0
     run = load_run(run_dir)
-    gates.exclude_invalid(run)
+    rejected = gates.exclude_invalid(run)
     ex = metrics.extract(run)
     wanted = {m for c in comps for m in c.metrics}
+    rejected = {key for key, g in rejected.items() if not g["valid"]} & {(v, k) for v, k, _ in todo}
+    raw = ex_all = None
+    if rejected:   # their values apart, from the run as measured (``values_invalid``)
+        raw = load_run(run_dir)
+        ex_all = metrics.extract(raw)
     for v, k, meta in todo:
+        invalid = (v, k) in rejected and meta.get("status") == "ok"
         t0, t1 = meta.get("t_start"), meta.get("t_end")
         records.write({
             "schema": SCHEMA, "experiment": exp, "variant": v, "block": offset + k, "smoke": smoke,
             "run": {"id": run_dir.name, "rep": k, "seed": info.get("seed"), "path": str(run_dir)},
             "status": meta.get("status"), "error": meta.get("error"),
             "values": _values(run, v, k, wanted, ex) if meta.get("status") == "ok" else {},
+            **({"values_invalid": _values(raw, v, k, wanted, ex_all)} if invalid else {}),
             "gates": _gates(meta), "provenance": _provenance(info, meta, v),
             "timing": {"t_start": t0, "t_end": t1, "seconds": (t1 - t0) if t0 and t1 else None,
                        "duration_s": meta.get("duration_s")}})

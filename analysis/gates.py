@@ -20,8 +20,9 @@ the collectors cellstats.jsonl; the drivers transfers.jsonl), over the measured 
   a flag. A CPU-bound experiment (``measure.mechanism.kind: cpu-bound``) also needs its target
   relay saturated (``cpu_bound_min_busy``), else invalid.
 - **completion** (invalidating): of the transfers started after the warm-up, more than
-  ``max_failed_fraction`` stalled or failed (censored ones, cut off by the window's end, are
-  not failures: the analysis keeps them with Kaplan-Meier).
+  ``max_failed_fraction`` stalled or failed (censored ones, cut off by the window's end or,
+  for a replay flow, by its own deadline while still moving, are not failures: the analysis
+  keeps them with Kaplan-Meier).
 
 A gate whose records are absent says "not measured" and neither passes nor fails the
 repetition. On Kubernetes every pod samples itself (shaper.jsonl and sockets.jsonl from its

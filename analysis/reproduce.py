@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .. import resources
 from . import campaign, prereg as prereg_mod
 
@@ -205,7 +207,18 @@ def _gates_text(records, exp: str, variants) -> str:
     parts = [f"{len(recs) - failed - invalid}/{len(recs)} repetitions valid"]
     parts += [f"{n} {w}" for n, w in ((failed, "failed"), (invalid, "gate-invalid"), (flagged, "flagged"),
                                        (unrec, "without gates")) if n]
-    return "; ".join(parts)
+    return "; ".join(parts + _censored_text(recs, variants))
+
+
+def _censored_text(recs: list[dict], variants) -> list[str]:
+    """The median share of censored transfers per arm (cut off while still moving: their
+    times enter as lower bounds, their undelivered cells not at all), when any arm has 1% or more."""
+    share = {v: [c for r in recs if r["variant"] == v and r["status"] == "ok"
+                 and isinstance(c := r["gates"].get("censored_fraction"), (int, float))] for v in variants}
+    med = {v: float(np.median(xs)) for v, xs in share.items() if xs}
+    if not med or max(med.values()) < 0.01:
+        return []
+    return ["censored transfers (median per repetition): " + ", ".join(f"{v} {100 * x:.0f}%" for v, x in med.items())]
 
 
 def _rows(prereg, records, comps, verdicts) -> list[str]:

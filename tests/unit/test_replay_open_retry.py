@@ -80,7 +80,7 @@ class RefusingSocks:
             if self.connects <= self.refuse:
                 c.sendall(b"\x05\x01\x00\x01" + b"\x00" * 6)
                 return
-            up = socket.create_connection((host, port))
+            up = self._upstream(host, port)
             c.sendall(b"\x05\x00\x00\x01" + b"\x00" * 6)
             with up:
                 def pump(a: socket.socket, b: socket.socket) -> None:
@@ -97,6 +97,9 @@ class RefusingSocks:
                 t.start()
                 pump(c, up)
                 t.join(10)
+
+    def _upstream(self, host: str, port: int):
+        return socket.create_connection((host, port))
 
     def close(self) -> None:
         self.sock.close()

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from torbed.analysis import campaign, prereg, reproduce
+from torbed.analysis import gates as campaign_gates
 
 from .conftest import GOLDEN_RUN
 
@@ -78,6 +79,29 @@ def test_a_gate_invalid_repetition_is_recorded_but_drops_its_pair(tmp_path):
     assert v["n"] == 1 and v["verdict"] == "inconclusive"      # block 1 failed, block 2 gate-invalid
 
 
+def test_a_gate_rejected_repetition_keeps_its_values_apart(tmp_path):
+    """Its values are not used by any test (``values`` empty) but kept as ``values_invalid``,
+    the same numbers an unjudged harvest gives, so another gate can be tried without the raw run."""
+    run = golden_copy(tmp_path / "golden-run")
+    plain = campaign.Records(tmp_path / "plain")
+    campaign.harvest(run, EXP, P.of_experiment(EXP), plain, 0)
+    meta_p = run / "vanilla" / "rep-2" / "meta.json"
+    meta = json.loads(meta_p.read_text())
+    meta["gates"] = {"version": campaign_gates.VERSION, "valid": False, "flags": [],
+                     "invalid_reasons": ["11% of 815 transfers stalled or failed (limit 10%)"],
+                     "completion": {"status": "invalid"}}
+    meta_p.write_text(json.dumps(meta))
+    rec = campaign.Records(tmp_path / "records")
+    campaign.harvest(run, EXP, P.of_experiment(EXP), rec, 0)
+    r = json.loads(rec.path(EXP, "vanilla", 2).read_text())
+    want = json.loads(plain.path(EXP, "vanilla", 2).read_text())["values"]
+    assert r["gates"]["valid"] is False and r["values"] == {}
+    assert want and r["values_invalid"] == want
+    assert "vanilla" not in rec.blocks(EXP, ("vanilla", "ewma-66"))[2]
+    ok = json.loads(rec.path(EXP, "vanilla", 0).read_text())
+    assert "values_invalid" not in ok and ok["values"] == json.loads(plain.path(EXP, "vanilla", 0).read_text())["values"]
+
+
 def synthetic_records(rec, n=6, ratio=0.67):
     """n complete blocks of EXP (the golden run's record as template), ewma-66 = ratio x vanilla."""
     campaign.harvest(GOLDEN_RUN, EXP, P.of_experiment(EXP), rec, 100)
@@ -112,6 +136,24 @@ def test_the_document_renders_from_records_alone(tmp_path, monkeypatch):
     recs = list((rec.root / EXP).glob("*.json"))
     assert recs and all(str(GOLDEN_RUN) in p.read_text() for p in recs)
     assert reproduce.main(["--render-only", "--records", str(rec.root), "--doc", str(doc)]) == 0
+
+
+def test_the_gates_column_shows_each_arms_censored_share(tmp_path):
+    rec = campaign.Records(tmp_path / "records")
+    synthetic_records(rec, n=3)
+    doc = tmp_path / "reproduction.md"
+
+    def row():
+        assert reproduce.main(["--render-only", "--records", str(rec.root), "--doc", str(doc)]) == 0
+        return next(line for line in doc.read_text().splitlines() if line.startswith("| tg-exp1 "))
+
+    assert "censored" not in row()
+    for k, share in enumerate((0.10, 0.12, 0.30)):
+        p = rec.path(EXP, "vanilla", k)
+        r = json.loads(p.read_text())
+        r["gates"] = {**r["gates"], "censored_fraction": share}
+        p.write_text(json.dumps(r))
+    assert "censored transfers (median per repetition): vanilla 12%" in row()
 
 
 def test_without_records_the_document_says_the_campaign_has_not_run(tmp_path):
