@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import prereg as prereg_mod
+from . import precheck, prereg as prereg_mod
 
 SCHEMA = 1
 FINISHED = ("ok", "failed")
@@ -244,12 +244,18 @@ def plan(prereg, records: Records, since: dict[str, int] | None = None) -> dict[
         planned = e.pilot_blocks if done < e.pilot_blocks else prereg_mod.blocks_planned(sd, drivers, prereg,
                                                                                            e.max_blocks)
         halted = _halt(records, name, e, drivers, done, (since or {}).get(name, 0))
+        check = precheck.status(records.root, name, e.precheck) if e.precheck else None
+        if check is not None and not check.get("ok"):
+            halted = halted or f"halted: its precheck ({e.precheck}) failed: {check.get('why')}"
         if halted:
             planned = done
+        pending = e.precheck and check is None
         out[name] = {"done": done, "pilot": e.pilot_blocks, "planned": planned, "max": e.max_blocks, "sd_diff": sd,
-                     "concluded": not halted and done >= e.pilot_blocks and done >= planned, "halted": halted,
-                     "reason": halted or (("maximum" if planned >= e.max_blocks else "interval and power")
-                                          if done >= e.pilot_blocks else "pilot")}
+                     "concluded": not halted and not pending and done >= e.pilot_blocks and done >= planned,
+                     "halted": halted, "precheck": pending and e.precheck,
+                     "reason": halted or (f"precheck {e.precheck} first, then a pilot" if pending else None)
+                     or (("maximum" if planned >= e.max_blocks else "interval and power")
+                         if done >= e.pilot_blocks else "pilot")}
     return out
 
 
@@ -288,9 +294,11 @@ def estimate(prereg, records: Records, repo: Path, only=None, duration_s: float 
         done = p[name]["done"]
         planned = p[name]["planned"] if done >= e.pilot_blocks else e.max_blocks
 
+        check_s = precheck.seconds(e.precheck, repo, e) if p[name]["precheck"] else 0.0
+
         def cost(n):
             left = max(0, n - done)
-            return left * block + (FIRST_BRINGUP_S if left else 0.0)
+            return left * block + (FIRST_BRINGUP_S if left else 0.0) + check_s
         model = len(e.variants) * (PER_REP_OVERHEAD_S + (duration_s or scenario_duration_s(repo, e.scenario)))
         rows[name] = {"block_s": block, "model_block_s": model, "basis": basis, "done": done,
                       "pilot_s": cost(e.pilot_blocks),
@@ -410,6 +418,10 @@ def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Pa
     def replan() -> dict:
         return plan(prereg, records, since)[exp]
     p = replan()
+    failed_check = retry and e.precheck and not (precheck.status(records.root, exp, e.precheck) or {}).get("ok")
+    if p["precheck"] or failed_check:     # pending, or failed and retried (e.g. on another machine)
+        precheck.run(e.precheck, exp, e, records.root, runs_root, repo)
+        p = replan()
     if p["concluded"] or p["halted"]:
         return p
     proc, entry = _launch(prereg, exp, records, runs_root, repo, duration, e.max_blocks - p["done"], fresh=retry)

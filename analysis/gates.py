@@ -243,20 +243,24 @@ def queueing_gate(rep_dir: Path, window, th: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 # CPU
 
-def _busy(a: dict, b: dict, name: str, hz: int) -> float | None:
+def _busy(a: dict, b: dict, name: str, hz: int, cap: float | None = None) -> float | None:
     """How busy ``name`` was between two samples: its busiest thread's share of the time, or
-    the whole process' share of every core, whichever is larger."""
+    the whole process' share of every core, whichever is larger. With a per-thread CPU cap
+    (``cap``, cores: ``cpu_per_thread``) a thread is saturated at its cap, so the busiest
+    thread's share of its cap."""
     pa, pb = a["procs"].get(name), b["procs"].get(name)
     dt = b["t"] - a["t"]
     if not pa or not pb or dt <= 0 or not _same_process(pa, pb):
         return None
-    whole = (pb["ticks"] - pa["ticks"]) / hz / dt / max(1, b["host"]["cpus"])
     ta, tb = (a.get("threads") or {}).get(name) or {}, (b.get("threads") or {}).get(name) or {}
     thread = max(((tb[t] - ta.get(t, 0)) / hz / dt for t in tb), default=0.0)
+    if cap:
+        return thread / cap
+    whole = (pb["ticks"] - pa["ticks"]) / hz / dt / max(1, b["host"]["cpus"])
     return max(whole, thread)
 
 
-def _best_window_busy(inside: list[dict], name: str, hz: int, span_s: float) -> float | None:
+def _best_window_busy(inside: list[dict], name: str, hz: int, span_s: float, cap: float | None = None) -> float | None:
     """The largest busy share over any ``span_s`` stretch of the samples (the whole window
     when shorter): the CPU-bound target is judged on the stretch the throughput metric uses."""
     best = None
@@ -265,7 +269,7 @@ def _best_window_busy(inside: list[dict], name: str, hz: int, span_s: float) -> 
         while i < j and b["t"] - inside[i + 1]["t"] >= span_s:
             i += 1
         if b["t"] - inside[i]["t"] >= min(span_s, inside[-1]["t"] - inside[0]["t"]) > 0:
-            x = _busy(inside[i], b, name, hz)
+            x = _busy(inside[i], b, name, hz, cap)
             if x is not None and (best is None or x > best):
                 best = x
     return best
@@ -331,7 +335,7 @@ def cpu_gate(rep_dir: Path, window, th: dict, mechanism: dict) -> dict:
                      f"(flag at {100 * th['max_others_busy_fraction']:.0f}%)")
     out = {"host": host, "processes": procs, "starved": starved}
     if target:
-        out["target"] = _cpu_target(series_of, procs, target, th, reasons)
+        out["target"] = _cpu_target(series_of, procs, target, th, reasons, mechanism.get("thread_cap"))
     top = sorted(procs.items(), key=lambda kv: -kv[1]["wait_fraction"])[:1]
     summary = (f"busiest wait: {top[0][0]} {100 * top[0][1]['wait_fraction']:.1f}% of the window; " if top else "") + \
         f"steal {100 * host['steal_fraction']:.1f}%" + \
@@ -390,20 +394,23 @@ def _cpu_processes(rs: list[dict], hz: float) -> tuple[dict, int]:
     return procs, ours
 
 
-def _cpu_target(series_of: dict, procs: dict, target: str, th: dict, reasons: list) -> dict:
+def _cpu_target(series_of: dict, procs: dict, target: str, th: dict, reasons: list,
+                cap: float | None = None) -> dict:
     """The reverse check of a CPU-bound experiment: the target group's relays must have been
     saturated (appends to ``reasons`` when not). ``series_of``: {name: (its sampler's
-    samples in the window, hz)}."""
+    samples in the window, hz)}; ``cap``: the target's per-thread CPU cap in cores (a
+    thread at its cap is saturated), None without one."""
     tgt = {n: p for n, p in procs.items() if p["role"] == "relay" and p.get("group") == target}
-    sat = {n: _best_window_busy(series_of[n][0], n, series_of[n][1], SATURATION_WINDOW_S) or 0.0 for n in tgt}
+    sat = {n: _best_window_busy(series_of[n][0], n, series_of[n][1], SATURATION_WINDOW_S, cap) or 0.0 for n in tgt}
     low = sorted(n for n, x in sat.items() if x < th["cpu_bound_min_busy"])
+    what = f"busiest thread at {{:.0f}}% of its {100 * cap:g}% cap" if cap else "busiest thread/cores at {:.0f}%"
     if not tgt:
         reasons.append(f"CPU-bound target group {target!r}: no process sampled")
     elif low:
         reasons.append("CPU-bound target not saturated: " + ", ".join(
-            f"{n} busiest thread/cores at {100 * sat[n]:.0f}%" for n in low)
-            + f" (needs {100 * th['cpu_bound_min_busy']:.0f}%)")
-    return {"group": target, "saturation": sat, "saturation_window_s": SATURATION_WINDOW_S}
+            f"{n} " + what.format(100 * sat[n]) for n in low) + f" (needs {100 * th['cpu_bound_min_busy']:.0f}%)")
+    return {"group": target, "saturation": sat, "saturation_window_s": SATURATION_WINDOW_S,
+            **({"thread_cap": cap} if cap else {})}
 
 
 # ---------------------------------------------------------------------------------------

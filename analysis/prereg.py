@@ -69,6 +69,7 @@ class Experiment:
     variants: tuple[str, ...]
     pilot_blocks: int
     max_blocks: int
+    precheck: str | None = None    # analysis/precheck.py: a check the setup must pass first
 
 
 @dataclass
@@ -117,11 +118,15 @@ def load(path: str | Path | None = None) -> Prereg:
     """Read and check the pre-registration; raises PreregError naming the entry and field."""
     path = Path(path or PATH)
     raw = yaml.safe_load(path.read_text())
-    exps = {name: Experiment(name, e["scenario"], tuple(e["variants"]), int(e["pilot_blocks"]), int(e["max_blocks"]))
+    from .precheck import KINDS
+    exps = {name: Experiment(name, e["scenario"], tuple(e["variants"]), int(e["pilot_blocks"]), int(e["max_blocks"]),
+                             e.get("precheck"))
             for name, e in (raw.get("experiments") or {}).items()}
     for e in exps.values():
         if not stats.MIN_REPS <= e.pilot_blocks <= e.max_blocks:
             raise PreregError(f"{path}: experiments.{e.name}: need {stats.MIN_REPS} <= pilot_blocks <= max_blocks")
+        if e.precheck is not None and e.precheck not in KINDS:
+            raise PreregError(f"{path}: experiments.{e.name}.precheck: {e.precheck!r} is not one of {', '.join(KINDS)}")
     prim = [_comparison(d, True, exps, f"{path}: primaries[{i}]") for i, d in enumerate(raw.get("primaries") or [])]
     sec = [_comparison(d, False, exps, f"{path}: secondaries[{i}]") for i, d in enumerate(raw.get("secondaries") or [])]
     ids = [c.id for c in prim + sec]

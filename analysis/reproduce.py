@@ -131,7 +131,7 @@ def smoke_setup(prereg, args) -> tuple[prereg_mod.Prereg, list[str]]:
     tmp = Path(tempfile.mkdtemp(prefix="reproduce-smoke-"))
     args.records, args.runs, args.doc = str(tmp / "records"), str(tmp / "runs"), str(tmp / "reproduction.md")
     args.duration = args.duration or "45s"
-    exps = {n: dataclasses.replace(e, pilot_blocks=1, max_blocks=1) for n, e in prereg.experiments.items()}
+    exps = {n: dataclasses.replace(e, pilot_blocks=1, max_blocks=1, precheck=None) for n, e in prereg.experiments.items()}
     print(f"reproduce: SMOKE TEST (not a result): {', '.join(only)}, 1 block of {args.duration}, in {tmp}",
           flush=True)
     return dataclasses.replace(prereg, experiments=exps), only
@@ -268,6 +268,22 @@ def _status_lines(prereg, records) -> list[str]:
               f"estimate): **{tot['planned_s'] / 3600:.1f} h** to the planned blocks (the maximum where no pilot "
               f"has run yet); {tot['pilot_s'] / 3600:.1f} h for the pilots alone; at most "
               f"{tot['max_s'] / 3600:.1f} h."]
+    return lines + _precheck_lines(prereg, records)
+
+
+def _precheck_lines(prereg, records) -> list[str]:
+    """The setup checks some experiments pass before their first block (analysis/precheck.py)."""
+    from . import precheck
+    exps = [(n, e) for n, e in prereg.experiments.items() if e.precheck]
+    if not exps:
+        return []
+    lines = ["", "### Prechecks", "", "Checks a setup passes before its first block (analysis/precheck.py); a failed "
+             "one halts the experiment.", "", "| experiment | check | result | when, where |", "|---|---|---|---|"]
+    for name, e in exps:
+        st = precheck.status(records.root, name, e.precheck)
+        result = "not run yet" if st is None else ("passed: " if st["ok"] else "failed: ") + st["why"]
+        when = "–" if st is None else f"{st['finished']}, {st['host']}"
+        lines.append(f"| {name} | {e.precheck} | {_cell(result)} | {when} |")
     return lines
 
 

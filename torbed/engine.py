@@ -511,13 +511,24 @@ def _split_crossover(rep: Repetition) -> None:
         rep.write_meta()
 
 
+def _mechanism(scenario) -> dict:
+    """The scenario's ``measure.mechanism`` for the gates, with ``thread_cap`` (cores) when a
+    CPU-bound target's relays have a per-thread CPU cap (``cpu_per_thread``): a thread held
+    to its cap is as saturated as the cap lets it be."""
+    m = scenario.measure.mechanism.model_dump()
+    rg = scenario.network.relays.get(m.get("target") or "") if m.get("kind") == "cpu-bound" else None
+    if rg is not None and rg.cpu_per_thread is not None:
+        m["thread_cap"] = rg.cpu_per_thread.fraction
+    return m
+
+
 def _judge_gates(rep: Repetition, backend: Backend) -> None:
     """The mechanism gates' verdict on a measured repetition (torbed.analysis.gates), into
     meta.json ``gates`` and the console. A gate that cannot be judged is an error recorded
     beside it (``gates_error``; the report judges again), never a failed repetition."""
     from .analysis import gates
     try:
-        g = rep.meta["gates"] = gates.evaluate(rep.dir, rep.meta, rep.scenario.measure.mechanism.model_dump(),
+        g = rep.meta["gates"] = gates.evaluate(rep.dir, rep.meta, _mechanism(rep.scenario),
                                                not_measured=getattr(backend, "gates_not_measured", None))
     except Exception as e:   # noqa: BLE001 - the measurement stands; the report judges again
         rep.meta["gates_error"] = f"{type(e).__name__}: {e}"

@@ -71,6 +71,10 @@ def test_the_slow_quad_core_caps_every_target_thread():
     assert target.cpu == "qemu" and target.cpu_per_thread is not None
     # mtrelay-3's four busy threads must fit in 2 cores with room for the rest of the network.
     assert 4 * target.cpu_per_thread.fraction <= 1.0
+    # The gates judge the target's saturation against its cap, not a whole core.
+    from torbed.engine import _mechanism
+    assert _mechanism(s)["thread_cap"] == target.cpu_per_thread.fraction
+    assert "thread_cap" not in _mechanism(_load("engler-goldberg-2021-throughput"))
 
 
 @pytest.mark.parametrize("name", QUEUEING + ["engler-goldberg-2021-slowcores"])

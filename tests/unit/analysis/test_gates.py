@@ -243,6 +243,15 @@ def test_cpu_bound_needs_a_saturated_target_and_exempts_it(tmp_path):
         r["threads"] = {"middle0": {"1": acc}}
     got = gates.evaluate(rep_dir(tmp_path / "d", cpu=climb), META, mech)
     assert got["valid"] and got["cpu"]["target"]["saturation"]["middle0"] == pytest.approx(0.95)
+    # With a per-thread CPU cap (engler-goldberg-2021-slowcores: 20% of a core per thread) a
+    # thread at its cap is saturated: 19% of a core is 95% of the cap; 10% is half of it.
+    capped = {**mech, "thread_cap": 0.2}
+    at_cap = gates.evaluate(rep_dir(tmp_path / "e", cpu=cpu_records(target_thread_frac=0.19)), META, capped)
+    assert at_cap["valid"] and at_cap["cpu"]["target"]["saturation"]["middle0"] == pytest.approx(0.95)
+    assert at_cap["cpu"]["target"]["thread_cap"] == 0.2
+    half = gates.evaluate(rep_dir(tmp_path / "f", cpu=cpu_records(target_thread_frac=0.1)), META, capped)
+    assert not half["valid"] and "middle0 busiest thread at 50% of its 20% cap" in half["invalid_reasons"][0]
+    assert not gates.evaluate(rep_dir(tmp_path / "g", cpu=cpu_records(target_thread_frac=0.19)), META, mech)["valid"]
     # Queueing experiments gate the same relay's starvation.
     q = gates.evaluate(rep_dir(tmp_path / "c", cpu=cpu_records({"middle0": 0.4})), META)
     assert not q["valid"] and q["cpu"]["starved"] == ["middle0"]
