@@ -94,10 +94,11 @@ class Isolation(Strict):
 
 
 class ChaosMeshValues(Strict):
-    enabled: bool = Field(False, description="Render the scenario's kill, restart and cpu faults as Chaos Mesh "
-                                             "objects (PodChaos, StressChaos) in the ConfigMap <release>-faults; "
-                                             "torbed run --backend k8s creates each at its time and deletes it "
-                                             "when the fault ends; needs Chaos Mesh in the cluster")
+    enabled: bool = Field(False, description="Render the scenario's kill faults as Chaos Mesh PodChaos "
+                                             "container-kill objects in the ConfigMap <release>-faults; torbed run "
+                                             "--backend k8s creates each at its time and deletes it when the fault "
+                                             "ends; needs Chaos Mesh (and its chaos-daemon) in the cluster. Restart "
+                                             "and cpu faults are torbed's own either way")
 
 
 class PodMonitorValues(Strict):
