@@ -22,6 +22,7 @@ runs_root, repo) -> dict``, ``seconds(kind, repo, e) -> float`` (machine time it
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +36,8 @@ CAP_LINEARITY = "cap-linearity"
 KINDS = (CAP_LINEARITY,)
 FACTORS = (0.5, 1.0, 2.0, 4.0)
 TOLERANCE = 1.25          # throughput per core of cap within a factor 1.25 of the smallest cap's
-PER_RUN_OVERHEAD_S = 90.0  # bring-up of the emulated target (slow to publish a descriptor) and teardown
+PER_RUN_OVERHEAD_S = 90.0
+INTERRUPTED = 130          # torbed's exit status after Ctrl-C (torbed.cli)  # bring-up of the emulated target (slow to publish a descriptor) and teardown
 
 
 def path(records_root: Path, exp: str, kind: str) -> Path:
@@ -130,6 +132,8 @@ def run(kind: str, exp: str, e, records_root: Path, runs_root: Path, repo: Path)
             sc.write_text(yaml.safe_dump(data, sort_keys=False))
             print(f"precheck: {exp}: {kind}: {e.variants[0]} at {100 * cap:g}% of a core per thread", flush=True)
             p = subprocess.run([sys.executable, "-m", "torbed.cli", "run", str(sc), "--out", str(out)], cwd=repo)
+        if p.returncode in (INTERRUPTED, -signal.SIGINT):
+            raise KeyboardInterrupt(f"precheck {kind}: torbed run interrupted; nothing recorded, it runs again next time")
         dirs = [d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and (d / "run.json").is_file()]
         if len(dirs) != 1:
             points.append({"cap": cap, "status": "failed", "throughput_Bps": None, "valid": False,
