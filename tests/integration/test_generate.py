@@ -199,10 +199,16 @@ def test_a_generated_network_comes_up_and_carries_traffic(generated_run):
     # The shapers applied the latency model's delays: a request and its first byte cross the
     # path twice, so no TTFB is under twice the least path delay (unshaped, a 50 KiB page's TTFB
     # here is tens of ms), and the fastest is near twice a path's delay, not a multiple of it.
+    # Every server group, the replay server's too, is that far from the exits (it once had no
+    # delay: a replayed flow's first byte beat every page). The fastest page is near twice a
+    # path's delay; a replayed flow's first byte may be due later, at the trace's own time.
     least, most = _path_delay_bounds(data)
     fastest = min(t["ttfb_s"] for t in ok)
-    print(f"one-way path delay {least * 1000:.0f}-{most * 1000:.0f} ms; fastest TTFB {fastest * 1000:.0f} ms")
-    assert 2 * least * 0.98 <= fastest <= 2 * most + 0.15, (least, most, fastest)
+    page = min(t["ttfb_s"] for t in ok if t.get("workload") != "replay")
+    print(f"one-way path delay {least * 1000:.0f}-{most * 1000:.0f} ms; fastest TTFB {fastest * 1000:.0f} ms, "
+          f"of a page {page * 1000:.0f} ms")
+    assert 2 * least * 0.98 <= fastest, (least, fastest)
+    assert page <= 2 * most + 0.15, (most, page)
 
 
 def carried(rep: Path) -> tuple[dict[str, int], dict[str, float]]:

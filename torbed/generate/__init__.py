@@ -161,11 +161,16 @@ def _header(inp: _Inputs, seed: int, fit: Fit, budget: Budget, summary: list[dic
 
 
 def _latency(model: latency_mod.Model | None, relays: list[sources.Relay], seed: int,
-             clients: dict[str, dict]) -> build.Latency | None:
+             clients: dict[str, dict], servers: list[str] | None = None) -> build.Latency | None:
+    """The latency model placed on a sample: every client group to the guards and every server
+    group (the file server, and the replay server when a client replays) from the exits."""
     if model is None:
         return None
+    if servers is None:
+        replays = any((c.get("workload") or {}).get("kind") == "replay" for c in clients.values())
+        servers = [build.SERVER] + ([build.REPLAY_SERVER] if replays else [])
     return build.Latency(model, latency_mod.relay_regions([r.fingerprint for r in relays], model, seed),
-                         clients=list(clients), servers=[build.SERVER])
+                         clients=list(clients), servers=servers)
 
 
 def _block_samples(inp: _Inputs, relays: int, seed: int, networks: int, groups: list[build.RelayGroupSpec],
@@ -177,7 +182,7 @@ def _block_samples(inp: _Inputs, relays: int, seed: int, networks: int, groups: 
     for k in range(1, networks):
         smp = sample_mod.draw(inp.joined, relays, seed + k, source)
         fit = budget_mod.fit_rates([r.capacity for r in smp.relays], budget, tors, total_rate, dem)
-        lat_k = lat and _latency(lat.model, smp.relays, seed, {c: {} for c in lat.clients})
+        lat_k = lat and _latency(lat.model, smp.relays, seed, {c: {} for c in lat.clients}, lat.servers)
         out.append(build.sample_entry(seed + k, build.rank_groups(smp.relays, fit.rates, groups), lat_k))
     return out
 

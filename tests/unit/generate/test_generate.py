@@ -652,6 +652,22 @@ def test_a_user_matrix_sets_each_group_pairs_delay_and_the_plan_applies_it(net, 
     assert "matrix" in res.data["generated"]["parameters"]["latency_model"]
 
 
+def test_the_replay_server_is_as_far_from_the_exits_as_the_file_server(net, tmp_path):
+    """With replayed sessions in the mix, the latency model reaches the replay server too (it
+    once had no delay at all, so a replayed flow's first byte came back faster than any page
+    could), in every independently drawn network of a network-per-block design."""
+    from torbed.generate import latency
+    model = latency.load(_matrix(tmp_path, "regions: {a: 1, b: 3}\ndelay_ms: {a: {a: 4, b: 100}, b: {b: 8}}\n"))
+    mix = {"web": 0.5, "bulk": 0.1, "http": 0.2, "ssh": 0.2}
+    res = generate(net.consensus, [net.descriptors], relays=20, seed=5, budget=BUDGET, latency=model, mix=mix,
+                   networks=2)
+    assert len(res.data["samples"]) == 2
+    for links in [res.data["links"]["pairs"]] + [smp["pairs"] for smp in res.data["samples"]]:
+        to = {srv: {next(x for x in p["between"] if x != srv): p["delay"] for p in links
+                    if srv in p["between"] and "delay" in p} for srv in ("www", "replay")}
+        assert to["www"] and to["replay"] == to["www"], to
+
+
 def test_no_latency_means_no_delays(net):
     res = generate(net.consensus, [net.descriptors], relays=12, seed=1, budget=BUDGET, latency=None)
     assert not any("delay" in p for p in res.data["links"]["pairs"])
