@@ -99,7 +99,8 @@ def cmd_report(args) -> int:
     from .report import report
     with console.status("report") as status:
         summary = report(args.run_dir, baseline=getattr(args, "baseline", None), out_dir=getattr(args, "out", None),
-                         progress=lambda msg: status.update(f"report: {msg}"), primary=getattr(args, "primary", None))
+                         progress=lambda msg: status.update(f"report: {msg}"), primary=getattr(args, "primary", None),
+                         keep_gate_invalid=args.keep_gate_invalid)
     out_dir = Path(getattr(args, "out", None) or Path(args.run_dir) / "report")
     if getattr(args, "json", False):
         print((out_dir / "summary.json").read_text(), end="")
@@ -241,6 +242,9 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
                         "ttlb_s/web:small; VARIANT: which variant against the baseline, needed with more than two), "
                         "tested alone at alpha 0.05 and named in the report's first sentence; the rest stay "
                         "exploratory under Holm. Declare it before looking at the data, as `make demo` does")
+    p.add_argument("--keep-gate-invalid", action="store_true",
+                   help="keep the repetitions a mechanism gate rejected in the statistics (the report says so): a "
+                        "look at what a run on a busy machine measured, not a result")
     p.add_argument("--json", action="store_true", help="print summary.json on stdout instead of the table")
     p.set_defaults(func=cmd_report)
 

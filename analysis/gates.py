@@ -494,18 +494,18 @@ def of_rep(rep) -> dict | None:
     return g if isinstance(g, dict) and g.get("version") == VERSION else None
 
 
-def exclude_invalid(run) -> dict:
+def exclude_invalid(run, keep: bool = False) -> dict:
     """Mark every repetition a gate rejected ``invalid`` (the reason as its error) and empty its
     records, so neither the inference nor the descriptive statistics use it; its block is then
-    broken (summary.invalid_reps). Returns {(variant, rep): gates} for every repetition with
-    recorded gates."""
+    broken (summary.invalid_reps). ``keep`` (`torbed report --keep-gate-invalid`): judge but
+    exclude nothing. Returns {(variant, rep): gates} for every repetition with recorded gates."""
     out = {}
     for r in run.reps:
         g = of_rep(r)
         if g is None:
             continue
         out[(r.variant, r.index)] = g
-        if not g["valid"]:
+        if not g["valid"] and not keep:
             r.status = INVALID
             r.error = "mechanism gate: " + "; ".join(g["invalid_reasons"])
             r.notes.append("excluded from every statistic by the mechanism gate (see Mechanism gates)")
@@ -517,11 +517,12 @@ def _num(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def summary_rows(run, gates: dict) -> dict | None:
-    """summary.json ``gates``: thresholds, one row per judged repetition, the excluded ones,
-    the finished repetitions without gates, and the warnings the comparisons carry (queueing
-    flags per variant). None for a run with no recorded gates (older runs' summaries stay as
-    they were)."""
+def summary_rows(run, gates: dict, kept: bool = False) -> dict | None:
+    """summary.json ``gates``: thresholds, one row per judged repetition, the excluded ones
+    (with ``kept``, the invalid ones, ``kept_invalid``: the report used them anyway), the
+    finished repetitions without gates, and the warnings the comparisons carry (queueing flags
+    per variant). None for a run with no recorded gates (older runs' summaries stay as they
+    were)."""
     if not gates:
         return None
     rows = []
@@ -558,10 +559,9 @@ def summary_rows(run, gates: dict) -> dict | None:
     unjudged = [f"variant {r.variant} rep {r.index}: " + (f"judging failed: {r.meta['gates_error']}"
                                                          if (r.meta or {}).get("gates_error") else "no gates recorded")
                 for r in run.reps if r.status == "ok" and (r.variant, r.index) not in gates]
+    invalid = [f"variant {r['variant']} rep {r['rep']}: " + "; ".join(r["invalid_reasons"]) for r in rows if not r["valid"]]
     return {"thresholds": dict(THRESHOLDS), "mechanism": mech, "rows": rows, "unjudged": unjudged,
-            "excluded": [f"variant {r['variant']} rep {r['rep']}: " + "; ".join(r["invalid_reasons"])
-                         for r in rows if not r["valid"]],
-            "warnings": warnings}
+            "excluded": [] if kept else invalid, "kept_invalid": invalid if kept else [], "warnings": warnings}
 
 
 # ---------------------------------------------------------------------------------------
@@ -575,6 +575,11 @@ def warning_blocks(summary: dict) -> list[tuple]:
         b.append(("p", f"**Mechanism gates: {len(g['excluded'])} repetition(s) invalid, excluded from every "
                        "statistic below** (their blocks count as broken):"))
         b.append(("ul", list(g["excluded"])))
+    if g.get("kept_invalid"):
+        b.append(("p", f"**Mechanism gates: {len(g['kept_invalid'])} repetition(s) invalid but KEPT in every "
+                       "statistic below (`torbed report --keep-gate-invalid`): what they measured is not what "
+                       "the comparison needs; read them as a look at the raw run, not as a result:**"))
+        b.append(("ul", list(g["kept_invalid"])))
     if g.get("warnings"):
         b.append(("p", "**Warning (mechanism gate, queueing): the delay was outside tor's circuit queues.**"))
         b.append(("ul", list(g["warnings"])))

@@ -32,8 +32,9 @@ from .metrics import Extracted
 
 
 def analyse(run_dir: str | Path, baseline: str | None = None,
-            primary: str | None = None) -> tuple[Run, Extracted, dict]:
-    """Load, extract and summarize a run (nothing written).
+            primary: str | None = None, keep_gate_invalid: bool = False) -> tuple[Run, Extracted, dict]:
+    """Load, extract and summarize a run (nothing written). ``keep_gate_invalid``: repetitions
+    a mechanism gate rejected stay in the statistics (said in the report's warnings).
 
     Returns (run, extracted samples, unrounded summary). Raises RunDirError, RecordError,
     and UnknownVariantError when ``baseline`` is not one of the run's variants.
@@ -44,10 +45,10 @@ def analyse(run_dir: str | Path, baseline: str | None = None,
                                   f"(variants: {', '.join(run.variants)})")
     base = baseline or run.baseline
     # The mechanism gates first: a repetition they reject is excluded from every statistic.
-    judged = gates.exclude_invalid(run)
+    judged = gates.exclude_invalid(run, keep=keep_gate_invalid)
     ex = metrics.extract(run)
     summ = summary_mod.summarize(run, ex, metrics.error_rates(run), base)
-    if (rows := gates.summary_rows(run, judged)) is not None:
+    if (rows := gates.summary_rows(run, judged, kept=keep_gate_invalid)) is not None:
         summ["gates"] = rows
     if primary:
         metric, _, variant = primary.partition("@")
@@ -56,17 +57,18 @@ def analyse(run_dir: str | Path, baseline: str | None = None,
 
 
 def report(run_dir: str | Path, baseline: str | None = None, out_dir: str | Path | None = None,
-           progress: Callable[[str], None] | None = None, primary: str | None = None) -> dict:
+           progress: Callable[[str], None] | None = None, primary: str | None = None,
+           keep_gate_invalid: bool = False) -> dict:
     """Analyse ``run_dir`` and write the report files (see the module docstring).
 
     ``baseline`` overrides run.json's baseline; ``out_dir`` defaults to RUN_DIR/report;
     ``progress`` (optional) is called with a short message before each step; ``primary``
-    as for ``analyse``.
+    and ``keep_gate_invalid`` as for ``analyse``.
     Returns the summary dict exactly as written to summary.json.
     """
     say = progress or (lambda msg: None)
     say("reading the run directory")
-    run, ex, summ = analyse(run_dir, baseline, primary)
+    run, ex, summ = analyse(run_dir, baseline, primary, keep_gate_invalid)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
     rounded = summary_mod.round_floats(summ)

@@ -28,9 +28,8 @@ def _root():
     require_root()
 
 
-# serial: it asserts on the report's cell_wait metrics, and the report leaves out a repetition the CPU gate
-# called starved (analysis/gates.py exclude_invalid), as it did here beside another network.
-@pytest.mark.serial
+# Not serial: its report keeps what the CPU gate would reject beside another network
+# (--keep-gate-invalid); it checks what the report computes, not a verdict.
 def test_round_robin_and_ewma_relays_run_as_configured(tmp_path):
     """Both arms of the Tang & Goldberg comparison, briefly: each variant's build and torrc
     are what its variant.yaml says, the round-robin policy is in effect on the vanilla relays
@@ -60,7 +59,7 @@ def test_round_robin_and_ewma_relays_run_as_configured(tmp_path):
     mid_log = (run / "vanilla" / "rep-0" / "logs" / "middle0.log").read_text()
     assert "CircuitMuxPolicy" in mid_log and "RoundRobin" in mid_log
     assert "RoundRobin" not in (run / "ewma-66" / "rep-0" / "logs" / "middle0.log").read_text()
-    p = run_torbed(["report", str(run)])
+    p = run_torbed(["report", str(run), "--keep-gate-invalid"])
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((run / "report" / "summary.json").read_text())
     assert any(k.startswith("cell_wait_ms/middle0/") for k in summary["metrics"]), sorted(summary["metrics"])

@@ -404,6 +404,25 @@ def test_report_excludes_invalid_repetitions_and_warns_of_shaper_backlog(tmp_pat
     assert md.index("Warning (mechanism gate") < md.index("## Run")
 
 
+def test_keep_gate_invalid_uses_every_repetition_and_says_so(tmp_path):
+    """`torbed report --keep-gate-invalid`: the rejected repetition's data are in the
+    statistics, listed as kept (not excluded) in the warnings the report leads with."""
+    judged = {(v, k): {"cpu": cpu_records(), "shaper": shaper_records(12_500)} for v in "ab" for k in range(3)}
+    judged[("b", 1)] = {"cpu": cpu_records({"exit0": 0.3}), "shaper": shaper_records(12_500)}
+    run_dir = make_run(tmp_path / "r", judged)
+    from torbed import cli
+    assert cli.main(["report", str(run_dir), "--keep-gate-invalid"]) == 0
+    s = json.loads((run_dir / "report" / "summary.json").read_text())
+    g = s["gates"]
+    assert g["excluded"] == [] and len(g["kept_invalid"]) == 1 and g["kept_invalid"][0].startswith("variant b rep 1")
+    m = s["metrics"]["ttlb_s/web:small"]["variants"]["b"]
+    assert m["per_rep"]["1"]["n"] == 8 and m["n"] == 24
+    assert "invalid but KEPT in every statistic" in (run_dir / "report" / "report.md").read_text()
+    report(run_dir)                                       # without the flag: excluded again
+    s = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert s["gates"]["kept_invalid"] == [] and s["metrics"]["ttlb_s/web:small"]["variants"]["b"]["n"] == 16
+
+
 def test_a_run_without_gates_keeps_its_summary(tmp_path):
     run_dir = make_run(tmp_path / "r", {})
     report(run_dir)
@@ -421,8 +440,8 @@ def test_compare_aa_and_the_sequential_rule_exclude_what_the_report_excludes(tmp
     seen = []
     real = gates.exclude_invalid
 
-    def spy(run):
-        out = real(run)
+    def spy(run, keep=False):
+        out = real(run, keep)
         seen.append(sorted((r.variant, r.index) for r in run.reps if r.status == gates.INVALID))
         return out
     monkeypatch.setattr(gates, "exclude_invalid", spy)
