@@ -20,10 +20,9 @@ import pytest
 
 from torbed.records import RecordWriter, read_records
 from torbed.replay import client, wire
-from torbed.replay.server import ReplayServer
-from torbed.replay.trace import DOWN, UP, Flow, Packet, Trace, write
+from torbed.replay.trace import DOWN, UP, Flow, Packet
 
-from .test_replay_open_retry import RefusingSocks, _driver
+from .test_replay_open_retry import RefusingSocks, _driver, serve_trace
 
 
 class SlowSocks(RefusingSocks):
@@ -74,11 +73,8 @@ class _Throttled:
 @pytest.fixture
 def bulky(tmp_path):
     # 40 kB due 0.1 s in, a flow 0.2 s long: at 8 kB/s it needs ~5 s.
-    trace = Trace([Flow("f", [Packet(0.0, UP, 100), Packet(0.1, DOWN, 40_000), Packet(0.2, UP, 50)], "s", "f")],
-                  {"source": "test", "tool": "hand", "licence": "CC0", "origin": "tests"})
-    write(trace, tmp_path / "t.jsonl")
-    srv = ReplayServer({"t": tmp_path / "t.jsonl"}, "127.0.0.1", 0, tmp_path / "server-cells.jsonl")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    trace, srv = serve_trace(tmp_path, Flow("f", [Packet(0.0, UP, 100), Packet(0.1, DOWN, 40_000),
+                                                  Packet(0.2, UP, 50)], "s", "f"))
     yield trace, srv.tcp.server_address[1], tmp_path
     srv.shutdown()
 

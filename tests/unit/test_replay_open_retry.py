@@ -105,14 +105,19 @@ class RefusingSocks:
         self.sock.close()
 
 
-@pytest.fixture
-def replay_server(tmp_path):
-    trace = Trace([Flow("ssh", [Packet(0.0, UP, 120), Packet(0.1, DOWN, 3000), Packet(0.3, UP, 80),
-                                Packet(0.4, DOWN, 700)], "s", "ssh")],
-                  {"source": "test", "tool": "hand", "licence": "CC0", "origin": "tests"})
+def serve_trace(tmp_path, flow: Flow) -> tuple[Trace, ReplayServer]:
+    """A real replay server on loopback serving a one-flow trace (t.jsonl in ``tmp_path``)."""
+    trace = Trace([flow], {"source": "test", "tool": "hand", "licence": "CC0", "origin": "tests"})
     write(trace, tmp_path / "t.jsonl")
     srv = ReplayServer({"t": tmp_path / "t.jsonl"}, "127.0.0.1", 0, tmp_path / "server-cells.jsonl")
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return trace, srv
+
+
+@pytest.fixture
+def replay_server(tmp_path):
+    trace, srv = serve_trace(tmp_path, Flow("ssh", [Packet(0.0, UP, 120), Packet(0.1, DOWN, 3000),
+                                                    Packet(0.3, UP, 80), Packet(0.4, DOWN, 700)], "s", "ssh"))
     yield trace, srv.tcp.server_address[1], tmp_path
     srv.shutdown()
 
@@ -176,11 +181,8 @@ def test_a_flow_still_running_at_the_window_end_is_censored(tmp_path, monkeypatc
     # run_ended, t_censor), with what had arrived; the analysis then keeps its time as
     # "longer than t_censor - t_request" like a cut-off bulk transfer.
     monkeypatch.setattr(client, "WINDOW_GRACE_S", 0.5)
-    trace = Trace([Flow("long", [Packet(0.0, UP, 100), Packet(0.1, DOWN, 2000), Packet(4.0, DOWN, 2000)],
-                        "s", "long")], {"source": "test", "tool": "hand", "licence": "CC0", "origin": "tests"})
-    write(trace, tmp_path / "t.jsonl")
-    srv = ReplayServer({"t": tmp_path / "t.jsonl"}, "127.0.0.1", 0, tmp_path / "server-cells.jsonl")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    trace, srv = serve_trace(tmp_path, Flow("long", [Packet(0.0, UP, 100), Packet(0.1, DOWN, 2000),
+                                                     Packet(4.0, DOWN, 2000)], "s", "long"))
     socks = RefusingSocks(refuse=0)
     try:
         driver = _driver(tmp_path, srv.tcp.server_address[1], socks.port, run_s=0.5)
