@@ -13,18 +13,19 @@ P = prereg.load()
 
 
 def pt(cap, mbps, valid=True, why=()):
-    return {"cap": cap, "throughput_Bps": mbps * 1e6, "valid": valid, "invalid_reasons": list(why)}
+    return {"cap": cap, "factor": cap / 0.2, "throughput_Bps": mbps * 1e6, "valid": valid, "invalid_reasons": list(why)}
 
 
 def test_proportional_throughput_passes():
-    ok, why = precheck.judge([pt(0.2, 1.3), pt(0.1, 0.6), pt(0.4, 2.5), pt(0.8, 4.6)])
+    # The first precheck's figures (2026-11-28): per core of cap 0.83, 1, 0.96, 1.04 of 20%'s.
+    ok, why = precheck.judge([pt(0.2, 0.415), pt(0.1, 0.172), pt(0.4, 0.797), pt(0.8, 1.724)])
     assert ok, why
-    assert why.startswith("proportional to the cap") and "10%: 0.60 MB/s (1.00)" in why
+    assert why.startswith("proportional to the cap") and "20%: 0.41 MB/s (1.00)" in why and "10%: 0.17 MB/s (0.83)" in why
 
 
 @pytest.mark.parametrize("points,want", [
-    # The network, not the cap, binds at 80%: 3.0 MB/s is 0.62 of 4 x the 10% rate.
-    ([pt(0.1, 0.6), pt(0.2, 1.2), pt(0.4, 2.3), pt(0.8, 3.0)], "not proportional to the cap"),
+    # The network, not the cap, binds at 80%: 3.0 MB/s is 0.62 of 4 x the 20% rate.
+    ([pt(0.1, 0.6), pt(0.2, 1.2), pt(0.4, 2.3), pt(0.8, 3.0)], "relative to the scenario's cap of 20%"),
     ([pt(0.1, 0.6), pt(0.8, 4.8, False, ["CPU-starved: 1 process(es) ... (entry0 14%)"])],
      "cap 80%: CPU-starved"),
     ([pt(0.1, 0.6), {"cap": 0.2, "throughput_Bps": None, "valid": False}], "no throughput at cap 20%"),
