@@ -17,18 +17,20 @@ def pt(cap, mbps, valid=True, why=()):
 
 
 def test_proportional_throughput_passes():
-    # The first precheck's figures (2026-11-28): per core of cap 0.83, 1, 0.96, 1.04 of 20%'s.
-    ok, why = precheck.judge([pt(0.2, 0.415), pt(0.1, 0.172), pt(0.4, 0.797), pt(0.8, 1.724)])
+    # The first precheck's figures (2026-11-28): per core of cap 0.96 and 1.04 of 20%'s at 40
+    # and 80%; the 10% point (a factor no longer in the check) is not judged.
+    ok, why = precheck.judge([pt(0.2, 0.415), pt(0.1, 0.172, False, ["94% failed"]), pt(0.4, 0.797), pt(0.8, 1.724)])
     assert ok, why
-    assert why.startswith("proportional to the cap") and "20%: 0.41 MB/s (1.00)" in why and "10%: 0.17 MB/s (0.83)" in why
+    assert why.startswith("proportional to the cap") and "20%: 0.41 MB/s (1.00)" in why and "80%: 1.72 MB/s (1.04)" in why
+    assert "10%" not in why
 
 
 @pytest.mark.parametrize("points,want", [
     # The network, not the cap, binds at 80%: 3.0 MB/s is 0.62 of 4 x the 20% rate.
     ([pt(0.1, 0.6), pt(0.2, 1.2), pt(0.4, 2.3), pt(0.8, 3.0)], "relative to the scenario's cap of 20%"),
-    ([pt(0.1, 0.6), pt(0.8, 4.8, False, ["CPU-starved: 1 process(es) ... (entry0 14%)"])],
+    ([pt(0.2, 1.2), pt(0.8, 4.8, False, ["CPU-starved: 1 process(es) ... (entry0 14%)"])],
      "cap 80%: CPU-starved"),
-    ([pt(0.1, 0.6), {"cap": 0.2, "throughput_Bps": None, "valid": False}], "no throughput at cap 20%"),
+    ([pt(0.4, 2.4), {"cap": 0.2, "factor": 1.0, "throughput_Bps": None, "valid": False}], "no throughput at cap 20%"),
     ([], "no run"),
 ])
 def test_a_network_that_binds_or_a_run_the_gates_reject_fails(points, want):
@@ -63,7 +65,7 @@ def test_the_campaign_waits_for_runs_and_halts_on_the_precheck(tmp_path, monkeyp
     assert p["reason"].startswith("precheck cap-linearity first")
     est = campaign.estimate(P, rec, reproduce.REPO, only=[SLOW])["experiments"][SLOW]
     check = precheck.seconds("cap-linearity", reproduce.REPO, P.experiments[SLOW])
-    assert check == pytest.approx(4 * (150 + precheck.PER_RUN_OVERHEAD_S))
+    assert check == pytest.approx(3 * (150 + precheck.PER_RUN_OVERHEAD_S))
     assert est["pilot_s"] == pytest.approx(campaign.FIRST_BRINGUP_S + 3 * est["block_s"] + check)
     # run_experiment runs the precheck before any block; a failed one halts without a block.
     ran = []
