@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .. import resources
 from . import precheck, prereg as prereg_mod
 
 SCHEMA = 1
 FINISHED = ("ok", "failed")
+REPO = resources.ROOT
 # Measured here: the --smoke session (2 repetitions of 45 s, relay keys cached) took 161 s,
 # its records 2 x 61 s from bring-up to the workload's end: ~20 s per repetition to come up
 # and tear down besides its duration, ~30 s per run besides (process start, tor builds
@@ -244,7 +246,7 @@ def plan(prereg, records: Records, since: dict[str, int] | None = None) -> dict[
         planned = e.pilot_blocks if done < e.pilot_blocks else prereg_mod.blocks_planned(sd, drivers, prereg,
                                                                                            e.max_blocks)
         halted = _halt(records, name, e, drivers, done, (since or {}).get(name, 0))
-        check = precheck.status(records.root, name, e.precheck) if e.precheck else None
+        check = precheck.status(records.root, name, e.precheck, REPO / e.scenario) if e.precheck else None
         if check is not None and not check.get("ok"):
             halted = halted or f"halted: its precheck ({e.precheck}) failed: {check.get('why')}"
         if halted:
@@ -418,7 +420,8 @@ def run_experiment(prereg, exp: str, records: Records, runs_root: Path, repo: Pa
     def replan() -> dict:
         return plan(prereg, records, since)[exp]
     p = replan()
-    failed_check = retry and e.precheck and not (precheck.status(records.root, exp, e.precheck) or {}).get("ok")
+    failed_check = retry and e.precheck and not (precheck.status(records.root, exp, e.precheck, repo / e.scenario)
+                                                 or {}).get("ok")
     if p["precheck"] or failed_check:     # pending, or failed and retried (e.g. on another machine)
         precheck.run(e.precheck, exp, e, records.root, runs_root, repo)
         p = replan()

@@ -48,15 +48,27 @@ def path(records_root: Path, exp: str, kind: str) -> Path:
     return Path(records_root) / exp / f"precheck-{kind}.json"
 
 
-def status(records_root: Path, exp: str, kind: str) -> dict | None:
-    """The committed result (``ok``, ``why``, ``points``...), or None when it has not run."""
+def scenario_digest(scenario_file: Path) -> str:
+    """The scenario as torbed resolves it (comments and layout do not count), as in a run's
+    fingerprint (torbed.resume)."""
+    from torbed import scenario as scenario_mod
+    from torbed.resume import fingerprint
+    return fingerprint(scenario_mod.load(str(scenario_file)), [])["scenario_sha256"]
+
+
+def status(records_root: Path, exp: str, kind: str, scenario_file: Path | None = None) -> dict | None:
+    """The committed result (``ok``, ``why``, ``points``...), or None when it has not run, or
+    (given ``scenario_file``) ran on another version of the scenario: then it runs again."""
     p = path(records_root, exp, kind)
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
+        rec = json.loads(p.read_text())
     except ValueError as e:
         raise ValueError(f"{p}: not a readable precheck record ({e})") from None
+    if scenario_file is not None and rec.get("scenario_sha256") != scenario_digest(scenario_file):
+        return None
+    return rec
 
 
 def judge(points: list[dict], tolerance: float = TOLERANCE) -> tuple[bool, str]:
@@ -149,6 +161,7 @@ def run(kind: str, exp: str, e, records_root: Path, runs_root: Path, repo: Path)
         points.append({**_point(dirs[0], e.variants[0], cap), "factor": f})
     ok, why = judge(points)
     rec = {"schema": 1, "experiment": exp, "kind": kind, "ok": ok, "why": why, "points": points,
+           "scenario": e.scenario, "scenario_sha256": scenario_digest(repo / e.scenario),
            "factors": list(FACTORS), "tolerance": TOLERANCE, "variant": e.variants[0], "started": started,
            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname()}
     dest = path(records_root, exp, kind)

@@ -280,8 +280,9 @@ def _precheck_lines(prereg, records) -> list[str]:
     lines = ["", "### Prechecks", "", "Checks a setup passes before its first block (analysis/precheck.py); a failed "
              "one halts the experiment.", "", "| experiment | check | result | when, where |", "|---|---|---|---|"]
     for name, e in exps:
-        st = precheck.status(records.root, name, e.precheck)
-        result = "not run yet" if st is None else ("passed: " if st["ok"] else "failed: ") + st["why"]
+        st = precheck.status(records.root, name, e.precheck, REPO / e.scenario)
+        result = ("not run yet (or not on this version of the scenario)" if st is None
+                  else ("passed: " if st["ok"] else "failed: ") + st["why"])
         when = "–" if st is None else f"{st['finished']}, {st['host']}"
         lines.append(f"| {name} | {e.precheck} | {_cell(result)} | {when} |")
     return lines

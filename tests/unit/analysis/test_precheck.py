@@ -51,11 +51,21 @@ def test_an_unknown_precheck_is_refused_naming_the_entry(tmp_path):
         prereg.load(tmp_path / "p.yaml")
 
 
-def _record(rec, ok):
+def _record(rec, ok, digest=None):
     p = precheck.path(rec.root, SLOW, precheck.CAP_LINEARITY)
     p.parent.mkdir(parents=True, exist_ok=True)
+    digest = digest or precheck.scenario_digest(reproduce.REPO / P.experiments[SLOW].scenario)
     p.write_text(json.dumps({"ok": ok, "why": "proportional" if ok else "not proportional to the cap: ...",
-                             "points": [], "finished": "2026-11-28T02:00:00Z", "host": "vm"}))
+                             "points": [], "finished": "2026-11-28T02:00:00Z", "host": "vm",
+                             "scenario_sha256": digest}))
+
+
+def test_a_precheck_of_another_version_of_the_scenario_runs_again(tmp_path):
+    rec = campaign.Records(tmp_path / "records")
+    _record(rec, True, digest="0" * 64)
+    assert campaign.plan(P, rec)[SLOW]["precheck"] == "cap-linearity"
+    _record(rec, True)
+    assert not campaign.plan(P, rec)[SLOW]["precheck"]
 
 
 def test_the_campaign_waits_for_runs_and_halts_on_the_precheck(tmp_path, monkeypatch):
@@ -85,7 +95,7 @@ def test_the_document_lists_the_prechecks(tmp_path):
     rec = campaign.Records(tmp_path / "records")
     doc = tmp_path / "r.md"
     assert reproduce.main(["--render-only", "--records", str(rec.root), "--doc", str(doc)]) == 0
-    assert f"| {SLOW} | cap-linearity | not run yet | – |" in doc.read_text()
+    assert f"| {SLOW} | cap-linearity | not run yet (or not on this version of the scenario) | – |" in doc.read_text()
     _record(rec, False)
     assert reproduce.main(["--render-only", "--records", str(rec.root), "--doc", str(doc)]) == 0
     text = doc.read_text()
