@@ -242,9 +242,8 @@ def register(subparsers, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
                         "ttlb_s/web:small; VARIANT: which variant against the baseline, needed with more than two), "
                         "tested alone at alpha 0.05 and named in the report's first sentence; the rest stay "
                         "exploratory under Holm. Declare it before looking at the data, as `make demo` does")
-    p.add_argument("--keep-gate-invalid", action="store_true",
-                   help="keep the repetitions a mechanism gate rejected in the statistics (the report says so): a "
-                        "look at what a run on a busy machine measured, not a result")
+    p.add_argument("--keep-gate-invalid", action="store_true", help="keep the repetitions a mechanism gate "
+                   "rejected in the statistics (the report says so): a look at a busy machine's run, not a result")
     p.add_argument("--json", action="store_true", help="print summary.json on stdout instead of the table")
     p.set_defaults(func=cmd_report)
 
