@@ -15,8 +15,8 @@ target at its cap (saturated: its busiest thread at 85% of the cap or more) and 
 starved. The result is committed as ``<records>/<experiment>/precheck-cap-linearity.json``
 (the runs' values, gates, host); a later session reads it instead of running again.
 
-Public API: ``KINDS``, ``path(records_root, exp, kind)``, ``status(records_root, exp, kind) ->
-dict | None``, ``judge(points, tolerance=TOLERANCE) -> (ok, why)``, ``run(kind, exp, e, records_root,
+Public API: ``KINDS``, ``path(records_root, exp, kind)``, ``status(records_root, exp, kind,
+scenario_file=None) -> dict | None``, ``scenario_digest(scenario_file) -> str``, ``judge(points, tolerance=TOLERANCE) -> (ok, why)``, ``run(kind, exp, e, records_root,
 runs_root, repo) -> dict``, ``seconds(kind, repo, e) -> float`` (machine time it takes).
 """
 
@@ -40,8 +40,8 @@ KINDS = (CAP_LINEARITY,)
 # CONNECTED at a target that slow: a client-side failure outside every arm's operating range.
 FACTORS = (1.0, 2.0, 4.0)
 TOLERANCE = 1.25          # throughput per core of cap within a factor 1.25 of the scenario's cap's
-PER_RUN_OVERHEAD_S = 90.0
-INTERRUPTED = 130          # torbed's exit status after Ctrl-C (torbed.cli)  # bring-up of the emulated target (slow to publish a descriptor) and teardown
+PER_RUN_OVERHEAD_S = 90.0  # bring-up of the emulated target (slow to publish a descriptor) and teardown
+INTERRUPTED = 130          # torbed's exit status after Ctrl-C (torbed.cli)
 
 
 def path(records_root: Path, exp: str, kind: str) -> Path:
@@ -103,13 +103,14 @@ def seconds(kind: str, repo: Path, e) -> float:
     return len(FACTORS) * (scenario_duration_s(repo, e.scenario) + PER_RUN_OVERHEAD_S)
 
 
-def _scenario(repo: Path, e, cap: float) -> tuple[dict, str]:
+def _scenario(repo: Path, e, cap: float) -> dict:
+    """The experiment's scenario with its baseline arm only, one repetition, the target at ``cap``."""
     data = yaml.safe_load((repo / e.scenario).read_text())
     target = data["measure"]["mechanism"]["target"]
     data["network"]["relays"][target]["cpu_per_thread"] = f"{100 * cap:g}%"
     data["variants"], data["repetitions"] = [e.variants[0]], 1
     data.pop("baseline", None)
-    return data, target
+    return data
 
 
 def _point(run_dir: Path, variant: str, cap: float) -> dict:
@@ -136,14 +137,14 @@ def run(kind: str, exp: str, e, records_root: Path, runs_root: Path, repo: Path)
     """Run the check (one ``torbed run`` per cap, one at a time), commit its record, return it."""
     if kind != CAP_LINEARITY:
         raise ValueError(f"unknown precheck {kind!r} (known: {', '.join(KINDS)})")
-    raw = yaml.safe_load((repo / e.scenario).read_text())
-    target = raw["measure"]["mechanism"]["target"]
-    base_cap = float(str(raw["network"]["relays"][target]["cpu_per_thread"]).rstrip("%")) / 100
+    from torbed import scenario as scenario_mod
+    sc_model = scenario_mod.load(str(repo / e.scenario))
+    base_cap = sc_model.network.relays[sc_model.measure.mechanism.target].cpu_per_thread.fraction
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     points = []
     for f in FACTORS:
         cap = round(base_cap * f, 4)
-        data, _ = _scenario(repo, e, cap)
+        data = _scenario(repo, e, cap)
         out = Path(runs_root) / exp / "precheck" / f"{kind}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-cap{100 * cap:g}"
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
