@@ -179,7 +179,7 @@ def _quickstart_specs(group: str):
     me = p.group_nodes(group)[0]
     out = {}
     for g in ["authority", *s.network.relays, *s.servers, *s.clients]:
-        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
+        peer = p.by_role("authority")[-1] if g == "authority" else p.group_nodes(g)[-1]
         if peer is not me:
             out[g] = p.link(me, peer)
     return out

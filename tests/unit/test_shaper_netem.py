@@ -50,6 +50,18 @@ def test_netem_leaves_per_peer_group_match_the_local_backend():
     assert shaping.class_lines("eth0", 2, p.link(middle, g))[1].split(" netem ", 1)[1] == guard.split(" netem ", 1)[1]
 
 
+def test_authority_pods_shape_the_links_between_authorities():
+    # Every authority pod's sidecar is the first authority for _link_specs; the node it reads
+    # the authority group's link from must be another one (it was the first as well, so the
+    # authorities' links to each other had no class, while the local backend shapes them).
+    s = _scenario()
+    p = plan(s, s.variants[0])
+    auth = p.by_role("authority")
+    specs = shaper._link_specs(s, p, "authority")
+    assert sorted(specs) == ["authority", "exit", "guard", "middle", "web", "www"]
+    assert specs["authority"] == p.link(auth[0], auth[1]) == p.default_link
+
+
 @pytest.mark.integration
 def test_real_tc_parses_every_rendered_netem_line():
     s = _scenario()

@@ -516,7 +516,9 @@ def _link_specs(s, p, group: str) -> dict[str, LinkSpec]:
     specs: dict[str, LinkSpec] = {}
     # The load nodes too (links.pairs may name `load`): their headless Service lists them.
     for g in ["authority", *s.network.relays, *s.servers, *s.clients, *(["load"] if s.load else [])]:
-        peer = p.by_role("authority")[0] if g == "authority" else p.group_nodes(g)[-1]
+        # The group's last node: not ``me`` (a group's first) unless the group has one node,
+        # so an authority pod gets a class for the other authorities as well.
+        peer = p.by_role("authority")[-1] if g == "authority" else p.group_nodes(g)[-1]
         if peer is me:  # a one-node group: no link to itself
             continue
         spec = p.link(me, peer)
