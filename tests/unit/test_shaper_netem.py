@@ -251,8 +251,10 @@ def _link_stats(em, src: str, dst: str) -> dict:
     return next(x for x in em.stats()["links"] if (x["src"], x["dst"]) == (src, dst))
 
 
+# Not `serial`: that marker only orders tests/integration, and this module runs in the unit
+# stage beside another worker. Its bounds are wide for that: medians of 100.5-103.2 ms
+# (guard0 -> middle0, 2 x 50 ms) were measured at load averages of 10-23.
 @pytest.mark.integration
-@pytest.mark.serial   # RTT upper bounds, as test_linkemu's: linkemu is a user-space switch
 def test_linkemu_carries_out_the_netem_lines_the_sidecars_render(tmp_path):
     require_root()
     data = copy.deepcopy(BASE)
