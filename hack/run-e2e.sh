@@ -34,29 +34,9 @@ if [ "${1:-}" = --prepare ]; then
   prepare
   exit $?
 fi
-# E2E_WORKERS=2: two test modules at a time on one cluster (pytest-xdist --dist loadgroup;
-# tests/e2e/conftest.py groups each module, and the modules that change the cluster for
-# everyone, Chaos Mesh's CRDs and the emulated Pi node, into one group that runs alone on
-# its worker). The cluster is brought up here once, not by each worker's session fixture.
-workers=${E2E_WORKERS:-1}
-
-e2e_tests() {
-  local rc=0
-  if [ "$workers" -gt 1 ] && ! "$bin/python" -c 'import os, sys; sys.path.insert(0, "tests/e2e"); from conftest import _reachable; sys.exit(0 if os.environ.get("KUBECONFIG") and _reachable(os.environ["KUBECONFIG"]) else 1)' 2>/dev/null; then
-    hack/cluster/cluster.sh up >&2 || return 1
-    eval "$(hack/cluster/cluster.sh env)"
-    export KUBECONFIG
-    trap 'hack/cluster/cluster.sh down >/dev/null 2>&1' EXIT
-  fi
-  local par=()
-  [ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadgroup)
-  "$bin/pytest" -ra -p no:cacheprovider --durations=25 --durations-min=1 "${par[@]}" \
-    --junitxml="$TORBED_TEST_REPORTS/e2e.xml" -m "e2e and not experiment" tests/e2e "$@" || rc=$?
-  [ $rc -ne 5 ] || { echo "run-e2e: pytest collected no tests; that is a failure" >&2; return 1; }
-  return $rc
-}
-
 prepare || exit 1
 rc=0
-stage e2e e2e_tests "$@" || rc=$?
+stage e2e "$bin/pytest" -ra -p no:cacheprovider --durations=25 --durations-min=1 \
+  --junitxml="$TORBED_TEST_REPORTS/e2e.xml" -m "e2e and not experiment" tests/e2e "$@" || rc=$?
+[ $rc -ne 5 ] || { echo "run-e2e: pytest collected no tests; that is a failure" >&2; exit 1; }
 exit $rc

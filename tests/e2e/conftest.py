@@ -8,7 +8,6 @@ are built (`python -m torbed.images`, cached) and loaded into the local cluster.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -27,24 +26,6 @@ TORBED = [sys.executable, "-m", "torbed.cli"]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
 # The local cluster's pod and Service ranges: the shapers drop everything else.
 ISOLATE = "isolation.allowedCIDRs={10.244.0.0/16,10.96.0.0/12}"
-
-
-# Modules that change the cluster for every test (hack/run-e2e.sh E2E_WORKERS=2 runs two
-# groups at a time): Chaos Mesh's cluster-scoped CRDs and DaemonSet (test_faults_k8s installs
-# and removes them, test_k8s's dry run creates and deletes the CRDs) and the emulated Pi
-# node (test_pi_k8s joins and removes it). They share one group, so one worker runs them one
-# after another; every other module is a group of its own, so a module's shared run stays on
-# one worker.
-CLUSTER_WIDE = {"test_faults_k8s.py", "test_pi_k8s.py",
-                "test_k8s.py::test_chaos_resources_pass_a_server_dry_run"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = Path(item.fspath).name
-        wide = module in CLUSTER_WIDE or f"{module}::{item.name}" in CLUSTER_WIDE
-        item.add_marker(pytest.mark.xdist_group("cluster-wide" if wide else module.removesuffix(".py")))
 
 
 def _reachable(kubeconfig: str) -> bool:
@@ -87,9 +68,6 @@ def images(cluster):
     """Build the images (cached) and, on the local cluster, load them into its runtime."""
     # The default images (Prometheus: tests/e2e/test_prometheus_k8s.py; locust:
     # tests/e2e/test_load_k8s.py) plus the nightly runner (tests/e2e/test_nightly.py).
-    # One worker at a time (E2E_WORKERS=2): the second finds the images built and loaded.
-    lock = open(Path(os.environ.get("TMPDIR", "/tmp")) / "torbed-e2e-images.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
     b = subprocess.run([sys.executable, "-m", "torbed.images", "--images",
                         "dirauth,client,locust,relay,prometheus,nightly"],
                        capture_output=True, text=True, cwd=REPO)
@@ -103,7 +81,6 @@ def images(cluster):
                             capture_output=True, text=True)
         assert ld.returncode == 0, ld.stdout[-3000:] + ld.stderr[-3000:]
         print(f"loaded {len(tags)} images into the cluster in {time.time() - t0:.1f} s")
-    lock.close()
     return tags
 
 
