@@ -55,3 +55,17 @@ def test_fails_when_the_results_service_is_unreachable(capsys, monkeypatch):
     monkeypatch.setattr(helmtest, "POLL_S", 0.2)
     assert helmtest.main(["--results", "http://127.0.0.1:9", "--timeout", "1"]) == 1
     assert "results service http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_a_scenario_with_faults_says_they_were_not_run(results, capsys, monkeypatch):
+    url, append = results
+    append(_transfer())
+    assert helmtest.main(["--results", url, "--timeout", "10", "--faults-not-run", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "fetched bulk" in out and "the scenario has 2 fault(s) and this release ran none of them" in out
+    monkeypatch.setattr(helmtest, "POLL_S", 0.2)
+    assert helmtest.main(["--results", "http://127.0.0.1:9", "--timeout", "1", "--faults-not-run", "1"]) == 1
+    assert "1 fault(s) and this release ran none" in capsys.readouterr().err
+    # Without faults (the chart passes nothing): no note.
+    assert helmtest.main(["--results", url, "--timeout", "10"]) == 0
+    assert "fault" not in capsys.readouterr().out
