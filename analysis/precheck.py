@@ -15,9 +15,14 @@ target at its cap (saturated: its busiest thread at 85% of the cap or more) and 
 starved. The result is committed as ``<records>/<experiment>/precheck-cap-linearity.json``
 (the runs' values, gates, host); a later session reads it instead of running again.
 
-Public API: ``KINDS``, ``path(records_root, exp, kind)``, ``status(records_root, exp, kind,
-scenario_file=None) -> dict | None``, ``scenario_digest(scenario_file) -> str``, ``judge(points, tolerance=TOLERANCE) -> (ok, why)``, ``run(kind, exp, e, records_root,
-runs_root, repo) -> dict``, ``seconds(kind, repo, e) -> float`` (machine time it takes).
+Public API:
+
+- ``KINDS``, ``path(records_root, exp, kind)``;
+- ``status(records_root, exp, kind, scenario_file=None) -> dict | None``;
+- ``scenario_digest(scenario_file) -> str``;
+- ``judge(points, tolerance=TOLERANCE) -> (ok, why)``;
+- ``run(kind, exp, e, records_root, runs_root, repo) -> dict``;
+- ``seconds(kind, repo, e) -> float`` (machine time it takes).
 """
 
 from __future__ import annotations
