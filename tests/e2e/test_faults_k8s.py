@@ -1,15 +1,19 @@
 """Faults on Kubernetes mean what they mean locally, with Chaos Mesh enabled too (issue 42;
 docs/faults.md "One meaning per kind"), and what Chaos Mesh's chaos-daemon does, measured.
 
-One `torbed run --backend k8s --set chaosMesh.enabled=true` of the quickstart, with Chaos
-Mesh's controller-manager and chaos-daemon (built from its Go module by
-hack/cluster/chaos-mesh.sh) running: a CPU cap on exit0 (a CFS quota, not a StressChaos), a
-pause of exit0, a restart of guard0 with 4 s of downtime (SIGTERM, the pod held), then a kill
-of guard0 (SIGKILL, and it stays down: the chart's PodChaos container-kill, carried out by
-chaos-daemon through containerd, its injection time from Chaos Mesh's status in the apply
-record). What the test sees from outside the run: the tor container's CFS quota and guard0's
-tor process and container status (read in the pods while the run goes on), the transfers,
-and faults.jsonl. One release for all of it: CI time (issue 44).
+One `torbed run --backend k8s --set chaosMesh.enabled=true` of a quickstart-like scenario, with
+Chaos Mesh's controller-manager and chaos-daemon (built from its Go module by
+hack/cluster/chaos-mesh.sh) running, carries every fault kind on one timeline (TIMELINE): a
+CPU cap on exit0 (a CFS quota, not a StressChaos), a pause of exit0, a restart of guard0 with
+4 s of downtime (SIGTERM, the pod held), a partition of middle0 (every link of it), a rate
+fault of 1 Mbit/s between the bulk clients and the guard (both through the shaper sidecar),
+then a kill of guard0 (SIGKILL, and it stays down: the chart's PodChaos container-kill,
+carried out by chaos-daemon through containerd, its injection time from Chaos Mesh's status
+in the apply record). What the tests see from outside the run: the tor container's CFS quota
+and guard0's tor process and container status, every pod's tc tree read in its shaper
+container at each link fault's apply and undo (all read in the pods while the run goes on),
+the transfers, and faults.jsonl. One release for all of it (CI time, issue 44); one test per
+fault, so a failure names the fault.
 
 A second run has a StressChaos, created by the test (no torbed fault kind is one: docs/faults.md),
 put stress-ng into exit0's tor container: its processes in the container's cgroup and PID
@@ -31,6 +35,7 @@ import yaml
 
 from conftest import QUICKSTART, REPO, exec_in, leftovers, records, torbed_run
 from torbed.backends.k8s import faults as k8s_faults
+from torbed.pods.shaper import DROP_CLASS, tree_summary
 
 pytestmark = pytest.mark.e2e
 CHAOS_MESH = ["bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh")]
@@ -38,6 +43,8 @@ CHAOS_MESH = ["bash", str(REPO / "hack" / "cluster" / "chaos-mesh.sh")]
 TOR_PROCS = "n=0; for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = tor ] && n=$((n+1)); done; echo $n"
 CPU_QUOTA = ("cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || "
              "cut -d' ' -f1 /sys/fs/cgroup/cpu.max")   # cgroup v1 here; v2 elsewhere
+TREE = "tc class show dev eth0; echo ====; tc filter show dev eth0"
+RATE_BPS = 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -136,98 +143,160 @@ class Watch:
         self.thread.join()
 
 
-def test_process_and_cpu_faults_mean_the_same_on_kubernetes(kube, chaos_mesh, tmp_path):
+class TreeWatch:
+    """Every pod's tc tree (summarised, torbed.pods.shaper.tree_summary), read through the
+    shaper container at each point of the link faults' timeline: when the workload starts
+    ('before'), after each link fault's apply and after each undo ('apply 3', 'undo 3')."""
+
+    def __init__(self, kube, runs: Path, faults: set[int]):
+        self.kube, self.runs, self.faults = kube, runs, faults
+        self.trees: dict[str, dict[str, tuple[set, set]]] = {}   # moment -> pod -> tree
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _snapshot(self, release: str) -> dict:
+        core = self.kube.CoreV1Api()
+        out = {}
+        for p in core.list_namespaced_pod("default", label_selector=f"app.kubernetes.io/instance={release}").items:
+            names = [c.name for c in p.spec.init_containers or []]
+            if p.status.phase != "Running" or "shaper" not in names:
+                continue
+            try:
+                text = exec_in(self.kube, p.metadata.name, "shaper", TREE)
+            except Exception as e:
+                self.errors.append(f"{p.metadata.name}: {e}")
+                continue
+            classes, filters = text.split("====", 1)
+            out[p.metadata.name] = tree_summary(classes, filters)
+        return out
+
+    def _run(self):
+        seen: set[str] = set()
+        while not self.stop.is_set():
+            for f in self.runs.glob("*/vanilla/rep-0/faults.jsonl"):
+                release = json.loads((f.parent / "meta.json").read_text())["release"]
+                for r in records(f):
+                    if r["event"] != "planned" and r["fault"] not in self.faults:
+                        continue
+                    moment = "before" if r["event"] == "planned" else f"{r['event']} {r['fault']}"
+                    if moment not in seen and not r.get("error"):
+                        seen.add(moment)
+                        self.trees[moment] = self._snapshot(release)
+            self.stop.wait(0.3)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+
+
+# The timeline, sized from runs on the 2-core machine: the kubelet resized the quota 0.5 s
+# after the patch and back in 0.2 s (the watch reads it about once a second: 7 s during, 5 s
+# after); the first transfer succeeded 1.4 s after guard0's restart; the shapers of ten pods
+# took up to 6.4 s to apply the partition, and transfers succeeded again within 20 s of its
+# undo. Each fault has the network to itself; the kill comes last (guard0 stays down).
+TIMELINE = [{"at": "5s", "kind": "cpu", "target": "exit0", "cpu": "5%", "duration": "9s"},
+            {"at": "19s", "kind": "pause", "target": "exit0", "duration": "8s"},
+            {"at": "31s", "kind": "restart", "target": "guard0", "duration": "4s"},
+            {"at": "42s", "kind": "link", "target": "middle0", "partition": True, "duration": "10s"},
+            {"at": "64s", "kind": "link", "between": ["bulk", "guard"], "rate": "1mbit", "duration": "16s"},
+            {"at": "90s", "kind": "kill", "target": "guard0"}]
+CPU, PAUSE, RESTART, PARTITION, RATE, KILL = range(len(TIMELINE))
+LINK = {PARTITION, RATE}
+
+
+@pytest.fixture(scope="module")
+def timeline(kube, chaos_mesh, tmp_path_factory):
+    """One `torbed run --backend k8s --set chaosMesh.enabled=true` of the quickstart with every
+    fault kind on one timeline (TIMELINE), watched from outside (Watch, TreeWatch); each test
+    below checks one fault of it. {'p', 'rep', 'meta', 'ev', 'recs', 'rel', 'watch', 'trees',
+    'transfers'}."""
+    tmp_path = tmp_path_factory.mktemp("faults")
     data = yaml.safe_load(QUICKSTART.read_text())
-    # Gaps sized from runs on the 2-core machine: the kubelet resized the quota 0.5 s after
-    # the patch and back in 0.2 s (the watch reads it about once a second: 7 s during, 5 s
-    # after), and the first transfer succeeded 1.4 s after guard0's restart.
-    data["faults"] = [{"at": "5s", "kind": "cpu", "target": "exit0", "cpu": "5%", "duration": "9s"},
-                      {"at": "19s", "kind": "pause", "target": "exit0", "duration": "8s"},
-                      {"at": "31s", "kind": "restart", "target": "guard0", "duration": "4s"},
-                      {"at": "50s", "kind": "kill", "target": "guard0"}]
+    data["servers"]["www"]["files"]["bulk"] = "1MiB"   # progress marks every 100 KiB: a rate in seconds
+    data["clients"]["web"]["workload"].update(pause="300ms", timeout="5s")
+    data["faults"] = TIMELINE
+    data["measure"]["duration"] = "98s"   # the quickstart's 90 s would end at the kill's time
     scenario = tmp_path / "faults.yaml"
     scenario.write_text(yaml.safe_dump(data))
-    watch = Watch(kube)
+    watch, trees = Watch(kube), TreeWatch(kube, tmp_path / "runs", LINK)
     try:
-        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "58s",
-                                "--set", "chaosMesh.enabled=true")
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--set", "chaosMesh.enabled=true")
     finally:
         watch.close()
+        trees.close()
     assert run_dir, p.stdout[-3000:] + p.stderr[-3000:]
     rep = run_dir / "vanilla" / "rep-0"
     meta = json.loads((rep / "meta.json").read_text())
-    rel = meta["release"]
-    assert meta["chaos_mesh"] is True and not meta.get("teardown_errors"), meta
     recs = records(rep / "faults.jsonl")
-    ev = {(r["fault"], r["event"]): r for r in recs}
+    return {"p": p, "rep": rep, "meta": meta, "rel": meta["release"], "recs": recs, "watch": watch, "trees": trees,
+            "ev": {(r["fault"], r["event"]): r for r in recs}, "transfers": records(rep / "transfers.jsonl")}
+
+
+def test_every_fault_is_applied_on_time_by_its_one_mechanism_and_nothing_is_left(kube, timeline):
+    p, meta, ev, recs = timeline["p"], timeline["meta"], timeline["ev"], timeline["recs"]
+    assert p.returncode == 0 and meta["status"] == "ok", (meta.get("error"), p.stdout[-3000:], p.stderr[-3000:])
+    assert meta["chaos_mesh"] is True and not meta.get("teardown_errors"), meta
     # On time, within what a loaded 2-core machine allows: the backend's loop copies records
     # out between faults (a pause came 1.7 s late under load average 20-40), and the first
     # fault cannot come before the runner exists (bring-up's provenance reads ran until 11 s
     # after the workload start in one run): lateness from the later of the two.
     t_runner = ev[(0, "planned")]["t"]
-    for i in range(4):
+    for i in range(len(TIMELINE)):
         assert not [r for r in recs if r["fault"] == i and r.get("error")], recs
         assert 0 <= ev[(i, "apply")]["t"] - max(ev[(i, "apply")]["t_planned"], t_runner) < 5, ev[(i, "apply")]
-    for i in (0, 1, 2):   # undone at the end of their duration, on time
-        assert ev[(i, "undo")]["reason"] == "duration" and 0 <= ev[(i, "undo")]["t"] - ev[(i, "undo")]["t_planned"] < 5
-    print("late by (s): " + ", ".join(f"{ev[(i, 'apply')]['t'] - ev[(i, 'apply')]['t_planned']:.2f}" for i in range(4))
+    for i in set(range(len(TIMELINE))) - {KILL}:   # undone at the end of their duration, on time
+        u = ev[(i, "undo")]
+        assert u["reason"] == "duration" and 0 <= u["t"] - u["t_planned"] < 5, u
+    for i in LINK:   # the shapers of every pod changed within seconds, both ways
+        a, u = ev[(i, "apply")], ev[(i, "undo")]
+        assert a["t_done"] - a["t"] < 10 and u["t_done"] - u["t"] < 10, (a, u)
+    print("late by (s): " + ", ".join(f"{ev[(i, 'apply')]['t'] - ev[(i, 'apply')]['t_planned']:.2f}"
+                                      for i in range(len(TIMELINE)))
           + f"; runner created {t_runner - meta['t_workload_start']:.1f} s after the workload start")
-    print("mechanisms: " + "; ".join(f"{ev[(i, 'apply')]['kind']}: {ev[(i, 'apply')]['mechanism']}" for i in range(4)))
-    _check_cpu(watch, meta, ev)
-    _check_pause(rep, ev, rel)
-    _check_restart_and_kill(watch, rep, meta, ev, rel)
-    _check_chaos_kill(meta, ev, rel)
-    assert [f["kind"] for f in meta["faults"]] == ["cpu", "pause", "restart", "kill"]
-    assert [f["mechanism"] for f in meta["faults"]] == [ev[(i, "apply")]["mechanism"] for i in range(4)]
-    assert leftovers(kube, rel) == []
+    print("mechanisms: " + "; ".join(f"{ev[(i, 'apply')]['kind']}: {ev[(i, 'apply')]['mechanism']}"
+                                     for i in range(len(TIMELINE))))
+    assert [f["kind"] for f in meta["faults"]] == [f["kind"] for f in TIMELINE]
+    assert [f["mechanism"] for f in meta["faults"]] == [ev[(i, "apply")]["mechanism"] for i in range(len(TIMELINE))]
+    # Link faults are the shaper sidecar's with Chaos Mesh on too (never a NetworkChaos).
+    assert all(ev[(i, "apply")]["mechanism"].startswith("shaper sidecar: htb ") for i in LINK)
+    assert leftovers(kube, timeline["rel"]) == []
 
 
-def _check_chaos_kill(meta, ev, rel):
-    """The kill was Chaos Mesh's: chaos-daemon reported the container-kill of guard0's tor
-    container done; its time (Chaos Mesh's, 1 s resolution) lies between the object's
-    creation and torbed reading the report; the same status is in meta.json."""
-    cm = ev[(3, "apply")]["chaos_mesh"]
-    [rec] = cm["records"]
-    assert rec["id"] == f"default/{rel}-guard-0/tor", cm
-    assert int(cm["t_created"]) <= cm["t_injected"] <= cm["t_seen"], cm
-    [(name, kept)] = meta["chaos_objects"].items()
-    assert name == cm["object"] and kept["kind"] == "PodChaos" and kept["injected"] == [rec["id"]], kept
-    print(f"container-kill: Chaos Mesh reports it injected {cm['t_injected'] - cm['t_created']:+.2f} s after "
-          f"torbed created it (its timestamps: whole seconds); torbed read that {cm['t_seen'] - cm['t_created']:.2f} s "
-          f"after creating it; events {rec['events']}")
-
-
-def _check_cpu(watch, meta, ev):
+def test_a_cpu_fault_is_a_cfs_quota_with_chaos_mesh_on(timeline):
     """A cap with Chaos Mesh too: the kubelet changed the container's CFS quota in place (no
     restart, no stressor) and set it back."""
-    cpu_apply, cpu_undo = ev[(0, "apply")], ev[(0, "undo")]
+    watch, meta, ev = timeline["watch"], timeline["meta"], timeline["ev"]
+    cpu_apply, cpu_undo = ev[(CPU, "apply")], ev[(CPU, "undo")]
     assert cpu_apply["mechanism"].startswith("torbed: CFS quota 5000 us per 100 ms"), cpu_apply
     assert cpu_apply["limits_before"] == {f"{meta['release']}-exit-0": "1"}, cpu_apply
     quota = lambda t0, t1: {q for a, b, q in watch.quota if t0 < a and b < t1}  # noqa: E731
     before = quota(meta["t_workload_start"] - 30, cpu_apply["t"])
     during = quota(cpu_apply["t_done"], cpu_undo["t"])
-    after = quota(cpu_undo["t_done"], ev[(1, "apply")]["t"])
+    after = quota(cpu_undo["t_done"], ev[(PAUSE, "apply")]["t"])
     print(f"exit0's tor CFS quota (us per 100 ms): before {before}, during the cpu fault {during}, after {after}; "
           f"the kubelet applied the resize {cpu_apply['resize_s']} s after the patch")
     assert before == {"100000"} and during == {"5000"} and after == {"100000"}, \
         [(round(a - cpu_apply["t"], 2), round(b - cpu_apply["t"], 2), q) for a, b, q in watch.quota]
 
 
-def _check_pause(rep, ev, rel):
+def test_a_pause_stops_every_transfer_until_tor_resumes(timeline):
     """Nothing completes while exit0's tor is stopped (every path ends there), then it does."""
-    pause, resume = ev[(1, "apply")], ev[(1, "undo")]
+    ev, rel, transfers = timeline["ev"], timeline["rel"], timeline["transfers"]
+    pause, resume = ev[(PAUSE, "apply")], ev[(PAUSE, "undo")]
     assert pause["done"].startswith(f"SIGSTOP tor in {rel}-exit-0 (pid "), pause
-    transfers = records(rep / "transfers.jsonl")
     done_while = [t for t in transfers if t.get("t_last_byte") and pause["t_done"] + 3.5 < t["t_last_byte"] < resume["t"]]
     assert not done_while, done_while
-    assert [t for t in transfers if t["status"] == "ok" and t["t_last_byte"] > resume["t_done"]], \
+    assert [t for t in transfers if t["status"] == "ok" and resume["t_done"] < t["t_last_byte"] < ev[(PARTITION, "apply")]["t"]], \
         "no transfer completed after exit0 resumed"
 
 
-def _check_restart_and_kill(watch, rep, meta, ev, rel):
+def test_a_restart_holds_tor_down_for_its_downtime_and_a_kill_keeps_it_down(timeline):
     """restart: SIGTERM (tor exits 0), no tor while the pod is held, tor again after; kill:
     SIGKILL (exit 137), no tor from then on; both in the same pod."""
-    restart, released, kill = ev[(2, "apply")], ev[(2, "undo")], ev[(3, "apply")]
+    watch, meta, ev, rel = timeline["watch"], timeline["meta"], timeline["ev"], timeline["rel"]
+    restart, released, kill = ev[(RESTART, "apply")], ev[(RESTART, "undo")], ev[(KILL, "apply")]
     assert restart["pods"] == [f"{rel}-guard-0"] and restart["signal"] == "SIGTERM", restart
     assert restart["mechanism"].startswith("torbed: SIGTERM") and restart["kubelet_backoff_s"] == {f"{rel}-guard-0": 0}
     assert kill["signal"] == "SIGKILL" and kill["mechanism"].startswith("Chaos Mesh PodChaos container-kill"), kill
@@ -248,11 +317,114 @@ def _check_restart_and_kill(watch, rep, meta, ev, rel):
     # or after it (count 2).
     assert (1, 0) in exits and ((1, 137) in exits or (2, 137) in exits), exits
     assert meta["pod_restarts"].get(f"{rel}-guard-0") in (1, 2), meta["pod_restarts"]
-    transfers = records(rep / "transfers.jsonl")
-    ok_after = [t for t in transfers if t["status"] == "ok" and released["t"] < t["t_start"] < kill["t"]]
-    print(f"after guard0's release: {len(ok_after)} transfers succeeded (first started "
+    ok_after = [t for t in timeline["transfers"] if t["status"] == "ok" and released["t"] < t["t_start"]
+                and t["t_last_byte"] < ev[(PARTITION, "apply")]["t"]]
+    print(f"after guard0's release: {len(ok_after)} transfers succeeded before the partition (first started "
           f"{min((t['t_start'] for t in ok_after), default=float('nan')) - released['t']:.1f} s after it)")
     assert ok_after, "no transfer succeeded after guard0's tor started again"
+
+
+def test_the_kill_is_chaos_meshs_container_kill_with_its_injection_time(timeline):
+    """chaos-daemon reported the container-kill of guard0's tor container done; its time
+    (Chaos Mesh's, 1 s resolution) lies between the object's creation and torbed reading the
+    report; the same status is in meta.json."""
+    meta, rel = timeline["meta"], timeline["rel"]
+    cm = timeline["ev"][(KILL, "apply")]["chaos_mesh"]
+    [rec] = cm["records"]
+    assert rec["id"] == f"default/{rel}-guard-0/tor", cm
+    assert int(cm["t_created"]) <= cm["t_injected"] <= cm["t_seen"], cm
+    [(name, kept)] = meta["chaos_objects"].items()
+    assert name == cm["object"] and kept["kind"] == "PodChaos" and kept["injected"] == [rec["id"]], kept
+    print(f"container-kill: Chaos Mesh reports it injected {cm['t_injected'] - cm['t_created']:+.2f} s after "
+          f"torbed created it (its timestamps: whole seconds); torbed read that {cm['t_seen'] - cm['t_created']:.2f} s "
+          f"after creating it; events {rec['events']}")
+
+
+def _release_pods(rel: str) -> set[str]:
+    return {f"{rel}-{n}" for n in ("auth-0", "auth-1", "auth-2", "guard-0", "middle-0", "exit-0", "www-0")}
+
+
+def test_a_partition_drops_every_link_of_the_relay_and_transfers_fail_typed(timeline):
+    """Every pod (all are middle0's peers) drops toward middle0, middle0 toward all; nothing
+    completes through it, what starts fails with a typed error, success again after it."""
+    ev, rel, trees, transfers = timeline["ev"], timeline["rel"], timeline["trees"], timeline["transfers"]
+    assert not trees.errors, trees.errors
+    part = ev[(PARTITION, "apply")]
+    assert _release_pods(rel) <= set(part["pods"]) and len(part["pods"]) == 10, part["pods"]   # + bulk0, bulk1, web0
+    mid = part["shaper"][f"{rel}-middle-0"]
+    assert set(mid["classes"].values()) == {DROP_CLASS} and len(mid["peers"]) == 6, mid   # every group but middle
+    middle_ip = part["shaper"][f"{rel}-guard-0"]["addresses"]["middle"]
+    assert len(middle_ip) == 1, part["shaper"][f"{rel}-guard-0"]
+    during = trees.trees[f"apply {PARTITION}"]
+    assert f"pref 1 ip -> {DROP_CLASS} {_hex(middle_ip[0])}/ffffffff" in during[f"{rel}-guard-0"][1]
+    assert sum(1 for f in during[f"{rel}-middle-0"][1] if f.startswith(f"pref 1 ip -> {DROP_CLASS}")) >= 9
+    t_on, t_off = part["t_done"], ev[(PARTITION, "undo")]["t"]
+    through = [t for t in transfers if t.get("t_last_byte") and t_on + 0.5 < t["t_last_byte"] < t_off]
+    assert not through, through
+    # Typed errors for what started once the partition was being applied: on a loaded machine
+    # the shapers of the ten pods took 6.4 s to apply it (2026-11-26), and the one transfer
+    # started in between timed out; from its end (t_on) to the undo no new one started.
+    failed = [t for t in transfers if part["t"] <= t["t_start"] < t_off and t["status"] != "ok"]
+    assert failed and {t["error"]["cause"] for t in failed} <= {"timeout", "circuit_failed", "stream_detached"}, failed
+    ok_after = sorted(t["t_last_byte"] for t in transfers if t["status"] == "ok" and t["t_last_byte"] > t_off)
+    assert ok_after and ok_after[0] - ev[(PARTITION, "undo")]["t_done"] < 20, "no transfer succeeded after the partition"
+    print(f"partition of middle0: {len(failed)} typed errors ({sorted({t['error']['cause'] for t in failed})}), "
+          f"none completed; first success {ok_after[0] - ev[(PARTITION, 'undo')]['t_done']:.1f} s after the undo")
+
+
+def test_a_rate_fault_bounds_the_bulk_clients_goodput_until_undone(timeline):
+    """The guard's egress toward the bulk clients in a 1 Mbit/s class (and theirs toward it):
+    their goodput held near the fault's rate while it lasts, freed again once undone."""
+    ev, rel, trees = timeline["ev"], timeline["rel"], timeline["trees"]
+    rate = ev[(RATE, "apply")]
+    assert sorted(rate["pods"]) == sorted([f"{rel}-guard-0"] + [p for p in rate["pods"] if "-bulk-" in p]) \
+        and len(rate["pods"]) == 3, rate["pods"]
+    g = rate["shaper"][f"{rel}-guard-0"]
+    assert list(g["classes"]) == ["bulk"] and len(g["addresses"]["bulk"]) == 2, g
+    assert f"htb {g['classes']['bulk']} rate 1Mbit" in trees.trees[f"apply {RATE}"][f"{rel}-guard-0"][0]
+    bulk = [t for t in timeline["transfers"] if t["group"] == "bulk"]
+    r_on, r_off, r_done = rate["t_done"], ev[(RATE, "undo")]["t"], ev[(RATE, "undo")]["t_done"]
+    before = goodput_bps(bulk, r_on - 10, r_on)
+    during_bps = goodput_bps(bulk, r_on + 2, r_off)   # 2 s: what was queued before the change drains
+    after = goodput_bps(bulk, r_done + 1, r_done + 7)
+    print(f"bulk clients' goodput: {before / 1e6:.2f} Mbit/s before the 1 Mbit/s fault, "
+          f"{during_bps / 1e6:.2f} during, {after / 1e6:.2f} after")
+    # The fault bounds the goodput, and undoing it frees it again. The 10 s before the fault are
+    # printed, not asserted: they follow the partition, after which the bulk clients may start
+    # again late; in one run their failed downloads (9 s) were followed by new ones only at 27
+    # and 28 s, so half of that window had none (1.34 Mbit/s before, 0.89 during, 2.98 after).
+    assert 0.5 * RATE_BPS < during_bps <= 1.02 * RATE_BPS and after > 1.5 * during_bps
+
+
+def test_every_pods_tc_tree_is_as_before_once_each_link_fault_is_undone(timeline):
+    trees, rel = timeline["trees"], timeline["rel"]
+    assert not trees.errors, trees.errors
+    before = trees.trees["before"]
+    for moment in (f"undo {PARTITION}", f"undo {RATE}"):
+        changed = {p: (before[p][0] ^ t[0], before[p][1] ^ t[1])
+                   for p, t in trees.trees[moment].items() if p in before and t != before[p]}
+        assert not changed and _release_pods(rel) <= set(trees.trees[moment]), (moment, changed)
+
+
+def goodput_bps(transfers: list[dict], t0: float, t1: float) -> float:
+    """Body bits the transfers received between t0 and t1, per second: each transfer's
+    byte count interpolated between its progress marks (the driver's record)."""
+    def at(t, points):
+        if not points or t <= points[0][1]:
+            return 0.0
+        for (b0, ta), (b1, tb) in zip(points, points[1:]):
+            if t <= tb:
+                return b0 + (b1 - b0) * (t - ta) / (tb - ta) if tb > ta else b1
+        return float(points[-1][0])
+    total = 0.0
+    for tr in transfers:
+        points = [(0, tr["t_start"])] + [tuple(p) for p in tr.get("progress") or []]
+        total += at(t1, points) - at(t0, points)
+    return total * 8 / (t1 - t0)
+
+
+def _hex(ip: str) -> str:
+    return "".join(f"{int(x):02x}" for x in ip.split("."))
 
 
 # ---------------------------------------------------------------- StressChaos, by chaos-daemon
@@ -398,7 +570,7 @@ def test_stress_chaos_runs_its_stressor_in_the_tor_container(kube, chaos_mesh, c
     scenario.write_text(yaml.safe_dump(data))
     watch = StressWatch(kube)
     try:
-        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "85s",
+        p, run_dir = torbed_run(tmp_path, scenario, "--variant", "vanilla", "--duration", "70s",
                                 "--set", f"resources.relay.limits.cpu={RELAY_CPU_LIMIT}")
     finally:
         obj = watch.close()

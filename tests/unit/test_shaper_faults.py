@@ -280,7 +280,7 @@ def test_fault_commands_on_a_real_veth_drop_then_leave_the_tree_as_it_was(tmp_pa
 
 class StubCtx:
     """The backend's link-fault context without a cluster: pods by node, and the shaper's
-    replies (the exec itself is exercised on a real cluster, tests/e2e/test_link_faults_k8s.py)."""
+    replies (the exec itself is exercised on a real cluster, tests/e2e/test_faults_k8s.py)."""
 
     def __init__(self, p, fail: set[str] = frozenset()):
         from types import SimpleNamespace
