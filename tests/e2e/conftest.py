@@ -8,6 +8,7 @@ are built (`python -m torbed.images`, cached) and loaded into the local cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -126,10 +127,11 @@ def leftovers(kube, release: str, namespace: str = "default") -> list[str]:
     return found
 
 
-@pytest.fixture
-def outside_listener():
+@contextlib.contextmanager
+def listening_outside():
     """A TCP listener on an address outside every allowed range (TEST-NET-1, an address of
-    this node): reachable from the pod network unless something blocks it."""
+    this node): reachable from the pod network unless something blocks it. Yields (host,
+    port, the peers it accepted)."""
     # On lo: a local address of the node, whatever interface (this kernel has no dummy links).
     subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"], check=True)
     try:
@@ -148,13 +150,21 @@ def outside_listener():
                 accepted.append(a)
                 c.close()
         threading.Thread(target=serve, daemon=True).start()
-        yield ("192.0.2.1", 8099, accepted)
-        # shutdown wakes the thread blocked in accept(); close alone would leave the socket
-        # listening (the next test's bind: "Address already in use").
-        srv.shutdown(socket.SHUT_RDWR)
-        srv.close()
+        try:
+            yield ("192.0.2.1", 8099, accepted)
+        finally:
+            # shutdown wakes the thread blocked in accept(); close alone would leave the socket
+            # listening (the next test's bind: "Address already in use").
+            srv.shutdown(socket.SHUT_RDWR)
+            srv.close()
     finally:
         subprocess.run(["ip", "addr", "del", "192.0.2.1/32", "dev", "lo"], check=False)
+
+
+@pytest.fixture
+def outside_listener():
+    with listening_outside() as listener:
+        yield listener
 
 
 # Shared by the test modules: `torbed run --backend k8s`, records, exec in a pod.
