@@ -1,14 +1,22 @@
-"""One plain `helm install` of the chart on a real cluster, shared by the tests that only
-need a running release: `helm test`, egress isolation, and the in-chart Prometheus
-(prometheus.enabled, Debian's package in torbed/prometheus): every target of the release up
-at once, the relays', collectors' and drivers' series there with the labels the dashboards
-filter by, and every dashboard panel that can have data on Kubernetes returning series."""
+"""One plain `helm install` of the chart on a real cluster, as a cluster user gets it: from a
+registry. `python -m torbed.backends.k8s.registry` (`make images-push`) puts every built
+architecture of each image under one tag (a manifest list) and the chart as an OCI artifact
+into the local registry (hack/images/registry.sh); the release is installed from there and
+its nodes pull every image from it (pullPolicy Always: the images imported for the other
+tests are not used). One release (CI time, issue 44), shared by the tests that only need a
+running one: the registry's tags and the pods' image references, `helm test`, egress
+isolation, the results service's token, and the in-chart Prometheus (prometheus.enabled,
+Debian's package in torbed/prometheus): every target of the release up at once, the relays',
+collectors' and drivers' series there with the labels the dashboards filter by, and every
+dashboard panel that can have data on Kubernetes returning series."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -17,6 +25,7 @@ from conftest import ISOLATE, QUICKSTART, REPO, exec_in, uninstall, wait_running
 
 pytestmark = pytest.mark.e2e
 REL = "shared"
+REGISTRY = "127.0.0.1:5000"
 # Panels that cannot have data on Kubernetes: linkemu is a local-backend shaper.
 NO_DATA_ON_K8S = {"Node throughput through linkemu", "Frames lost and dropped", "Largest link backlog"}
 
@@ -37,13 +46,35 @@ def _series(kube, expr: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def release(kube, helm):
-    """One plain `helm install` (no values file: the chart's default scenario, the
-    quickstart) with the in-chart Prometheus, shared by every test of this module: each
-    asserts one thing about it, so a failure stays specific."""
+def registry(images):
+    """The local registry (hack/images/registry.sh) with the images and the chart published
+    into it; stopped afterwards unless it ran before. The publisher's output."""
+    registry_sh = ["bash", str(REPO / "hack" / "images" / "registry.sh")]
+    was_up = subprocess.run([*registry_sh, "status"], capture_output=True).returncode == 0
+    up = subprocess.run([*registry_sh, "up"], capture_output=True, text=True)
+    assert up.returncode == 0, up.stderr
+    try:
+        t0 = time.time()
+        p = subprocess.run([sys.executable, "-m", "torbed.backends.k8s.registry", "--registry", REGISTRY, "--chart",
+                            "--variants", "vanilla,ewma"], capture_output=True, text=True, cwd=REPO)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        print(f"images and chart published in {time.time() - t0:.0f} s")
+        yield p.stdout
+    finally:
+        if not was_up:   # leave nothing running that this module started
+            subprocess.run([*registry_sh, "down"], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def release(kube, helm, registry):
+    """One plain `helm install` of the chart from the registry (no values file: the chart's
+    default scenario, the quickstart) with the in-chart Prometheus, shared by every test of
+    this module: each asserts one thing about it, so a failure stays specific."""
+    from torbed import __version__
     base = [helm["bin"], "-n", "default"]
     t0 = time.time()
-    p = subprocess.run([*base, "install", REL, str(REPO / "charts" / "torbed"),
+    p = subprocess.run([*base, "install", REL, f"oci://{REGISTRY}/charts/torbed", "--version", __version__,
+                        "--plain-http", "--set", f"images.registry={REGISTRY}", "--set", "images.pullPolicy=Always",
                         "--set", ISOLATE, "--set", "prometheus.enabled=true", "--set", "prometheus.scrapeInterval=5s",
                         "--set", "measure.duration=150s", "--timeout", "300s"],
                        capture_output=True, text=True, env=helm["env"])
@@ -53,6 +84,37 @@ def release(kube, helm):
     finally:
         left = uninstall(kube, helm, REL)
         assert left == []
+
+
+def _local_image(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+
+
+def _manifest_list(repo: str, tag: str) -> dict:
+    req = urllib.request.Request(f"http://{REGISTRY}/v2/{repo}/manifests/{tag}", headers={
+        "Accept": "application/vnd.docker.distribution.manifest.list.v2+json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_one_tag_for_every_architecture_and_every_pod_pulled_from_the_registry(kube, release):
+    from torbed import __version__, images as imgs
+    host = imgs.host_arch()
+    for repo, tag in (("torbed/client", __version__), ("torbed/dirauth", __version__),
+                      ("torbed/relay", f"vanilla-{__version__}"), ("torbed/prometheus", __version__)):
+        ml = _manifest_list(repo, tag)
+        assert ml["mediaType"].endswith("manifest.list.v2+json"), ml
+        arches = {m["platform"]["architecture"] for m in ml["manifests"]}
+        assert host in arches, (repo, arches)
+        # One tag for every architecture built here: the arm64 build (the emulated Pi's relay
+        # image, tests/e2e/test_pi_k8s.py) must be under the same tag when it exists locally.
+        built = {a for a in ("amd64", "arm64") if _local_image(f"{repo}:{tag}" + ("" if a == host else f"-{a}"))}
+        assert built <= arches, (repo, built, arches)
+    wait_running(kube, f"{REL}-exit-0")
+    pods = kube.CoreV1Api().list_namespaced_pod("default", label_selector=f"app.kubernetes.io/instance={REL}")
+    refs = {c.image for p in pods.items for c in (p.status.container_statuses or [])}
+    assert refs and all(r.startswith(f"{REGISTRY}/") for r in refs), refs
+    print(f"{len(refs)} image references, all from {REGISTRY}")
 
 
 def _wait(what: str, check, timeout: float):
