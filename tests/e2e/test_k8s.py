@@ -312,91 +312,102 @@ def test_plain_helm_with_a_missing_image_fails_naming_it_and_uninstalls_at_once(
           f"{upgrade_s:.1f} s, uninstall {uninstall_s:.1f} s")
 
 
-def test_torchestra_relays_switch_circuits_on_kubernetes(kube, tmp_path):
-    """The torchestra relay image on the cluster: one bulk download beside three clients
-    fetching small files through all-Torchestra relays; the exit moves the bulk circuit to the heavy connection
-    (its EWMA is several times the connection's average), every hop completes the switch,
-    and nothing breaks (checksummed transfers, no circuit closed for a protocol violation)."""
-    data = yaml.safe_load(QUICKSTART.read_text())
-    data["variants"] = ["torchestra"]
-    data["clients"]["bulk"]["count"] = 1
-    data["clients"]["web"]["count"] = 3
-    # The web clients fetch 20 KB every 200 ms: three circuits that stay active (their EWMA
-    # above T_i x the average) and light, so the bulk circuit is several times the average
-    # (157 vs 41 cells per period locally). With the quickstart's 300 KB pages and 1 s pauses
-    # the four circuits shared the 4 mbit link about evenly and the bulk one crossed 1.7 x
-    # the average once in 25 s (the exit launched the heavy channel; by its next period the
-    # circuit was under the threshold again), so the check measured luck, not the switch.
-    data["servers"]["www"]["files"]["tiny"] = "20KB"
-    data["clients"]["web"]["workload"].update(file="tiny", pause="200ms")
-    scenario = tmp_path / "torchestra.yaml"
-    scenario.write_text(yaml.safe_dump(data))
-    # 25 s: in a 60 s run every relay had switched (exit0 7 times to the heavy connection)
-    # by the first metrics sample, 3.2 s into the workload.
-    p, run_dir = torbed_run(tmp_path, scenario, "--duration", "25s")
-    assert p.returncode == 0 and run_dir, p.stdout[-3000:] + p.stderr[-3000:]
-    rep = run_dir / "torchestra" / "rep-0"
-    meta = json.loads((rep / "meta.json").read_text())
-    transfers = records(rep / "transfers.jsonl")
-    assert len([t for t in transfers if t["status"] == "ok"]) >= 3, transfers[:3]
-    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
-    last: dict[str, dict] = {}
-    for r in records(rep / "metrics.jsonl"):
-        last[r["relay"]] = r["samples"]
-    assert set(last) == {"guard0", "middle0", "exit0"}, sorted(last)
-    counters = {relay: {k.split('event="')[1].rstrip('"}'): v for k, v in s.items()
-                        if k.startswith("tor_relay_torchestra_total{")} for relay, s in last.items()}
-    assert all(counters.values()), counters            # the patched tor, Torchestra on, at every relay
-    # Clients online only once every relay held the consensus: a middle without one put the
-    # circuits to the exit on separate channels, where none is heavy against its channel.
-    assert meta["bootstrap"]["relays_ready_at_start"] == 3, meta["bootstrap"]
-    # No circuit closed for a protocol violation, except stock tor's own tiny-network close (a
-    # path that would leave through the hop it came from), as torbed.analysis.torchestra counts.
-    from torbed.analysis.torchestra import TINY_NETWORK_CLOSE
-    for relay, s in last.items():
-        pod_log = rep / "logs" / f"{meta['release']}-{relay[:-1]}-{relay[-1]}.tor.log"
-        tiny = pod_log.read_text(errors="replace").count(TINY_NETWORK_CLOSE) if pod_log.exists() else 0
-        assert s.get("tor_relay_circ_proto_violation_total", 0) - tiny <= 0, (relay, s, tiny)
-    assert counters["exit0"].get("switch_to_heavy", 0) >= 1, counters
-    print(f"torchestra on Kubernetes: {counters}")
-    assert leftovers(kube, meta["release"]) == []
+def _switching_scenario() -> dict:
+    """Both switching designs in one network (CI time, issue 44), on disjoint fixed paths
+    that share the authorities and the server:
 
+    - circswitch (the integration test's network, torbed.analysis.circswitch.scenario): guard
+      and middle circswitch, a stock (kist) exit, an 8 mbit/s guard-middle link (the shaper
+      sidecar) that two bulk downloads fill;
+    - Torchestra: all-Torchestra relays tguard, tmiddle, texit (the quickstart's, its 4 mbit/s
+      link and the middle's constrained sockets) carrying one bulk download beside three
+      clients fetching 20 KB every 200 ms: three circuits that stay active (their EWMA above
+      T_i x the average) and light, so the bulk circuit is several times the average (157 vs
+      41 cells per period locally). With the quickstart's 300 KB pages and 1 s pauses the
+      four circuits shared the link about evenly and the bulk one crossed 1.7 x the average
+      once in 25 s, so the check measured luck, not the switch.
 
-def test_circswitch_moves_circuits_on_kubernetes(kube, tmp_path):
-    """The circswitch relay image on the cluster, in the integration test's network: guard and
-    middle circswitch, a stock (kist) exit, an 8 mbit/s guard-middle link (the shaper sidecar)
-    that two bulk downloads fill. The middle sees its buffer toward the guard congested and
-    moves circuits to the second connection of the pair; the guard completes every move; the
-    stock exit sees nothing; transfers are checksummed and nothing is left behind."""
+    25 s: alone, in 60 s runs every Torchestra relay had switched by the first metrics sample
+    (3.2 s into the workload) and the circswitch middle had moved 6 circuits by 6.6 s (14
+    transfers completed by 25 s, 5 needed)."""
     from torbed.analysis import circswitch as bench_circswitch
-    scenario = tmp_path / "circswitch.yaml"
-    # 25 s: in a 60 s run the middle had moved 6 circuits by 6.6 s into the workload (the
-    # guard completing each), and 14 transfers had completed by 25 s (>= 5 needed).
-    scenario.write_text(yaml.safe_dump(bench_circswitch.scenario("e2e-circswitch", "25s")))
+    data = bench_circswitch.scenario("e2e-switching", "25s")
+    quick = yaml.safe_load(QUICKSTART.read_text())
+    for g in ("guard", "middle", "exit"):
+        data["network"]["relays"][f"t{g}"] = {**quick["network"]["relays"][g], "variant": "torchestra"}
+    data["links"]["pairs"].append({"between": ["tguard", "tmiddle"], "rate": "4mbit"})
+    data["servers"]["www"]["files"]["tiny"] = "20KB"
+    tpath = ["tguard", "tmiddle", "texit"]
+    data["clients"]["tbulk"] = {"count": 1, "path": tpath, "workload": {"kind": "bulk", "file": "bulk"}}
+    data["clients"]["tweb"] = {"count": 3, "path": tpath,
+                               "workload": {"kind": "fetch", "file": "tiny", "repeat": 1_000_000, "pause": "200ms"}}
+    return data
+
+
+@pytest.fixture(scope="module")
+def switching(kube, tmp_path_factory):
+    """One `torbed run --backend k8s` of _switching_scenario: {'p', 'rep', 'meta', 'transfers',
+    'last' (each relay's last metrics sample)}."""
+    tmp_path = tmp_path_factory.mktemp("switching")
+    scenario = tmp_path / "switching.yaml"
+    scenario.write_text(yaml.safe_dump(_switching_scenario()))
     p, run_dir = torbed_run(tmp_path, scenario)
     assert p.returncode == 0 and run_dir, p.stdout[-3000:] + p.stderr[-3000:]
     rep = run_dir / "circswitch" / "rep-0"
-    meta = json.loads((rep / "meta.json").read_text())
-    transfers = records(rep / "transfers.jsonl")
-    assert len([t for t in transfers if t["status"] == "ok"]) >= 5, transfers[:3]
-    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
     last: dict[str, dict] = {}
     for r in records(rep / "metrics.jsonl"):
         last[r["relay"]] = r["samples"]
-    assert set(last) == {"guard0", "middle0", "exit0"}, sorted(last)
+    meta = json.loads((rep / "meta.json").read_text())
+    return {"p": p, "rep": rep, "meta": meta, "transfers": records(rep / "transfers.jsonl"), "last": last}
 
-    def events(relay: str, family: str) -> dict[str, float]:
-        return {k.split('event="')[1].rstrip('"}'): v for k, v in last[relay].items()
-                if k.startswith(f"tor_relay_{family}_total{{")}
 
-    mid, guard = events("middle0", "circswitch"), events("guard0", "torchestra")
+def _events(last: dict, relay: str, family: str) -> dict[str, float]:
+    return {k.split('event="')[1].rstrip('"}'): v for k, v in last[relay].items()
+            if k.startswith(f"tor_relay_{family}_total{{")}
+
+
+def test_both_switching_networks_ran_with_every_relay_ready_and_nothing_left(kube, switching):
+    meta, last, transfers = switching["meta"], switching["last"], switching["transfers"]
+    assert set(last) == {"guard0", "middle0", "exit0", "tguard0", "tmiddle0", "texit0"}, sorted(last)
+    # Clients online only once every relay held the consensus: a middle without one put the
+    # circuits to the exit on separate channels, where none is heavy against its channel.
+    assert meta["bootstrap"]["relays_ready_at_start"] == 6, meta["bootstrap"]
+    ok = {g: len([t for t in transfers if t["status"] == "ok" and t["group"] in g]) for g in (("bulk", "web"), ("tbulk", "tweb"))}
+    assert ok[("bulk", "web")] >= 5 and ok[("tbulk", "tweb")] >= 3, ok
+    assert not [t for t in transfers if (t.get("error") or {}).get("cause") == "checksum"]
+    assert leftovers(kube, meta["release"]) == []
+
+
+def test_torchestra_relays_switch_circuits_on_kubernetes(switching):
+    """The torchestra relay image on the cluster: the exit moves the bulk circuit to the heavy
+    connection (its EWMA is several times the connection's average), every hop has Torchestra
+    on, and no circuit closed for a protocol violation."""
+    meta, last, rep = switching["meta"], switching["last"], switching["rep"]
+    counters = {relay: _events(last, relay, "torchestra") for relay in ("tguard0", "tmiddle0", "texit0")}
+    assert all(counters.values()), counters            # the patched tor, Torchestra on, at every relay
+    # No circuit closed for a protocol violation, except stock tor's own tiny-network close (a
+    # path that would leave through the hop it came from), as torbed.analysis.torchestra counts.
+    from torbed.analysis.torchestra import TINY_NETWORK_CLOSE
+    for relay in last:
+        pod_log = rep / "logs" / f"{meta['release']}-{relay[:-1]}-{relay[-1]}.tor.log"
+        tiny = pod_log.read_text(errors="replace").count(TINY_NETWORK_CLOSE) if pod_log.exists() else 0
+        assert last[relay].get("tor_relay_circ_proto_violation_total", 0) - tiny <= 0, (relay, last[relay], tiny)
+    assert counters["texit0"].get("switch_to_heavy", 0) >= 1, counters
+    print(f"torchestra on Kubernetes: {counters}")
+
+
+def test_circswitch_moves_circuits_on_kubernetes(switching):
+    """The circswitch relay image on the cluster: the middle sees its buffer toward the guard
+    congested and moves circuits to the second connection of the pair; the guard completes
+    every move; the stock exit sees nothing."""
+    last = switching["last"]
+    mid, guard = _events(last, "middle0", "circswitch"), _events(last, "guard0", "torchestra")
     print(f"circswitch on Kubernetes: middle {mid}, guard (pair) {guard}")
     assert mid.get("switch_to_second", 0) >= 1, (mid, guard)
     # Each move lands at the guard as a switch to the second (heavy) connection of the pair.
     assert guard.get("switch_to_heavy", 0) >= mid["switch_to_second"], (mid, guard)
-    assert events("middle0", "torchestra").get("aborted", 0) == 0 and guard.get("aborted", 0) == 0
-    assert not events("exit0", "circswitch") and not events("exit0", "torchestra")   # stock tor
-    assert leftovers(kube, meta["release"]) == []
+    assert _events(last, "middle0", "torchestra").get("aborted", 0) == 0 and guard.get("aborted", 0) == 0
+    assert not _events(last, "exit0", "circswitch") and not _events(last, "exit0", "torchestra")   # stock tor
 
 
 def test_clean_removes_what_a_killed_run_left(kube, helm, tmp_path):
