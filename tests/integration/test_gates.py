@@ -47,7 +47,9 @@ def bottleneck(name: str, queue: str | None) -> dict:
         "servers.www.files": {"small": "300KB", "bulk": "200MiB"},
         "clients": {"bulk": {"count": 3, "path": ["guard", "middle", "exit"],
                              "workload": {"kind": "bulk", "file": "bulk"}}},
-        "measure.warmup": "15s", "measure.duration": "45s", "measure.prometheus": {"enabled": False}})
+        # 10 s of warm-up: the three circuits' windows (1000 cells each, 1.5 MB) fill the
+        # 2 Mbit/s link's path in ~6 s; 35 s of window: 35 gate samples, 25 needed.
+        "measure.warmup": "10s", "measure.duration": "35s", "measure.prometheus": {"enabled": False}})
 
 
 def run_gates(tmp_path, name: str, queue: str | None) -> dict:
@@ -89,7 +91,7 @@ def test_a_full_fifo_is_flagged_and_a_small_queue_is_not(tmp_path):
     full = run_gates(tmp_path, "it-gate-fifo", None)
     small = run_gates(tmp_path, "it-gate-queue", "50ms")
     fq, sq = full["queueing"], small["queueing"]
-    assert fq["shaper"]["shaper"] == "htb" and fq["shaper"]["samples"] >= 25     # 30 s window, 1 s apart
+    assert fq["shaper"]["shaper"] == "htb" and fq["shaper"]["samples"] >= 25     # 35 s window, 1 s apart
     # Where the backlog really is, named: the exit's socket toward the middle, not the FIFO.
     assert fq["status"] == "flag" and "kernel send-queue backlog dominates" in fq["text"], fq["text"]
     assert fq["shaper"]["median_s"] < 0.1, fq["shaper"]
