@@ -7,6 +7,7 @@ Tools and schemas come from `make tools` (hack/chart/k8s-tools.sh), cached under
 ${TORBED_CACHE:-~/.cache/torbed}/tools. TORBED_CHART points the suite at another chart.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -26,9 +27,9 @@ K8S_TEMPLATE = "{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}
 CRD_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
 
-# Features the chart refuses (only the local backend carries them out; _validate.tpl): the
-# scenarios that use them are checked to be refused (test_what_only_the_local_backend_does_...),
-# not rendered.
+# Features the chart refuses (only the local backend carries them out, or, for samples, only
+# `torbed run`, which installs a release per block; _validate.tpl): the scenarios that use
+# them are checked to be refused (test_what_only_the_local_backend_does_...), not rendered.
 LOCAL_ONLY = {"cpu", "samples", "second_address", "crossover"}
 
 
@@ -392,7 +393,7 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
       "network.relays.exit.weights": [300],
       "samples": [{"seed": 2, "relays": {g: {"bandwidth": "2mbit", "weights": [w]}
                                          for g, w in (("guard", 1), ("middle", 2), ("exit", 3))}}]},
-     "samples: a network sampled anew per block is built by the local backend only"),
+     "samples: a Helm release is one network, and a network sampled anew per block needs one per block"),
     ({"variants": ["circswitch", "circswitch-ownpath"], "network.relays.middle.second_address": True},
      "network.relays.middle.second_address: a relay's second address on a link of its own"),
     ({"variants": ["vanilla", "kist"], "crossover": {"period": "30s", "cycles": 1}, "measure.duration": "60s"},
@@ -401,7 +402,8 @@ def test_the_nightly_runner_may_do_what_the_backend_does_at_fault_times_and_unin
 def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, message):
     """Valid scenarios (torbed validate accepts them) that the chart cannot carry out: helm
     refuses them, naming the field, instead of deploying without them (torbed run --backend k8s
-    refuses the same: tests/unit/test_k8s_local_only.py)."""
+    refuses the same, except samples, which it installs as a release per block:
+    tests/unit/test_k8s_local_only.py)."""
     from tests.unit.test_scenario import patched
     from torbed import cli
     values = tmp_path / "s.yaml"
@@ -409,6 +411,33 @@ def test_what_only_the_local_backend_does_is_refused(tools, tmp_path, changes, m
     assert cli.main(["validate", str(values)]) == 0
     t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(values), "--set", "variant=kist")
     assert t.returncode != 0 and message in t.stderr, show(t)
+
+
+def test_each_blocks_sample_renders_as_a_release_of_its_own(tools, tmp_path):
+    """`torbed run --backend k8s` of a network sampled anew per block installs block k with
+    sample k mod n's values file (K8sBackend.values_for): helm renders it, and the scenario
+    the pods read carries that sample's weights and rates, not the other's."""
+    from types import SimpleNamespace
+    from tests.unit.test_scenario import patched
+    from torbed import scenario
+    from torbed.backends.k8s.backend import K8sBackend
+    samples = [{"seed": i, "relays": {g: {"bandwidth": f"{2 * (i + 1)}mbit", "weights": [w + 100 * i]}
+                                      for g, w in (("guard", 11), ("middle", 22), ("exit", 33))}} for i in range(2)]
+    s = scenario.parse(patched({"network.relays.guard.weights": [1], "network.relays.middle.weights": [2],
+                                "network.relays.exit.weights": [3], "samples": samples, "repetitions": 2}), "s.yaml")
+    b = K8sBackend(console=None)
+    run_ = SimpleNamespace(scenario=s, run_dir=tmp_path)
+    b.values = b._write_values(tmp_path / "values.yaml", s)
+    for k in range(2):
+        values = b.values_for(SimpleNamespace(run=run_, index=k, scenario=s.for_block(k)))
+        t = run(tools, tools["helm"], "template", "t", str(CHART), "-f", str(values), "--set", "variant=kist")
+        assert t.returncode == 0, show(t)
+        cm = next(d for d in yaml.safe_load_all(t.stdout) if d and d["kind"] == "ConfigMap"
+                  and "scenario.json" in (d.get("data") or {}))
+        relays = json.loads(cm["data"]["scenario.json"])["network"]["relays"]
+        assert [relays[g]["weights"] for g in ("guard", "middle", "exit")] == [[11 + 100 * k], [22 + 100 * k], [33 + 100 * k]]
+        assert scenario.parse(json.loads(cm["data"]["scenario.json"]), "cm").network.relays["guard"].bandwidth == \
+            s.for_block(k).network.relays["guard"].bandwidth
 
 
 @pytest.mark.parametrize("path", [p for p in SCENARIOS if local_only(p)], ids=lambda p: p.stem)

@@ -81,7 +81,7 @@ for `torbed run --backend k8s`): refused here rather than silently not done. */ 
 {{- if and $withW $withoutW }}{{ $problems = append $problems (printf "network.relays: weights are set on %s but not on %s: set them on every relay group or none (an unmeasured relay's weight is capped at 20 when the others are measured)" (join ", " (sortAlpha $withW)) (join ", " (sortAlpha $withoutW))) }}{{ end -}}
 {{- $nAuth := int (($v.network.authorities) | default 3) -}}
 {{- if and $withW (lt $nAuth 3) }}{{ $problems = append $problems (printf "network.authorities: %d authorities: relay weights need 3 or more (tor uses voted measurements only when more than two authorities vote them)" $nAuth) }}{{ end -}}
-{{- if $v.samples }}{{ $problems = append $problems "samples: a network sampled anew per block is built by the local backend only (torbed run --backend local)" }}{{ end -}}
+{{- if $v.samples }}{{ $problems = append $problems "samples: a Helm release is one network, and a network sampled anew per block needs one per block: torbed run installs a release per block (--backend k8s) or runs them locally" }}{{ end -}}
 {{- if $v.crossover }}{{ $problems = append $problems "crossover: a within-run crossover switches the relays through their control ports on the local backend only (torbed run --backend local)" }}{{ end -}}
 
 {{- /* Variants. */ -}}

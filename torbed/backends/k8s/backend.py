@@ -399,7 +399,6 @@ class K8sBackend:
         "cpu": "network.relays.*.cpu (qemu) and cpu_per_thread emulate a slow CPU on the local backend only "
                "(on Kubernetes, "
                "place the group on a slow node instead: placement)",
-        "samples": "a network sampled anew per block is built by the local backend only",
         "crossover": "a within-run crossover switches the relays through their control ports on the local "
                      "backend only",
         "second_address": "a relay's second address on a link of its own is a second veth in its network "
@@ -439,8 +438,6 @@ class K8sBackend:
             raise InputError(f"{where}{self.unsupported['cpu']}; run it with --backend local")
         if scenario.crossover is not None:
             raise InputError(f"{where}crossover: {self.unsupported['crossover']}; run it with --backend local")
-        if scenario.samples:   # first: samples need weights, and this is the one to name
-            raise InputError(f"{where}samples: {self.unsupported['samples']}; run it with --backend local")
         for name, g in scenario.network.relays.items():
             if g.second_address:
                 raise InputError(f"{where}network.relays.{name}.second_address: {self.unsupported['second_address']}; "
@@ -458,13 +455,31 @@ class K8sBackend:
                 "host": {"kubernetes": server_version, "namespace": self.namespace, "context": self.context},
                 "image_tags": image_tags}
 
-    def start_run(self, run: engine.Run) -> None:
-        # The values file: the scenario as torbed decoded it (overrides such as --duration applied).
-        self.values = run.run_dir / "values.yaml"
-        values = run.scenario.model_dump(mode="json", exclude_none=True)
+    def _write_values(self, path: Path, scenario: Scenario) -> Path:
+        """The values file: the scenario as torbed decoded it (overrides such as --duration
+        applied), the replay traces the client image lacks inline."""
+        values = scenario.model_dump(mode="json", exclude_none=True)
         if self.traces:
             values["replayTraces"] = {"inline": self.traces}
-        self.values.write_text(yaml.safe_dump(values, sort_keys=False))
+        path.write_text(yaml.safe_dump(values, sort_keys=False))
+        return path
+
+    def values_for(self, rep: engine.Repetition) -> Path:
+        """The values file repetition ``rep`` installs. With a network sampled anew per block
+        (scenario.samples), block k's release is sample k mod n's network (its relay rates,
+        weights and links: Scenario.for_block), one file per sample (values-sample-<i>.yaml)
+        without `samples:` (the chart deploys one network per release and refuses the list);
+        otherwise the run's values.yaml."""
+        samples = rep.run.scenario.samples
+        if not samples:
+            return self.values
+        path = rep.run.run_dir / f"values-sample-{rep.index % len(samples)}.yaml"
+        if not path.exists():
+            self._write_values(path, rep.scenario.model_copy(update={"samples": []}))
+        return path
+
+    def start_run(self, run: engine.Run) -> None:
+        self.values = self._write_values(run.run_dir / "values.yaml", run.scenario)
         # Grafana dashboards once for the whole run, not per release: the chart's per-release
         # ConfigMaps went with each repetition's uninstall, so the run's dashboards came and
         # went between repetitions and were gone when one looked at the run afterwards.
@@ -507,7 +522,7 @@ class K8sBackend:
         st["name"] = name = release_name(s.name, rep.variant, rep.index, secrets.token_hex(2))
         st["plan"] = network.plan(s, rep.variant)
         st["fetched"] = {}
-        st["release"] = Release(self.cluster, self.helm, name, self.values, rep.variant, rep.index,
+        st["release"] = Release(self.cluster, self.helm, name, self.values_for(rep), rep.variant, rep.index,
                                 self.extra_set, self.console)
         leftovers.set_release(getattr(self, "claim", None), name, rep.dir)
         rep.meta.update(run_id=name, release=name, namespace=self.cluster.ns, shaper="htb (per pod)", nodes=[],
