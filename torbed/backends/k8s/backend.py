@@ -473,10 +473,8 @@ class K8sBackend:
         samples = rep.run.scenario.samples
         if not samples:
             return self.values
-        path = rep.run.run_dir / f"values-sample-{rep.index % len(samples)}.yaml"
-        if not path.exists():
-            self._write_values(path, rep.scenario.model_copy(update={"samples": []}))
-        return path
+        return self._write_values(rep.run.run_dir / f"values-sample-{rep.index % len(samples)}.yaml",
+                                  rep.scenario.model_copy(update={"samples": []}))
 
     def start_run(self, run: engine.Run) -> None:
         self.values = self._write_values(run.run_dir / "values.yaml", run.scenario)
